@@ -1,0 +1,267 @@
+//! Applying patches to stream settings while remembering which table set each field, so a
+//! rule violation found after merging still names the line the user wrote.
+
+use std::fmt;
+
+use tq_qjl::{QjlSpec, SketchKind, SketchScale};
+use tq_rotation::RotationKind;
+
+use crate::CodecSpec;
+use crate::allocation::error::{AllocationError, FieldProblem};
+use crate::allocation::plan::StreamKind;
+use crate::allocation::schema::{CodecKind, StreamSettings};
+use crate::codec::{MseSpec, ProdSpec};
+
+/// The table a patch comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Section {
+    /// The top-level `key` / `value` tables.
+    Base,
+    /// `[boundary]`.
+    Boundary,
+    /// The `[[override]]` entry with this index.
+    Override(usize),
+    /// `[outliers]`.
+    Outliers,
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Section::Base => Ok(()),
+            Section::Boundary => f.write_str("boundary."),
+            Section::Override(i) => write!(f, "override[{i}]."),
+            Section::Outliers => f.write_str("outliers."),
+        }
+    }
+}
+
+/// Where a field value was written: a table and the stream sub-table inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin {
+    pub section: Section,
+    pub stream: StreamKind,
+}
+
+impl Origin {
+    /// The path of `field` in this table, e.g. `override[1].key.bits`.
+    pub fn path(self, field: &str) -> String {
+        format!("{}{}.{field}", self.section, self.stream)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Sourced<T> {
+    value: T,
+    origin: Origin,
+}
+
+/// Stream settings under construction, every field tagged with the table that set it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Merged {
+    stream: StreamKind,
+    codec: Option<Sourced<CodecKind>>,
+    bits: Option<Sourced<u8>>,
+    rotation: Option<Sourced<RotationKind>>,
+    qjl: Option<Sourced<SketchKind>>,
+    scale: Option<Sourced<SketchScale>>,
+    shrinkage: Option<Sourced<f64>>,
+    norm_correction: Option<Sourced<bool>>,
+}
+
+/// Fully resolved settings of one tier: every default filled in and every rule checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Resolved {
+    pub codec: CodecKind,
+    /// Where `codec` was set, for errors that only appear once the dimension is known.
+    pub codec_origin: Origin,
+    bits: u8,
+    rotation: RotationKind,
+    qjl: SketchKind,
+    scale: SketchScale,
+    shrinkage: f32,
+    norm_correction: bool,
+}
+
+fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
+    if let Some(value) = value {
+        *slot = Some(Sourced { value, origin });
+    }
+}
+
+impl Merged {
+    /// Nothing set yet.
+    pub fn new(stream: StreamKind) -> Self {
+        Self {
+            stream,
+            codec: None,
+            bits: None,
+            rotation: None,
+            qjl: None,
+            scale: None,
+            shrinkage: None,
+            norm_correction: None,
+        }
+    }
+
+    /// Applies a patch: the fields it gives replace those in force.
+    ///
+    /// A patch that names a codec first drops the inherited fields the new codec has no use
+    /// for (so `key = { codec = "f16" }` over a `prod` base does not trip over the base's
+    /// `qjl`), while fields the patch itself gives are kept and checked by [`Merged::finish`].
+    pub fn apply(&mut self, patch: &StreamSettings, section: Section) {
+        let origin = Origin {
+            section,
+            stream: self.stream,
+        };
+        if let Some(codec) = patch.codec {
+            if !codec.is_quantized() {
+                self.bits = None;
+                self.rotation = None;
+                self.norm_correction = None;
+            }
+            if codec != CodecKind::Prod {
+                self.qjl = None;
+                self.scale = None;
+                self.shrinkage = None;
+            }
+        }
+        set(&mut self.codec, patch.codec, origin);
+        set(&mut self.bits, patch.bits, origin);
+        set(&mut self.rotation, patch.rotation, origin);
+        set(&mut self.qjl, patch.qjl, origin);
+        set(&mut self.scale, patch.scale, origin);
+        set(&mut self.shrinkage, patch.shrinkage, origin);
+        set(&mut self.norm_correction, patch.norm_correction, origin);
+    }
+
+    /// Fills in the defaults and checks every rule, naming the offending field's path.
+    pub fn finish(&self) -> Result<Resolved, AllocationError> {
+        let base = Origin {
+            section: Section::Base,
+            stream: self.stream,
+        };
+        let Some(codec) = self.codec else {
+            return Err(AllocationError::field(
+                base.path("codec"),
+                FieldProblem::CodecRequired,
+            ));
+        };
+        let kind = codec.value;
+        let not_applicable = |origin: Origin, field: &str| {
+            AllocationError::field(
+                origin.path(field),
+                FieldProblem::NotApplicable { codec: kind },
+            )
+        };
+        if !kind.is_quantized() {
+            if let Some(b) = self.bits {
+                return Err(not_applicable(b.origin, "bits"));
+            }
+            if let Some(r) = self.rotation {
+                return Err(not_applicable(r.origin, "rotation"));
+            }
+            if let Some(n) = self.norm_correction {
+                return Err(not_applicable(n.origin, "norm_correction"));
+            }
+        }
+        if kind != CodecKind::Prod {
+            if let Some(q) = self.qjl {
+                return Err(not_applicable(q.origin, "qjl"));
+            }
+            if let Some(s) = self.scale {
+                return Err(not_applicable(s.origin, "scale"));
+            }
+            if let Some(s) = self.shrinkage {
+                return Err(not_applicable(s.origin, "shrinkage"));
+            }
+        }
+        let bits = match (kind.bits_range(), self.bits) {
+            (None, _) => 0,
+            (Some(_), None) => {
+                return Err(AllocationError::field(
+                    codec.origin.path("bits"),
+                    FieldProblem::BitsRequired { codec: kind },
+                ));
+            }
+            (Some((lo, hi)), Some(b)) if !(lo..=hi).contains(&b.value) => {
+                return Err(AllocationError::field(
+                    b.origin.path("bits"),
+                    FieldProblem::BitsOutOfRange {
+                        bits: b.value,
+                        codec: kind,
+                        supported: if kind == CodecKind::Prod {
+                            "2..=9"
+                        } else {
+                            "1..=8"
+                        },
+                    },
+                ));
+            }
+            (Some(_), Some(b)) => b.value,
+        };
+        let shrinkage = match self.shrinkage {
+            None => 1.0,
+            Some(s) => {
+                // Checked after the f32 conversion too: 1e300 or 1e-50 are finite and positive
+                // as f64 but become inf or 0 in the f32 the sketch uses.
+                let single = s.value as f32;
+                if !(s.value.is_finite() && s.value > 0.0 && single.is_finite() && single > 0.0) {
+                    return Err(AllocationError::field(
+                        s.origin.path("shrinkage"),
+                        FieldProblem::BadShrinkage { value: s.value },
+                    ));
+                }
+                single
+            }
+        };
+        let qjl = self.qjl.map_or(SketchKind::Haar, |q| q.value);
+        let default_scale = match qjl {
+            SketchKind::Gaussian => SketchScale::Paper,
+            SketchKind::Haar | SketchKind::Hadamard => SketchScale::Exact,
+        };
+        Ok(Resolved {
+            codec: kind,
+            codec_origin: codec.origin,
+            bits,
+            rotation: self.rotation.map_or(RotationKind::Hadamard, |r| r.value),
+            qjl,
+            scale: self.scale.map_or(default_scale, |s| s.value),
+            shrinkage,
+            norm_correction: self.norm_correction.is_some_and(|n| n.value),
+        })
+    }
+}
+
+impl Resolved {
+    /// The codec spec for a tier of dimension `dim` with the given rotation and sketch seeds.
+    pub fn spec(&self, dim: usize, rotation_seed: u64, sketch_seed: u64) -> CodecSpec {
+        let mse = MseSpec {
+            dim,
+            bits: self.bits,
+            rotation: self.rotation,
+            seed: rotation_seed,
+            norm_correction: self.norm_correction,
+        };
+        match self.codec {
+            CodecKind::F32 => CodecSpec::F32 { dim },
+            CodecKind::F16 => CodecSpec::F16 { dim },
+            CodecKind::Mse => CodecSpec::Mse(mse),
+            CodecKind::DebiasedMse => CodecSpec::DebiasedMse(mse),
+            CodecKind::Prod => CodecSpec::Prod(ProdSpec {
+                dim,
+                bits: self.bits,
+                rotation: self.rotation,
+                seed: rotation_seed,
+                norm_correction: self.norm_correction,
+                sketch: QjlSpec {
+                    kind: self.qjl,
+                    dim,
+                    seed: sketch_seed,
+                    scale: self.scale,
+                    shrinkage: self.shrinkage,
+                },
+            }),
+        }
+    }
+}

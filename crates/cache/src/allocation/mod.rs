@@ -1,0 +1,106 @@
+//! Bit allocations as data: which codec, how many bits and which random objects every key and
+//! value stream of a model uses, read from a small TOML file.
+//!
+//! A user experiments by copying a preset from `crates/cache/presets/` and editing it, not by
+//! editing code. [`Allocation::resolve`] turns a file into a [`StreamPlan`] for one
+//! (layer, KV head, stream): the [`CodecSpec`](crate::CodecSpec) to build, or two of them for a
+//! two-tier stream, with every seed derived (see [`derive_seed`]) and the exact bytes a token
+//! costs ([`StreamPlan::bytes_per_token`]).
+//!
+//! # Schema
+//!
+//! ```toml
+//! name = "example"                 # required
+//! description = "what it is for"   # optional
+//! seed = 1234                      # base seed, 0..=2^63-1 (default DEFAULT_SEED)
+//! recent_fp_tokens = 0             # newest tokens kept unquantized (default 0)
+//! sink_tokens = 0                  # first tokens kept unquantized (default 0)
+//! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
+//!
+//! # Base settings, every layer and head. `codec` is required.
+//! key   = { codec = "prod", bits = 5, qjl = "haar", shrinkage = 0.7 }
+//! value = { codec = "mse", bits = 4 }
+//!
+//! [boundary]                       # the first N and the last N layers
+//! layers = 2
+//! value = { bits = 5 }             # partial: only the fields given change
+//!
+//! [[override]]                     # applied after [boundary], in file order; later wins
+//! layers = [0, -1]                 # negative indices count from the end: -1 = last layer
+//! key = { codec = "f16" }
+//!
+//! [[override]]
+//! layers = [5]
+//! heads = [0, 3]                   # KV-head indices; absent = every head
+//! key = { norm_correction = true }
+//!
+//! [outliers]                       # two tiers for the streams named below
+//! fraction = 0.25                  # or `channels = 32`: exactly one of the two
+//! key   = { bits = 6 }             # the outlier tier: key settings in force, patched
+//! value = {}                       # split values too, both tiers with the same settings
+//! ```
+//!
+//! Stream settings (the `key` / `value` tables, whole or partial):
+//!
+//! | field | values | default | applies to |
+//! |---|---|---|---|
+//! | `codec` | `f32`, `f16`, `mse`, `prod`, `debiased-mse` | required in the base | all |
+//! | `bits` | mse / debiased-mse 1..=8; prod 2..=9 (`bits − 1` MSE + 1 QJL) | required | quantized |
+//! | `rotation` | `haar`, `hadamard` | `hadamard` | quantized |
+//! | `norm_correction` | `true`, `false` | `false` | quantized |
+//! | `qjl` | `gaussian`, `haar`, `hadamard` | `haar` | prod |
+//! | `scale` | `paper`, `asymptotic`, `exact` | `paper` for gaussian, else `exact` | prod |
+//! | `shrinkage` | finite, > 0 (the seed's "damping 0.7" is 0.7) | 1 (unbiased) | prod |
+//!
+//! A field given for a codec it does not apply to is an error (`qjl` on `mse`). A patch that
+//! switches the codec drops the inherited fields the new codec cannot use, so
+//! `key = { codec = "f16" }` over a `prod` base is fine, and `key = { codec = "mse" }` over a
+//! `prod` base keeps its `bits` and `rotation`.
+//!
+//! # Resolution order
+//!
+//! For layer `l` of `L`, KV head `h`, stream `s` (key or value):
+//!
+//! 1. the base `s` table;
+//! 2. `[boundary].s` if `l < N` or `l ≥ L − N` (`N = boundary.layers`);
+//! 3. each `[[override]]` whose `layers` contain `l` and whose `heads` (if given) contain `h`,
+//!    in file order, so later entries win field by field;
+//! 4. defaults fill every field still not given (so a patch changing `qjl` to `gaussian` also
+//!    gets the Gaussian default scale);
+//! 5. if `[outliers]` has an `s` table and the result is quantized, the stream splits: `k`
+//!    outlier channels (`channels`, or `round(fraction·head_dim)`), chosen per head by L2 norm
+//!    over the prefill tokens, use the result patched by `[outliers].s`; the other
+//!    `head_dim − k` channels use the result itself. `f16`/`f32` streams are never split.
+//!
+//! Every tier gets its own rotation (and sketch) for its own dimension; quantized tiers need at
+//! least 3 channels, because the rotated-coordinate codebook needs `d ≥ 3`.
+//!
+//! # Honest accounting
+//!
+//! [`StreamPlan::bytes_per_token`] is everything a token stores: packed codes, QJL sign words,
+//! the f16 norm of each tier and `γ` of each `prod` tier, with each tier's codes padded to whole
+//! `u32` words. It equals what the built codecs allocate. The outlier channel list (`2·k`
+//! bytes) is per head, not per token: [`StreamPlan::metadata_bytes_per_head`].
+//!
+//! # Errors
+//!
+//! Every problem with a file names the field as a path and says why:
+//! `` `override[1].key.bits`: 10 bits is out of range for codec `mse` (supported: 1..=8) ``.
+//! Unknown fields are errors, so a typo never silently becomes a default.
+
+mod error;
+mod file;
+mod merge;
+mod plan;
+mod resolve;
+mod schema;
+mod seed;
+mod validate;
+
+pub use error::{AllocationError, FieldProblem};
+pub use plan::{ModelShape, OutlierPlan, StreamKind, StreamPlan};
+pub use schema::{
+    Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerOverride, OutlierRule,
+    StreamSettings,
+};
+pub use seed::{SeedRole, Tier, derive_seed, splitmix64};

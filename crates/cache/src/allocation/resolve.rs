@@ -1,0 +1,265 @@
+//! Resolution: which settings apply to one (layer, KV head, stream), checked and turned into
+//! codec specs with derived seeds.
+
+use crate::CodecSpec;
+use crate::allocation::error::{AllocationError, FieldProblem};
+use crate::allocation::merge::{Merged, Resolved, Section};
+use crate::allocation::plan::{ModelShape, OutlierPlan, StreamKind, StreamPlan};
+use crate::allocation::schema::{Allocation, FpDtype, OutlierRule, StreamSettings};
+use crate::allocation::seed::{SeedRole, Tier, derive_seed};
+
+/// Quantized tiers need `d >= 3`: the rotated-coordinate law `(1−t²)^((d−3)/2)` has no density
+/// below that.
+const MIN_QUANTIZED_DIM: usize = 3;
+
+impl Allocation {
+    /// Resolves the storage of one stream: the keys or values of KV head `kv_head` of layer
+    /// `layer` in a model of `num_layers` layers and head dimension `head_dim`.
+    ///
+    /// Settings apply in this order, each replacing only the fields it gives: the base `key` /
+    /// `value` table, `[boundary]` (if `layer` is among the first or last `boundary.layers`),
+    /// then every matching `[[override]]` in file order (later wins). Defaults are filled in
+    /// last. If `[outliers]` names this stream and the result is quantized, the stream is split:
+    /// the rest tier uses the result, the outlier tier the result patched by the outlier table.
+    ///
+    /// Every override's layer list is checked against `num_layers`, not only the matching ones,
+    /// so a bad index fails for every call, not just for some layers.
+    ///
+    /// ```
+    /// use tq_cache::allocation::{Allocation, StreamKind};
+    /// let k5v4 = Allocation::preset("k5v4")?;
+    /// let plan = k5v4.resolve(3, 30, 2, 64, StreamKind::Value)?;
+    /// assert_eq!(plan.bytes_per_token(), 64 * 4 / 8 + 2);
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn resolve(
+        &self,
+        layer: usize,
+        num_layers: usize,
+        kv_head: usize,
+        head_dim: usize,
+        stream: StreamKind,
+    ) -> Result<StreamPlan, AllocationError> {
+        if layer >= num_layers {
+            return Err(AllocationError::Shape(format!(
+                "layer {layer} is out of range for a {num_layers}-layer model"
+            )));
+        }
+        if head_dim == 0 {
+            return Err(AllocationError::Shape("head_dim is 0".into()));
+        }
+        let mut merged = Merged::new(stream);
+        merged.apply(&self.key_or_value(stream), Section::Base);
+        if let Some(boundary) = &self.boundary {
+            let n = boundary.layers;
+            if layer < n || layer + n >= num_layers {
+                if let Some(patch) = stream_patch(stream, &boundary.key, &boundary.value) {
+                    merged.apply(patch, Section::Boundary);
+                }
+            }
+        }
+        for (i, rule) in self.overrides.iter().enumerate() {
+            let mut hits_layer = false;
+            for (j, &index) in rule.layers.iter().enumerate() {
+                let absolute = absolute_layer(index, num_layers).ok_or_else(|| {
+                    AllocationError::field(
+                        format!("override[{i}].layers[{j}]"),
+                        FieldProblem::LayerOutOfRange { index, num_layers },
+                    )
+                })?;
+                hits_layer |= absolute == layer;
+            }
+            let hits_head = rule.heads.as_ref().is_none_or(|h| h.contains(&kv_head));
+            if hits_layer && hits_head {
+                if let Some(patch) = stream_patch(stream, &rule.key, &rule.value) {
+                    merged.apply(patch, Section::Override(i));
+                }
+            }
+        }
+        let whole = merged.finish()?;
+        let seed = |tier, role| derive_seed(self.seed, layer, kv_head, stream, tier, role);
+        let split = self.outliers.as_ref().and_then(|rule| {
+            stream_patch(stream, &rule.key, &rule.value).map(|patch| (rule, patch))
+        });
+        match split {
+            Some((rule, patch)) if whole.codec.is_quantized() => {
+                let (channels, count_field) = outlier_channels(rule, head_dim)?;
+                let mut outlier_merged = merged;
+                outlier_merged.apply(patch, Section::Outliers);
+                let outlier = outlier_merged.finish()?;
+                check_width(&outlier, channels, "outlier tier", count_field)?;
+                check_width(&whole, head_dim - channels, "rest tier", count_field)?;
+                Ok(StreamPlan::TwoTier(OutlierPlan {
+                    channels,
+                    outlier: outlier.spec(
+                        channels,
+                        seed(Tier::Outlier, SeedRole::Rotation),
+                        seed(Tier::Outlier, SeedRole::Sketch),
+                    ),
+                    rest: whole.spec(
+                        head_dim - channels,
+                        seed(Tier::Rest, SeedRole::Rotation),
+                        seed(Tier::Rest, SeedRole::Sketch),
+                    ),
+                }))
+            }
+            _ => {
+                check_width(&whole, head_dim, "head", &whole.codec_origin.path("codec"))?;
+                Ok(StreamPlan::Single(whole.spec(
+                    head_dim,
+                    seed(Tier::Whole, SeedRole::Rotation),
+                    seed(Tier::Whole, SeedRole::Sketch),
+                )))
+            }
+        }
+    }
+
+    /// Checks the allocation against a whole model: every override's layer and head indices,
+    /// and every (layer, KV head, stream) resolves. Returns the first problem found.
+    pub fn validate_for(&self, shape: &ModelShape) -> Result<(), AllocationError> {
+        check_shape(shape)?;
+        for (i, rule) in self.overrides.iter().enumerate() {
+            for (j, &index) in rule.heads.iter().flatten().enumerate() {
+                if index >= shape.num_kv_heads {
+                    return Err(AllocationError::field(
+                        format!("override[{i}].heads[{j}]"),
+                        FieldProblem::HeadOutOfRange {
+                            index,
+                            num_kv_heads: shape.num_kv_heads,
+                        },
+                    ));
+                }
+            }
+        }
+        self.plans(shape).try_for_each(|plan| plan.map(drop))
+    }
+
+    /// Every stream plan of a model, layer-major, then KV head, then key before value.
+    pub fn plans<'a>(
+        &'a self,
+        shape: &'a ModelShape,
+    ) -> impl Iterator<Item = Result<StreamPlan, AllocationError>> + 'a {
+        (0..shape.num_layers).flat_map(move |layer| {
+            (0..shape.num_kv_heads).flat_map(move |head| {
+                StreamKind::BOTH.into_iter().map(move |stream| {
+                    self.resolve(layer, shape.num_layers, head, shape.head_dim, stream)
+                })
+            })
+        })
+    }
+
+    /// Stored bits per value of one stream kind, averaged over every layer and KV head of the
+    /// model, everything per token included (codes, sign bits, f16 norms and residual norms of
+    /// every tier). Excludes what does not scale with tokens (the outlier channel lists, see
+    /// [`StreamPlan::metadata_bytes_per_head`]) and the unquantized sink and recent tokens,
+    /// whose share depends on the sequence length.
+    ///
+    /// ```
+    /// use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
+    /// let shape = ModelShape { num_layers: 32, num_kv_heads: 8, head_dim: 128 };
+    /// let bits = Allocation::preset("tq3.5")?.bits_per_value(&shape, StreamKind::Key)?;
+    /// assert_eq!(bits, 3.5);
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn bits_per_value(
+        &self,
+        shape: &ModelShape,
+        stream: StreamKind,
+    ) -> Result<f64, AllocationError> {
+        check_shape(shape)?;
+        let mut bytes = 0usize;
+        for layer in 0..shape.num_layers {
+            for head in 0..shape.num_kv_heads {
+                let plan = self.resolve(layer, shape.num_layers, head, shape.head_dim, stream)?;
+                bytes += plan.bytes_per_token();
+            }
+        }
+        let values = shape.num_layers * shape.num_kv_heads * shape.head_dim;
+        Ok(8.0 * bytes as f64 / values as f64)
+    }
+
+    /// The codec of the tokens kept unquantized (sinks and the recent window).
+    pub fn fp_codec(&self, head_dim: usize) -> CodecSpec {
+        match self.fp_dtype {
+            FpDtype::F16 => CodecSpec::F16 { dim: head_dim },
+            FpDtype::F32 => CodecSpec::F32 { dim: head_dim },
+        }
+    }
+
+    pub(crate) fn key_or_value(&self, stream: StreamKind) -> StreamSettings {
+        match stream {
+            StreamKind::Key => self.key,
+            StreamKind::Value => self.value,
+        }
+    }
+}
+
+fn check_shape(shape: &ModelShape) -> Result<(), AllocationError> {
+    if shape.num_layers == 0 || shape.num_kv_heads == 0 || shape.head_dim == 0 {
+        return Err(AllocationError::Shape(format!(
+            "every dimension must be positive, got {shape:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The patch of `stream` among a rule's `key` / `value` tables.
+pub(crate) fn stream_patch<'a>(
+    stream: StreamKind,
+    key: &'a Option<StreamSettings>,
+    value: &'a Option<StreamSettings>,
+) -> Option<&'a StreamSettings> {
+    match stream {
+        StreamKind::Key => key.as_ref(),
+        StreamKind::Value => value.as_ref(),
+    }
+}
+
+/// A layer index as written (negative counts from the end) as an index into the model.
+fn absolute_layer(index: i64, num_layers: usize) -> Option<usize> {
+    let n = i64::try_from(num_layers).ok()?;
+    let absolute = if index < 0 { n + index } else { index };
+    (0..n).contains(&absolute).then_some(absolute as usize)
+}
+
+/// The outlier channel count at `head_dim`, and the path of the field that set it.
+fn outlier_channels(
+    rule: &OutlierRule,
+    head_dim: usize,
+) -> Result<(usize, &'static str), AllocationError> {
+    let field = if rule.fraction.is_some() {
+        "outliers.fraction"
+    } else {
+        "outliers.channels"
+    };
+    let channels = rule
+        .channels_for(head_dim)
+        .ok_or_else(|| AllocationError::field("outliers", FieldProblem::OutlierCount))?;
+    if channels == 0 || channels >= head_dim {
+        return Err(AllocationError::field(
+            field,
+            FieldProblem::ChannelsOutOfRange { channels, head_dim },
+        ));
+    }
+    Ok((channels, field))
+}
+
+/// Checks a quantized tier is wide enough; `path` names the field to change if it is not.
+fn check_width(
+    tier: &Resolved,
+    dim: usize,
+    name: &'static str,
+    path: &str,
+) -> Result<(), AllocationError> {
+    if tier.codec.is_quantized() && dim < MIN_QUANTIZED_DIM {
+        return Err(AllocationError::field(
+            path,
+            FieldProblem::TierTooNarrow {
+                tier: name,
+                dim,
+                codec: tier.codec,
+            },
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! The serde schema of an allocation file: what a user writes, field for field.
+//!
+//! Stream settings keep `None` for every field the file leaves out, so defaults are applied once,
+//! at resolve time, after every override: a patch that switches `qjl` to `gaussian` then also
+//! gets the Gaussian default scale, and writing the allocation back out reproduces the file.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tq_qjl::{SketchKind, SketchScale};
+use tq_rotation::RotationKind;
+
+/// The base seed used when a file gives none ("TQ-ALLOC" in ASCII; below 2⁶³ because TOML
+/// integers are signed 64-bit).
+pub const DEFAULT_SEED: u64 = 0x5451_2D41_4C4C_4F43;
+
+fn default_seed() -> u64 {
+    DEFAULT_SEED
+}
+
+/// A whole allocation file: how every key and value stream of a model is stored.
+///
+/// The fields mirror the TOML keys one to one (`overrides` is the `[[override]]` array); see the
+/// [module docs](crate::allocation) for the schema, the defaults and the resolution order.
+///
+/// ```
+/// use tq_cache::allocation::{Allocation, StreamKind};
+/// use tq_cache::CodecSpec;
+///
+/// let allocation = Allocation::from_toml_str(r#"
+///     name = "k5v4"
+///     key = { codec = "prod", bits = 5, qjl = "haar", shrinkage = 0.7 }
+///     value = { codec = "mse", bits = 4 }
+///     [[override]]
+///     layers = [0, -1]          # first and last layer, whatever the depth
+///     key = { codec = "f16" }
+/// "#)?;
+/// let last = allocation.resolve(29, 30, 0, 64, StreamKind::Key)?;
+/// assert_eq!(last.single(), Some(&CodecSpec::F16 { dim: 64 }));
+/// let middle = allocation.resolve(10, 30, 0, 64, StreamKind::Key)?;
+/// assert_eq!(middle.bytes_per_token(), 44); // 4-bit codes, 1 sign bit, two f16 scales
+/// # Ok::<(), tq_cache::allocation::AllocationError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    /// A short identifier (what sweeps print and plot).
+    pub name: String,
+    /// Free text: what the allocation is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Base seed every rotation and sketch seed is derived from (see
+    /// [`derive_seed`](crate::allocation::derive_seed)). Default [`DEFAULT_SEED`].
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// The newest tokens kept unquantized, in `fp_dtype` (default 0).
+    #[serde(default)]
+    pub recent_fp_tokens: usize,
+    /// The first tokens (attention sinks) kept unquantized, in `fp_dtype` (default 0).
+    #[serde(default)]
+    pub sink_tokens: usize,
+    /// The storage of the unquantized sink and recent tokens (default f16).
+    #[serde(default)]
+    pub fp_dtype: FpDtype,
+    /// Base settings of every key stream (`codec` required).
+    pub key: StreamSettings,
+    /// Base settings of every value stream (`codec` required).
+    pub value: StreamSettings,
+    /// `[[override]]` entries, applied in file order after `boundary`; later ones win.
+    #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<LayerOverride>,
+    /// `[boundary]`: the first and last layers, applied before the overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundary: Option<BoundaryRule>,
+    /// `[outliers]`: the two-tier split of quantized streams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outliers: Option<OutlierRule>,
+}
+
+/// The storage format of the tokens an allocation keeps unquantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FpDtype {
+    /// IEEE half precision.
+    #[default]
+    F16,
+    /// f32.
+    F32,
+}
+
+/// Which codec a stream uses; the TOML spelling is in parentheses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CodecKind {
+    /// Uncompressed f32 (`f32`).
+    F32,
+    /// Half precision (`f16`).
+    F16,
+    /// TQ_mse, `bits` 1..=8 (`mse`).
+    Mse,
+    /// TQ_prod: `bits − 1` MSE bits plus a 1-bit QJL sketch, `bits` 2..=9 (`prod`).
+    Prod,
+    /// TQ_mse codes scored through the debiased estimator, `bits` 1..=8 (`debiased-mse`).
+    DebiasedMse,
+}
+
+impl CodecKind {
+    /// Whether the codec quantizes (takes `bits`, a rotation and an f16 norm).
+    pub fn is_quantized(self) -> bool {
+        !matches!(self, CodecKind::F32 | CodecKind::F16)
+    }
+
+    /// The supported `bits` range, `None` for the unquantized codecs.
+    pub fn bits_range(self) -> Option<(u8, u8)> {
+        match self {
+            CodecKind::F32 | CodecKind::F16 => None,
+            CodecKind::Mse | CodecKind::DebiasedMse => Some((1, 8)),
+            CodecKind::Prod => Some((2, 9)),
+        }
+    }
+
+    /// The TOML spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodecKind::F32 => "f32",
+            CodecKind::F16 => "f16",
+            CodecKind::Mse => "mse",
+            CodecKind::Prod => "prod",
+            CodecKind::DebiasedMse => "debiased-mse",
+        }
+    }
+}
+
+impl fmt::Display for CodecKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The settings of one stream, or a partial patch of them.
+///
+/// In the base `key`/`value` tables `codec` is required; in `[[override]]`, `[boundary]` and
+/// `[outliers]` every field is optional and only the fields given replace what is in force.
+/// `None` means "not given": defaults are filled in after all patches (see the
+/// [module docs](crate::allocation)).
+///
+/// ```
+/// use tq_cache::allocation::{CodecKind, StreamSettings};
+/// use tq_qjl::SketchKind;
+///
+/// let key = StreamSettings { qjl: Some(SketchKind::Haar), shrinkage: Some(0.7), ..StreamSettings::quantized(CodecKind::Prod, 5) };
+/// assert_eq!(key.codec, Some(CodecKind::Prod));
+/// assert_eq!(key.bits, Some(5));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSettings {
+    /// The codec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec: Option<CodecKind>,
+    /// Bits per coordinate (all included for `prod`: `bits − 1` MSE bits + 1 sketch bit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits: Option<u8>,
+    /// The random rotation Π of the quantized codecs (default `hadamard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<RotationKind>,
+    /// The QJL sketch matrix of `prod` (default `haar`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qjl: Option<SketchKind>,
+    /// The QJL scale of `prod` (default `paper` for a Gaussian sketch, `exact` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<SketchScale>,
+    /// The QJL shrinkage α of `prod` (default 1 = unbiased; the seed's "damping 0.7" is 0.7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shrinkage: Option<f64>,
+    /// Store `‖x‖/‖c[idx]‖` instead of `‖x‖` (quantized codecs; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_correction: Option<bool>,
+}
+
+impl StreamSettings {
+    /// Settings naming only a codec (enough for `f16`/`f32`).
+    pub fn codec_only(codec: CodecKind) -> Self {
+        Self {
+            codec: Some(codec),
+            ..Self::default()
+        }
+    }
+
+    /// Settings naming a codec and its bits, every other field at its default.
+    pub fn quantized(codec: CodecKind, bits: u8) -> Self {
+        Self {
+            codec: Some(codec),
+            bits: Some(bits),
+            ..Self::default()
+        }
+    }
+}
+
+/// One `[[override]]` entry: new settings for some layers (and optionally some KV heads).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerOverride {
+    /// Layer indices; negative ones count from the end (−1 is the last layer).
+    pub layers: Vec<i64>,
+    /// KV-head indices; absent means every head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<Vec<usize>>,
+    /// Patch of the key settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<StreamSettings>,
+    /// Patch of the value settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<StreamSettings>,
+}
+
+/// `[boundary]`: patches for the first `layers` and the last `layers` layers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BoundaryRule {
+    /// How many layers at each end (0 turns the rule off).
+    pub layers: usize,
+    /// Patch of the key settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<StreamSettings>,
+    /// Patch of the value settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<StreamSettings>,
+}
+
+/// `[outliers]`: split each named, quantized stream into an outlier tier and the rest.
+///
+/// Give the tier size as `channels` (a count per head) or `fraction` (of `head_dim`, rounded to
+/// the nearest integer, so one file fits every head dimension).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierRule {
+    /// Outlier channels per head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<usize>,
+    /// Outlier channels as a fraction of `head_dim`, in (0, 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Patch giving the key outlier tier's settings (on top of the key settings in force).
+    /// Absent: key streams are not split. `{}`: split, both tiers with the same settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<StreamSettings>,
+    /// Patch giving the value outlier tier's settings, as for `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<StreamSettings>,
+}
+
+impl OutlierRule {
+    /// The outlier channel count for `head_dim` (`fraction` rounded to nearest), unchecked;
+    /// `None` if neither or both of `channels` and `fraction` are given.
+    pub fn channels_for(&self, head_dim: usize) -> Option<usize> {
+        match (self.channels, self.fraction) {
+            (Some(k), None) => Some(k),
+            // Rounding to nearest makes 0.25 give exactly 16 at d = 64 and 32 at d = 128.
+            (None, Some(f)) => Some((f * head_dim as f64).round() as usize),
+            _ => None,
+        }
+    }
+}

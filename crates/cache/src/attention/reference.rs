@@ -1,0 +1,64 @@
+//! The exact reference: decode every visible key and value to f32, softmax in f64.
+//!
+//! Every fast path is tested against this function.
+
+use rayon::prelude::*;
+
+use super::{AttentionShape, check_shapes};
+use crate::codec::CodecScratch;
+use crate::error::CacheError;
+use crate::kv_cache::KvCache;
+
+/// Exact attention over the decoded cache.
+pub fn reference_attention(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    let (_, group) = check_shapes(cache, queries, query_positions, shape, out)?;
+    let d = cache.layout().head_dim;
+    let q_heads = shape.q_heads;
+    out.par_chunks_mut(d)
+        .enumerate()
+        .try_for_each(|(row, o)| -> Result<(), CacheError> {
+            let (i, h) = (row / q_heads, row % q_heads);
+            let q = &queries[row * d..(row + 1) * d];
+            let kv = h / group;
+            let keys = cache.keys(kv);
+            let values = cache.values(kv);
+            let range = cache.visible(query_positions[i]);
+            let mut scratch = CodecScratch::new(d);
+            let mut k = vec![0.0f32; d];
+            let mut v = vec![0.0f32; d];
+            let mut scores = Vec::with_capacity(range.len());
+            for t in range.clone() {
+                keys.decode(t, &mut scratch, &mut k)?;
+                let correction =
+                    f64::from(keys.token(t).map_or(1.0, |(c, _, _)| c.score_correction()));
+                let dot: f64 = q
+                    .iter()
+                    .zip(&k)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                scores.push(f64::from(shape.scale) * dot * correction);
+            }
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut acc = vec![0.0f64; d];
+            let mut total = 0.0f64;
+            for (t, s) in range.zip(&scores) {
+                let p = (s - max).exp();
+                total += p;
+                values.decode(t, &mut scratch, &mut v)?;
+                for (a, x) in acc.iter_mut().zip(&v) {
+                    *a += p * f64::from(*x);
+                }
+            }
+            for (o, a) in o.iter_mut().zip(&acc) {
+                // A query that sees no token (possible only with an empty window) outputs zero.
+                *o = if total > 0.0 { (a / total) as f32 } else { 0.0 };
+            }
+            Ok(())
+        })
+}

@@ -1,0 +1,440 @@
+//! The KV cache of one attention layer: one key stream and one value stream per KV head, and
+//! the position of every stored token.
+//!
+//! One entry point serves prefill, chunked prefill and decode ([`KvCache::forward`]): the caller
+//! passes the full `positions` of the sequence so far and the queries, keys and values of the
+//! newest `query_len` tokens; `offset = positions.len − query_len` must equal the number of
+//! tokens already cached. Masks are derived from positions: a query at position `p` sees the
+//! cached tokens at positions `≤ p` (causal) and, on a sliding layer of window `W`, `> p − W`.
+//!
+//! Sliding layers write into rings of `W + max_rewind` slots (`pos % slots`). As in the
+//! stateful-decode design, tokens are written before the chunk attends, so one-token decode and
+//! a prefill from position 0 in chunks ≤ W are exact; a later chunk that wraps the ring
+//! overwrites the oldest in-window keys of its own non-final tokens (the final token stays
+//! exact). Keep prefill chunks ≤ W − (chunk overlap) or feed long prompts token by token where
+//! this matters; `tests/kv_semantics.rs` demonstrates the caveat.
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::attention::{AttentionKernel, AttentionShape, attend};
+use crate::codec::CodecScratch;
+use crate::error::CacheError;
+use crate::stream::{Stream, StreamLayout};
+use crate::token_codec::CodecSpec;
+use crate::token_store::{Growth, TokenStore};
+
+/// Growing or sliding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum KvKind {
+    /// Keeps every token.
+    Growing {
+        /// How memory is obtained.
+        growth: Growth,
+    },
+    /// Keeps the last `window` tokens in a ring.
+    Sliding {
+        /// Attention window W.
+        window: usize,
+    },
+}
+
+/// Shape and policy of a layer's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvLayout {
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Growing or sliding.
+    pub kind: KvKind,
+    /// Tokens a rewind may drop exactly (extra ring slots / full-precision copies are kept).
+    pub max_rewind: usize,
+}
+
+impl KvLayout {
+    /// The ring size of a sliding layer.
+    pub fn ring_slots(&self) -> Option<usize> {
+        match self.kind {
+            KvKind::Sliding { window } => Some(window + self.max_rewind),
+            KvKind::Growing { .. } => None,
+        }
+    }
+
+    /// The attention window, if any.
+    pub fn window(&self) -> Option<usize> {
+        match self.kind {
+            KvKind::Sliding { window } => Some(window),
+            KvKind::Growing { .. } => None,
+        }
+    }
+}
+
+/// The cached keys and values of one layer.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    layout: KvLayout,
+    keys: Vec<Stream>,
+    values: Vec<Stream>,
+    /// Position of each token, paged like the bodies (by token, or by ring slot).
+    positions: TokenStore,
+    len: usize,
+}
+
+/// Stream layouts with the same codec on every head and no full-precision extras.
+pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout> {
+    let growth = match layout.kind {
+        KvKind::Growing { growth } => growth,
+        KvKind::Sliding { .. } => Growth::Static { capacity: 0 },
+    };
+    (0..layout.kv_heads)
+        .map(|_| StreamLayout {
+            codec,
+            fp: CodecSpec::F16 {
+                dim: layout.head_dim,
+            },
+            sink_tokens: 0,
+            recent_tokens: 0,
+            max_rewind: layout.max_rewind,
+            growth,
+            ring_slots: layout.ring_slots(),
+        })
+        .collect()
+}
+
+impl KvCache {
+    /// A cache whose key and value streams follow the given per-head layouts.
+    pub fn new(
+        layout: KvLayout,
+        key_streams: &[StreamLayout],
+        value_streams: &[StreamLayout],
+    ) -> Result<Self, CacheError> {
+        if key_streams.len() != layout.kv_heads || value_streams.len() != layout.kv_heads {
+            return Err(CacheError::InvalidConfig(format!(
+                "{} KV heads need {} key and value stream layouts, got {} and {}",
+                layout.kv_heads,
+                layout.kv_heads,
+                key_streams.len(),
+                value_streams.len()
+            )));
+        }
+        if let KvKind::Sliding { window: 0 } = layout.kind {
+            return Err(CacheError::InvalidConfig(
+                "a sliding window must hold at least one token".into(),
+            ));
+        }
+        let build = |streams: &[StreamLayout]| -> Result<Vec<Stream>, CacheError> {
+            streams
+                .iter()
+                .map(|s| {
+                    if s.codec.dim() != layout.head_dim {
+                        return Err(CacheError::InvalidConfig(format!(
+                            "stream codec dimension {} differs from head dimension {}",
+                            s.codec.dim(),
+                            layout.head_dim
+                        )));
+                    }
+                    let mut s = s.clone();
+                    s.ring_slots = layout.ring_slots();
+                    s.max_rewind = layout.max_rewind;
+                    Stream::new(&s)
+                })
+                .collect()
+        };
+        let growth = match (layout.kind, layout.ring_slots()) {
+            (_, Some(slots)) => Growth::Static { capacity: slots },
+            (KvKind::Growing { growth }, None) => growth,
+            (KvKind::Sliding { .. }, None) => unreachable!("sliding layouts have ring slots"),
+        };
+        let positions = TokenStore::new(1, 0, growth);
+        Ok(Self {
+            keys: build(key_streams)?,
+            values: build(value_streams)?,
+            layout,
+            positions,
+            len: 0,
+        })
+    }
+
+    /// A cache with one codec for all keys and one for all values.
+    ///
+    /// ```
+    /// use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+    /// use tq_cache::token_store::Growth;
+    /// use tq_cache::CodecSpec;
+    /// let layout = KvLayout {
+    ///     kv_heads: 2,
+    ///     head_dim: 8,
+    ///     kind: KvKind::Growing { growth: Growth::Doubling { initial: 16 } },
+    ///     max_rewind: 0,
+    /// };
+    /// let f32 = CodecSpec::F32 { dim: 8 };
+    /// let mut cache = KvCache::uniform(layout, f32, f32).unwrap();
+    /// let k = vec![0.5f32; 2 * 8];
+    /// cache.append(&k, &k, &[0]).unwrap();
+    /// assert_eq!(cache.len(), 1);
+    /// ```
+    pub fn uniform(layout: KvLayout, key: CodecSpec, value: CodecSpec) -> Result<Self, CacheError> {
+        Self::new(
+            layout,
+            &uniform_streams(&layout, key),
+            &uniform_streams(&layout, value),
+        )
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Tokens appended (on a sliding layer, including those the ring dropped).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was appended.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Key stream of KV head `h`.
+    pub fn keys(&self, h: usize) -> &Stream {
+        &self.keys[h]
+    }
+
+    /// Value stream of KV head `h`.
+    pub fn values(&self, h: usize) -> &Stream {
+        &self.values[h]
+    }
+
+    /// Position of token `t` (if still stored).
+    pub fn position(&self, t: usize) -> Option<u32> {
+        if t >= self.len || t < self.first_stored() {
+            return None;
+        }
+        let index = self.layout.ring_slots().map_or(t, |slots| t % slots);
+        self.positions.record(index).map(|(words, _)| words[0])
+    }
+
+    /// The oldest token still stored.
+    pub fn first_stored(&self) -> usize {
+        self.keys.first().map_or(0, Stream::first_stored)
+    }
+
+    /// The stored tokens a query at position `p` attends to, as a token range.
+    pub fn visible(&self, p: u32) -> std::ops::Range<usize> {
+        let lo_bound = self
+            .layout
+            .window()
+            .map(|w| p.saturating_add(1).saturating_sub(w as u32));
+        let (mut lo, mut hi) = (self.first_stored(), self.len);
+        // Positions increase with the token index, so both ends are found by bisection.
+        let pos = |t: usize| self.position(t).unwrap_or(u32::MAX);
+        let (mut a, mut b) = (lo, hi);
+        while a < b {
+            let m = (a + b) / 2;
+            if pos(m) <= p { a = m + 1 } else { b = m }
+        }
+        hi = a;
+        if let Some(bound) = lo_bound {
+            let (mut a, mut b) = (lo, hi);
+            while a < b {
+                let m = (a + b) / 2;
+                if pos(m) < bound { a = m + 1 } else { b = m }
+            }
+            lo = a;
+        }
+        lo..hi
+    }
+
+    /// Bytes held by every stream and the position table, measured from the buffers.
+    pub fn allocated_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(Stream::allocated_bytes)
+            .sum::<usize>()
+            + self.positions.allocated_bytes()
+    }
+
+    /// Bytes the cache allocates, from the layout formula: every allocated token slot costs
+    /// [`bytes_per_token`](Self::bytes_per_token), plus the fixed full-precision copies
+    /// ([`fixed_bytes`](Self::fixed_bytes)). Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
+    pub fn formula_bytes(&self) -> usize {
+        self.positions.capacity() * self.bytes_per_token() + self.fixed_bytes()
+    }
+
+    /// Bytes per token slot: the 4-byte position plus every head's key and value record and
+    /// scales (codes, norms, QJL signs and `γ`).
+    pub fn bytes_per_token(&self) -> usize {
+        4 + self.body_bytes_per_token()
+    }
+
+    /// Bytes of the full-precision sink and recent copies, allocated once.
+    pub fn fixed_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(Stream::fixed_bytes)
+            .sum()
+    }
+
+    /// Bytes one token costs in the compressed body of every head (keys and values), from the
+    /// codecs' layout formula; full-precision sinks and recent copies are extra (see
+    /// [`StreamLayout`]).
+    pub fn body_bytes_per_token(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|s| s.codec().bytes_per_token())
+            .sum()
+    }
+
+    /// Appends the keys and values `[n, kv_heads, head_dim]` of tokens at `positions` (n of them).
+    pub fn append(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+    ) -> Result<(), CacheError> {
+        let n = positions.len();
+        let width = self.layout.kv_heads * self.layout.head_dim;
+        for (what, t) in [("keys", keys), ("values", values)] {
+            if t.len() != n * width {
+                return Err(CacheError::ShapeMismatch {
+                    what,
+                    expected: n * width,
+                    actual: t.len(),
+                });
+            }
+        }
+        let mut expected = self
+            .len
+            .checked_sub(1)
+            .and_then(|t| self.position(t))
+            .map(|p| p + 1);
+        for &p in positions {
+            if let Some(e) = expected {
+                if p < e {
+                    return Err(CacheError::PositionGap {
+                        expected: e,
+                        got: p,
+                    });
+                }
+            }
+            expected = Some(p + 1);
+        }
+        let start = self.len;
+        let dim = self.layout.head_dim;
+        let heads = self.layout.kv_heads;
+        // Heads are independent: encode them in parallel; each vector's code depends only on the
+        // vector, so the result does not depend on the thread count.
+        let results: Vec<Result<(), CacheError>> = self
+            .keys
+            .par_iter_mut()
+            .zip(self.values.par_iter_mut())
+            .enumerate()
+            .map(|(h, (ks, vs))| {
+                let mut scratch = CodecScratch::new(dim);
+                for i in 0..n {
+                    let off = (i * heads + h) * dim;
+                    ks.push(&keys[off..off + dim], &mut scratch)?;
+                    vs.push(&values[off..off + dim], &mut scratch)?;
+                }
+                Ok(())
+            })
+            .collect();
+        if let Some(error) = results.into_iter().find_map(Result::err) {
+            // Leave the cache as it was: drop whatever part of the batch went in.
+            for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
+                s.truncate(start);
+            }
+            return Err(error);
+        }
+        for &p in positions {
+            let slot = match self.layout.ring_slots() {
+                Some(slots) if self.positions.len() == slots => {
+                    self.positions.record_mut(self.len % slots)?
+                }
+                _ => self.positions.push()?,
+            };
+            slot.0[0] = p;
+            self.len += 1;
+        }
+        Ok(())
+    }
+
+    /// The one entry point for prefill, chunked prefill and decode.
+    ///
+    /// `positions` are the positions of the whole sequence so far (cached tokens and the new
+    /// ones); `queries` `[query_len, q_heads, d]` and `keys`/`values` `[query_len, kv_heads, d]`
+    /// belong to the newest `query_len` tokens. `offset = positions.len − query_len` must equal
+    /// [`len`](Self::len). The new tokens are written first, then every query attends (causal
+    /// and window masks from positions) and `out` receives `[query_len, q_heads, d]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &mut self,
+        queries: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        kernel: AttentionKernel,
+        out: &mut [f32],
+    ) -> Result<(), CacheError> {
+        let width = shape.q_heads * self.layout.head_dim;
+        if width == 0 || queries.len() % width != 0 {
+            return Err(CacheError::ShapeMismatch {
+                what: "queries",
+                expected: width,
+                actual: queries.len(),
+            });
+        }
+        let query_len = queries.len() / width;
+        let offset = positions
+            .len()
+            .checked_sub(query_len)
+            .ok_or(CacheError::ShapeMismatch {
+                what: "positions",
+                expected: query_len,
+                actual: positions.len(),
+            })?;
+        if offset != self.len {
+            return Err(CacheError::OffsetMismatch {
+                cached: self.len,
+                offset,
+            });
+        }
+        let new_positions = &positions[offset..];
+        self.append(keys, values, new_positions)?;
+        attend(self, queries, new_positions, shape, kernel, out)
+    }
+
+    /// Drops every token from `new_len` on (speculative decoding, edited prompts).
+    ///
+    /// Exact — the cache equals one that never saw the dropped tokens — within the limits the
+    /// layout keeps: a ring must still hold the window of the new last token, and full-precision
+    /// recent copies must still exist; otherwise [`CacheError::RewindTooFar`] and nothing changes.
+    pub fn truncate(&mut self, new_len: usize) -> Result<(), CacheError> {
+        if new_len >= self.len {
+            return Ok(());
+        }
+        for s in self.keys.iter().chain(&self.values) {
+            s.check_rewind(new_len, self.layout.window())?;
+        }
+        for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            s.truncate(new_len);
+        }
+        if self
+            .layout
+            .ring_slots()
+            .is_none_or(|slots| self.positions.len() < slots)
+        {
+            self.positions.truncate(new_len);
+        }
+        // (A wrapped ring keeps all its slots; the stale ones are past `len` and never read.)
+        self.len = new_len;
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! One stream of a KV cache: the keys (or the values) of one KV head of one layer.
+//!
+//! Every token is encoded with the stream's codec into `body` when it arrives. Full-precision
+//! copies are kept beside it for the attention sinks (the first `sink_tokens` tokens) and for
+//! the most recent `recent_tokens` tokens; attention reads those copies instead of the codes.
+//! The recent copies live in a ring of `recent_tokens + max_rewind` slots, so a rewind of up to
+//! `max_rewind` tokens still finds full-precision copies of the tokens that become recent again:
+//! rewinding then re-appending is exactly the same as never having appended.
+//!
+//! In ring mode (sliding-window layers) the body itself is a ring of `slots` records and token
+//! `t` lives in slot `t % slots`; sinks and recent copies are not used there (the window already
+//! bounds the memory).
+
+use half::f16;
+
+use crate::codec::CodecScratch;
+use crate::error::CacheError;
+use crate::token_codec::{CodecSpec, TokenCodec};
+use crate::token_store::{Growth, TokenStore};
+
+/// Which copy of a token attention must read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The compressed record in the body (index = slot).
+    Body(usize),
+    /// The full-precision sink copy (index = token).
+    Sink(usize),
+    /// The full-precision recent copy (index = ring slot).
+    Recent(usize),
+}
+
+/// Shape and policy of one stream.
+#[derive(Clone, Debug)]
+pub struct StreamLayout {
+    /// The body codec.
+    pub codec: CodecSpec,
+    /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
+    pub fp: CodecSpec,
+    /// First tokens kept at full precision.
+    pub sink_tokens: usize,
+    /// Newest tokens kept at full precision.
+    pub recent_tokens: usize,
+    /// Tokens a rewind may drop while staying exact.
+    pub max_rewind: usize,
+    /// Growth of the body (ignored in ring mode).
+    pub growth: Growth,
+    /// `Some(slots)` for a ring buffer of that many records.
+    pub ring_slots: Option<usize>,
+}
+
+/// The stored tokens of one stream.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    codec: TokenCodec,
+    fp_codec: TokenCodec,
+    body: TokenStore,
+    sinks: TokenStore,
+    recent: TokenStore,
+    sink_tokens: usize,
+    recent_tokens: usize,
+    recent_slots: usize,
+    ring_slots: Option<usize>,
+    len: usize,
+    /// Oldest token whose body record is intact (rings overwrite the oldest).
+    oldest_body: usize,
+    /// Oldest token whose recent full-precision copy is intact.
+    oldest_recent: usize,
+}
+
+impl Stream {
+    /// An empty stream.
+    pub fn new(layout: &StreamLayout) -> Result<Self, CacheError> {
+        let codec = TokenCodec::new(&layout.codec)?;
+        let fp_codec = TokenCodec::new(&layout.fp)?;
+        if !matches!(layout.fp, CodecSpec::F16 { .. } | CodecSpec::F32 { .. })
+            || fp_codec.dim() != codec.dim()
+        {
+            return Err(CacheError::InvalidConfig(
+                "full-precision copies must be f16 or f32 of the stream's dimension".into(),
+            ));
+        }
+        let ring = layout.ring_slots;
+        if ring == Some(0) {
+            return Err(CacheError::InvalidConfig(
+                "a ring needs at least one slot".into(),
+            ));
+        }
+        let (sink_tokens, recent_tokens) = if ring.is_some() {
+            (0, 0)
+        } else {
+            (layout.sink_tokens, layout.recent_tokens)
+        };
+        let recent_slots = if recent_tokens == 0 {
+            0
+        } else {
+            recent_tokens + layout.max_rewind
+        };
+        let body_growth = match ring {
+            Some(slots) => Growth::Static { capacity: slots },
+            None => layout.growth,
+        };
+        let fp_store = |capacity: usize| {
+            TokenStore::new(
+                fp_codec.record_words(),
+                fp_codec.scales_per_token(),
+                Growth::Static { capacity },
+            )
+        };
+        Ok(Self {
+            body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth),
+            sinks: fp_store(sink_tokens),
+            recent: fp_store(recent_slots),
+            codec,
+            fp_codec,
+            sink_tokens,
+            recent_tokens,
+            recent_slots,
+            ring_slots: ring,
+            len: 0,
+            oldest_body: 0,
+            oldest_recent: 0,
+        })
+    }
+
+    /// Tokens appended so far (in ring mode, including those the ring has overwritten).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no token was appended.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The body codec.
+    pub fn codec(&self) -> &TokenCodec {
+        &self.codec
+    }
+
+    /// The full-precision codec of sink and recent copies.
+    pub fn fp_codec(&self) -> &TokenCodec {
+        &self.fp_codec
+    }
+
+    /// The compressed records.
+    pub fn body(&self) -> &TokenStore {
+        &self.body
+    }
+
+    /// Bytes held by every buffer of the stream, measured from the buffers.
+    pub fn allocated_bytes(&self) -> usize {
+        self.body.allocated_bytes() + self.sinks.allocated_bytes() + self.recent.allocated_bytes()
+    }
+
+    /// Bytes of the full-precision sink and recent copies (allocated at creation), by formula.
+    pub fn fixed_bytes(&self) -> usize {
+        (self.sink_tokens + self.recent_slots) * self.fp_codec.bytes_per_token()
+    }
+
+    /// Appends one token.
+    pub fn push(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
+        let t = self.len;
+        match self.ring_slots {
+            Some(slots) => {
+                let (record, scales) = if t % slots < self.body.len() {
+                    self.body.record_mut(t % slots)?
+                } else {
+                    self.body.push()?
+                };
+                self.codec.encode_into(x, scratch, record, scales)?;
+                self.oldest_body = self.oldest_body.max((t + 1).saturating_sub(slots));
+            }
+            None => {
+                let (record, scales) = self.body.push()?;
+                if let Err(e) = self.codec.encode_into(x, scratch, record, scales) {
+                    self.body.truncate(t);
+                    return Err(e.into());
+                }
+            }
+        }
+        if t < self.sink_tokens {
+            let (record, scales) = self.sinks.push()?;
+            self.fp_codec.encode_into(x, scratch, record, scales)?;
+        }
+        if self.recent_slots > 0 {
+            let slot = t % self.recent_slots;
+            // After a rewind the ring already holds (stale) records past `slot`: overwrite them.
+            let (record, scales) = if slot < self.recent.len() {
+                self.recent.record_mut(slot)?
+            } else {
+                self.recent.push()?
+            };
+            self.fp_codec.encode_into(x, scratch, record, scales)?;
+            self.oldest_recent = self
+                .oldest_recent
+                .max((t + 1).saturating_sub(self.recent_slots));
+        }
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Where token `t` (< len, still stored) must be read from.
+    pub fn source(&self, t: usize) -> TokenSource {
+        if let Some(slots) = self.ring_slots {
+            return TokenSource::Body(t % slots);
+        }
+        if t < self.sink_tokens {
+            TokenSource::Sink(t)
+        } else if self.recent_tokens > 0 && t + self.recent_tokens >= self.len {
+            TokenSource::Recent(t % self.recent_slots)
+        } else {
+            TokenSource::Body(t)
+        }
+    }
+
+    /// Tokens from here to `len` are read from full-precision recent copies (`len` if none).
+    pub fn recent_start(&self) -> usize {
+        if self.ring_slots.is_some() || self.recent_tokens == 0 {
+            self.len
+        } else {
+            self.len.saturating_sub(self.recent_tokens)
+        }
+    }
+
+    /// Tokens before this are read from full-precision sink copies.
+    pub fn sink_end(&self) -> usize {
+        self.sink_tokens.min(self.len)
+    }
+
+    /// The oldest token still stored (a ring forgets what it overwrote).
+    pub fn first_stored(&self) -> usize {
+        self.oldest_body
+    }
+
+    /// The record and codec of token `t`.
+    pub fn token(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
+        if t >= self.len || t < self.first_stored() {
+            return None;
+        }
+        let (codec, store, index) = match self.source(t) {
+            TokenSource::Body(i) => (&self.codec, &self.body, i),
+            TokenSource::Sink(i) => (&self.fp_codec, &self.sinks, i),
+            TokenSource::Recent(i) => (&self.fp_codec, &self.recent, i),
+        };
+        let (record, scales) = store.record(index)?;
+        Some((codec, record, scales))
+    }
+
+    /// Decodes token `t` into `out`.
+    pub fn decode(
+        &self,
+        t: usize,
+        scratch: &mut CodecScratch,
+        out: &mut [f32],
+    ) -> Result<(), CacheError> {
+        let (codec, record, scales) = self.token(t).ok_or(CacheError::ShapeMismatch {
+            what: "token index",
+            expected: self.len,
+            actual: t,
+        })?;
+        codec.decode_into(record, scales, scratch, out)?;
+        Ok(())
+    }
+
+    /// Checks that dropping every token from `new_len` on leaves exactly the state that
+    /// appending only `new_len` tokens would have built, for a layer whose queries look back
+    /// `window` tokens (`None`: all of them).
+    pub(crate) fn check_rewind(
+        &self,
+        new_len: usize,
+        window: Option<usize>,
+    ) -> Result<(), CacheError> {
+        let requested = self.len.saturating_sub(new_len);
+        // The next query (position new_len) sees tokens from `needed` on.
+        let needed = window.map_or(0, |w| (new_len + 1).saturating_sub(w));
+        if self.oldest_body > needed {
+            return Err(CacheError::RewindTooFar {
+                requested,
+                reason: "the ring buffer has overwritten tokens the window would need again",
+            });
+        }
+        if self.recent_tokens > 0 && self.oldest_recent > new_len.saturating_sub(self.recent_tokens)
+        {
+            return Err(CacheError::RewindTooFar {
+                requested,
+                reason: "full-precision copies of the tokens that would become recent are gone (raise max_rewind)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops tokens from `new_len` on; call [`check_rewind`](Self::check_rewind) first.
+    pub(crate) fn truncate(&mut self, new_len: usize) {
+        if new_len >= self.len {
+            return;
+        }
+        self.len = new_len;
+        // A ring that has wrapped stays full: its slots past `new_len` are stale but unread.
+        if self.body.len() > new_len && self.oldest_body == 0 {
+            self.body.truncate(new_len);
+        }
+        self.oldest_body = self.oldest_body.min(new_len);
+        self.oldest_recent = self.oldest_recent.min(new_len);
+        self.sinks.truncate(new_len.min(self.sink_tokens));
+    }
+}

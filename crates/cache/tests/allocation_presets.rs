@@ -1,0 +1,195 @@
+//! Every shipped preset parses, resolves for two real model shapes, builds its codecs, and
+//! reports exactly the bytes those codecs allocate. Catches: a preset that no longer parses
+//! after a schema change, accounting formulas drifting from `TokenCodec`, and bit costs that
+//! silently change (they are pinned below and quoted in `presets/README.md`).
+
+use tq_cache::TokenCodec;
+use tq_cache::allocation::{Allocation, ModelShape, StreamKind, StreamPlan};
+use tq_cache::two_tier::TwoTierCodec;
+
+const SMALL: ModelShape = ModelShape {
+    num_layers: 30,
+    num_kv_heads: 3,
+    head_dim: 64,
+};
+const LARGE: ModelShape = ModelShape {
+    num_layers: 32,
+    num_kv_heads: 8,
+    head_dim: 128,
+};
+
+/// Builds the codec(s) of a plan and returns the bytes per token they allocate.
+fn built_bytes(plan: &StreamPlan) -> usize {
+    match plan {
+        StreamPlan::Single(spec) => TokenCodec::new(spec).unwrap().bytes_per_token(),
+        StreamPlan::TwoTier(tiers) => {
+            // Any valid channel list: the accounting must not depend on which channels.
+            let channels: Vec<u16> = (0..tiers.channels as u16).map(|c| 2 * c).collect();
+            let codec: TwoTierCodec = tiers.build(channels).unwrap();
+            assert_eq!(codec.head_dim(), plan.head_dim());
+            assert_eq!(codec.metadata_bytes(), plan.metadata_bytes_per_head());
+            codec.bytes_per_token()
+        }
+    }
+}
+
+#[test]
+fn the_preset_list_is_the_documented_one() {
+    let names: Vec<_> = Allocation::preset_names().collect();
+    assert_eq!(
+        names,
+        [
+            "f16",
+            "mse-k4v4",
+            "k5v4",
+            "mse-k5v4",
+            "tq3.5",
+            "tq2.5",
+            "paper-prod"
+        ]
+    );
+    let readme = include_str!("../presets/README.md");
+    for name in names {
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README misses {name}"
+        );
+    }
+}
+
+#[test]
+fn every_preset_parses_and_is_named_after_itself() {
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        assert_eq!(allocation.name, name);
+        assert!(
+            allocation.description.is_some(),
+            "{name} has no description"
+        );
+    }
+}
+
+#[test]
+fn every_preset_resolves_and_builds_with_honest_bytes() {
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        for shape in [SMALL, LARGE] {
+            allocation.validate_for(&shape).unwrap();
+            // Presets have no per-layer rules, so three layers per head cover them; building
+            // every codec of the large model would only repeat the same specs.
+            for layer in [0, shape.num_layers / 2, shape.num_layers - 1] {
+                for head in 0..shape.num_kv_heads {
+                    for stream in StreamKind::BOTH {
+                        let plan = allocation
+                            .resolve(layer, shape.num_layers, head, shape.head_dim, stream)
+                            .unwrap();
+                        assert_eq!(plan.head_dim(), shape.head_dim);
+                        assert_eq!(
+                            plan.bytes_per_token(),
+                            built_bytes(&plan),
+                            "{name} layer {layer} head {head} {stream}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bits per value (keys, values) at d = 64 and d = 128, as `presets/README.md` states them.
+#[test]
+fn preset_costs_are_pinned() {
+    let expected: [(&str, [f64; 2], [f64; 2]); 7] = [
+        ("f16", [16.0, 16.0], [16.0, 16.0]),
+        ("mse-k4v4", [4.25, 4.25], [4.125, 4.125]),
+        ("k5v4", [5.5, 4.25], [5.25, 4.125]),
+        ("mse-k5v4", [5.25, 4.25], [5.125, 4.125]),
+        ("tq3.5", [4.0, 4.0], [3.5, 3.5]),
+        ("tq2.5", [3.0, 3.0], [2.5, 2.5]),
+        ("paper-prod", [4.5, 4.5], [4.25, 4.25]),
+    ];
+    for (name, small, large) in expected {
+        let allocation = Allocation::preset(name).unwrap();
+        for (shape, [key, value]) in [(SMALL, small), (LARGE, large)] {
+            let k = allocation.bits_per_value(&shape, StreamKind::Key).unwrap();
+            let v = allocation
+                .bits_per_value(&shape, StreamKind::Value)
+                .unwrap();
+            assert_eq!((k, v), (key, value), "{name} at d = {}", shape.head_dim);
+        }
+    }
+}
+
+#[test]
+fn two_tier_presets_split_a_quarter_of_the_channels() {
+    for (name, outlier_bits, rest_bits) in [("tq3.5", 4, 3), ("tq2.5", 3, 2)] {
+        let allocation = Allocation::preset(name).unwrap();
+        for (head_dim, k) in [(64, 16), (128, 32)] {
+            let plan = allocation
+                .resolve(0, 32, 0, head_dim, StreamKind::Value)
+                .unwrap();
+            let tiers = plan.two_tier().expect("two tiers");
+            assert_eq!(tiers.channels, k);
+            assert_eq!(plan.metadata_bytes_per_head(), 2 * k);
+            match (tiers.outlier, tiers.rest) {
+                (tq_cache::CodecSpec::Mse(o), tq_cache::CodecSpec::Mse(r)) => {
+                    assert_eq!((o.dim, o.bits), (k, outlier_bits));
+                    assert_eq!((r.dim, r.bits), (head_dim - k, rest_bits));
+                    assert_ne!(o.seed, r.seed, "each tier has its own rotation");
+                }
+                other => panic!("{name}: unexpected tiers {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn k5v4_is_the_seed_hybrid() {
+    let plan = Allocation::preset("k5v4")
+        .unwrap()
+        .resolve(0, 30, 0, 64, StreamKind::Key)
+        .unwrap();
+    let Some(tq_cache::CodecSpec::Prod(spec)) = plan.single() else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(spec.bits, 5);
+    assert_eq!(spec.sketch.kind, tq_qjl::SketchKind::Haar);
+    assert_eq!(spec.sketch.scale, tq_qjl::SketchScale::Asymptotic);
+    assert_eq!(spec.sketch.shrinkage, 0.7);
+    assert_eq!(spec.rotation, tq_rotation::RotationKind::Hadamard);
+}
+
+#[test]
+fn presets_round_trip_through_toml() {
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        let text = allocation.to_toml_string().unwrap();
+        assert_eq!(
+            Allocation::from_toml_str(&text).unwrap(),
+            allocation,
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn load_takes_a_preset_name_or_a_path() {
+    assert_eq!(Allocation::load("tq2.5").unwrap().name, "tq2.5");
+    let path = std::env::temp_dir().join(format!("tq-allocation-{}.toml", std::process::id()));
+    std::fs::write(&path, Allocation::preset_text("k5v4").unwrap()).unwrap();
+    let loaded = Allocation::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded.unwrap(), Allocation::preset("k5v4").unwrap());
+
+    let err = Allocation::load("no-such-preset.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`no-such-preset.toml` is not a shipped preset"),
+        "{err}"
+    );
+    assert!(
+        err.contains("k5v4") && err.contains("nor an existing file"),
+        "{err}"
+    );
+}

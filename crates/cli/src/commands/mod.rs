@@ -1,0 +1,3 @@
+//! User-facing subcommands other than benchmarks.
+
+pub mod codebook;

@@ -1,0 +1,50 @@
+//! `tq`: the turboquant-rs command line.
+//!
+//! Subcommands so far: `tq codebook` (print a Lloyd-Max codebook) and `tq bench` (codec
+//! throughput and the inner-product estimator table). clap parses the arguments: a well-kept
+//! crate that gives typed arguments, `--help` and error messages for free.
+
+mod bench;
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// TurboQuant KV-cache compression: codebooks, codecs and benchmarks.
+#[derive(Parser, Debug)]
+#[command(name = "tq", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the Lloyd-Max codebook of the rotated-coordinate law for a dimension and bit width.
+    Codebook(commands::codebook::CodebookArgs),
+    /// Run a benchmark and print a table (or JSON rows with --json).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Codebook(args) => commands::codebook::run(&args),
+        Command::Bench(command) => bench::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tq: error: {error}");
+            let mut source = std::error::Error::source(&*error);
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

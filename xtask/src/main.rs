@@ -1,0 +1,122 @@
+//! `cargo xtask`: the one entry point for developer workflows.
+//!
+//! - `cargo xtask verify` — every check CI runs, cheapest first, stopping at the first failure:
+//!   formatting, clippy (`-D warnings`, all targets), every test in release mode (statistical
+//!   suites included), and rustdoc with `-D warnings`.
+//! - `cargo xtask bench <name> [args...]` — runs a benchmark of the `tq` binary in release mode
+//!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
+//!
+//! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("verify") => verify(),
+        Some("bench") => bench(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask <verify | bench <codec> [--json] [args...]>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One step of `verify`: a name for the log and the cargo arguments that run it.
+struct Step {
+    name: &'static str,
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+const VERIFY_STEPS: &[Step] = &[
+    Step {
+        name: "format",
+        args: &["fmt", "--all", "--check"],
+        env: &[],
+    },
+    Step {
+        name: "clippy",
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        name: "tests (release)",
+        args: &["test", "--workspace", "--release"],
+        env: &[],
+    },
+    Step {
+        name: "rustdoc",
+        args: &["doc", "--workspace", "--no-deps", "--release"],
+        env: &[("RUSTDOCFLAGS", "-D warnings")],
+    },
+];
+
+fn verify() -> Result<(), String> {
+    let started = Instant::now();
+    for step in VERIFY_STEPS {
+        let step_start = Instant::now();
+        eprintln!("==> verify: {}", step.name);
+        let mut command = cargo();
+        command.args(step.args);
+        for (key, value) in step.env {
+            command.env(key, value);
+        }
+        run(&mut command).map_err(|e| format!("step '{}' failed: {e}", step.name))?;
+        eprintln!(
+            "==> verify: {} ok ({:.1} s)",
+            step.name,
+            step_start.elapsed().as_secs_f64()
+        );
+    }
+    eprintln!(
+        "==> verify: all steps passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    if args.is_empty() {
+        return Err("bench needs a name, e.g. `cargo xtask bench codec`".into());
+    }
+    let mut command = cargo();
+    command.args(["run", "--release", "--quiet", "-p", "tq-cli", "--", "bench"]);
+    command.args(args);
+    run(&mut command)
+}
+
+fn cargo() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut command = Command::new(cargo);
+    // Run from the workspace root whatever the caller's directory.
+    command.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    command
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let status = command
+        .status()
+        .map_err(|e| format!("could not start {command:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{command:?} exited with {status}"))
+    }
+}
