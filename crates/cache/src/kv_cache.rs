@@ -411,6 +411,15 @@ impl KvCache {
         attend(self, queries, new_positions, shape, kernel, out)
     }
 
+    /// Forgets every token, keeping the allocations (a reset, always exact).
+    pub fn clear(&mut self) {
+        for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            s.clear();
+        }
+        self.positions.truncate(0);
+        self.len = 0;
+    }
+
     /// Drops every token from `new_len` on (speculative decoding, edited prompts).
     ///
     /// Exact — the cache equals one that never saw the dropped tokens — within the limits the
@@ -435,6 +444,52 @@ impl KvCache {
         }
         // (A wrapped ring keeps all its slots; the stale ones are past `len` and never read.)
         self.len = new_len;
+        Ok(())
+    }
+
+    /// The key and value stream layouts (what a saved cache records to rebuild the codecs).
+    pub fn stream_layouts(&self) -> (Vec<StreamLayout>, Vec<StreamLayout>) {
+        (
+            self.keys.iter().map(|s| s.layout().clone()).collect(),
+            self.values.iter().map(|s| s.layout().clone()).collect(),
+        )
+    }
+
+    /// Appends the cache's contents to a saved-cache body.
+    pub(crate) fn write_to(&self, out: &mut crate::persist::ByteWriter) {
+        out.u64(self.len as u64);
+        out.store(&self.positions);
+        for s in self.keys.iter().chain(&self.values) {
+            s.write_to(out);
+        }
+    }
+
+    /// Restores what [`write_to`](Self::write_to) wrote into a freshly built, empty cache.
+    pub(crate) fn read_from(
+        &mut self,
+        input: &mut crate::persist::ByteReader<'_>,
+    ) -> Result<(), crate::persist::PersistError> {
+        self.len = input.usize()?;
+        input.store(&mut self.positions)?;
+        for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            s.read_from(input)?;
+            if s.len() != self.len {
+                return Err(crate::persist::PersistError::Inconsistent(
+                    "stream and cache lengths disagree",
+                ));
+            }
+        }
+        let expected = self
+            .layout
+            .ring_slots()
+            .map_or(self.len, |slots| self.len.min(slots));
+        if self.positions.len() != expected
+            && self.layout.ring_slots() != Some(self.positions.len())
+        {
+            return Err(crate::persist::PersistError::Inconsistent(
+                "position table length",
+            ));
+        }
         Ok(())
     }
 }

@@ -32,5 +32,7 @@ pub use error::CacheError;
 pub mod allocation;
 pub mod attention;
 pub mod kv_cache;
+pub mod persist;
+pub mod states;
 pub mod stream;
 pub mod two_tier;

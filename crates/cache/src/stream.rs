@@ -30,7 +30,7 @@ pub enum TokenSource {
 }
 
 /// Shape and policy of one stream.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StreamLayout {
     /// The body codec.
     pub codec: CodecSpec,
@@ -51,6 +51,7 @@ pub struct StreamLayout {
 /// The stored tokens of one stream.
 #[derive(Clone, Debug)]
 pub struct Stream {
+    layout: StreamLayout,
     codec: TokenCodec,
     fp_codec: TokenCodec,
     body: TokenStore,
@@ -107,6 +108,7 @@ impl Stream {
             )
         };
         Ok(Self {
+            layout: layout.clone(),
             body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth),
             sinks: fp_store(sink_tokens),
             recent: fp_store(recent_slots),
@@ -120,6 +122,11 @@ impl Stream {
             oldest_body: 0,
             oldest_recent: 0,
         })
+    }
+
+    /// The layout the stream was built from (what a saved cache records).
+    pub fn layout(&self) -> &StreamLayout {
+        &self.layout
     }
 
     /// Tokens appended so far (in ring mode, including those the ring has overwritten).
@@ -262,6 +269,16 @@ impl Stream {
         Ok(())
     }
 
+    /// Forgets every token (allocations are kept for reuse).
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+        self.oldest_body = 0;
+        self.oldest_recent = 0;
+        self.body.truncate(0);
+        self.sinks.truncate(0);
+        self.recent.truncate(0);
+    }
+
     /// Checks that dropping every token from `new_len` on leaves exactly the state that
     /// appending only `new_len` tokens would have built, for a layer whose queries look back
     /// `window` tokens (`None`: all of them).
@@ -302,5 +319,43 @@ impl Stream {
         self.oldest_body = self.oldest_body.min(new_len);
         self.oldest_recent = self.oldest_recent.min(new_len);
         self.sinks.truncate(new_len.min(self.sink_tokens));
+    }
+
+    /// Appends the stream's state to a saved-cache body.
+    pub(crate) fn write_to(&self, out: &mut crate::persist::ByteWriter) {
+        out.u64(self.len as u64);
+        out.u64(self.oldest_body as u64);
+        out.u64(self.oldest_recent as u64);
+        for store in [&self.body, &self.sinks, &self.recent] {
+            out.store(store);
+        }
+    }
+
+    /// Restores what [`write_to`](Self::write_to) wrote into a freshly built, empty stream.
+    pub(crate) fn read_from(
+        &mut self,
+        input: &mut crate::persist::ByteReader<'_>,
+    ) -> Result<(), crate::persist::PersistError> {
+        self.len = input.usize()?;
+        self.oldest_body = input.usize()?;
+        self.oldest_recent = input.usize()?;
+        input.store(&mut self.body)?;
+        input.store(&mut self.sinks)?;
+        input.store(&mut self.recent)?;
+        let stored = self.body.len();
+        let consistent = match self.ring_slots {
+            Some(slots) => stored == self.len.min(slots) || stored == slots,
+            None => stored == self.len,
+        } && self.oldest_body <= self.len
+            && self.oldest_recent <= self.len
+            && self.sinks.len() == self.len.min(self.sink_tokens)
+            && self.recent.len() <= self.recent_slots;
+        if consistent {
+            Ok(())
+        } else {
+            Err(crate::persist::PersistError::Inconsistent(
+                "stream lengths disagree",
+            ))
+        }
     }
 }

@@ -102,7 +102,7 @@ fn bits_are_checked_per_codec() {
         assert_names(
             &m,
             "value.bits",
-            &format!("{bits} bits is out of range for codec `{codec}` (supported: {supported})"),
+            &format!("{bits} is out of range for codec `{codec}` (supported: {supported})"),
         );
     }
     // A patch is checked against the codec in force.
@@ -112,7 +112,7 @@ fn bits_are_checked_per_codec() {
     assert_names(
         &m,
         "override[0].key.bits",
-        "9 bits is out of range for codec `mse`",
+        "9 is out of range for codec `mse` (supported: 1..=8)",
     );
     // bits on f16 has no meaning.
     let m = parse_error(&format!(
@@ -273,7 +273,7 @@ fn errors_in_files_name_the_file() {
     let err = Allocation::from_path(&path).unwrap_err().to_string();
     std::fs::remove_file(&path).unwrap();
     assert!(err.starts_with(&path.display().to_string()), "{err}");
-    assert!(err.contains("`key.bits`: 11 bits is out of range"), "{err}");
+    assert!(err.contains("`key.bits`: 11 is out of range"), "{err}");
 
     let err = Allocation::from_path("/nonexistent/allocation.toml").unwrap_err();
     assert!(matches!(err, AllocationError::Io { .. }), "{err}");

@@ -41,14 +41,15 @@ pub struct LloydMaxCodebook {
     decision: DecisionTable,
 }
 
-/// The serialized form: only the `f64` data; the `f32` tables are rebuilt (and the
-/// invariants re-checked) on deserialization, so a restored codebook behaves identically.
+/// The serialized form: the `f64` centroids and MSE only. Thresholds and `f32` tables are
+/// derived data, rebuilt (and the invariants re-checked) on deserialization, so a restored
+/// codebook behaves identically provided the format round-trips `f64` exactly (serde_json
+/// needs its `float_roundtrip` feature for that; binary formats do it anyway).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CodebookRecord {
     distribution: CoordinateDistribution,
     bits: u8,
     centroids: Vec<f64>,
-    thresholds: Vec<f64>,
     mse_per_coordinate: f64,
 }
 
@@ -219,7 +220,6 @@ impl From<LloydMaxCodebook> for CodebookRecord {
             distribution: codebook.distribution,
             bits: codebook.bits,
             centroids: codebook.centroids,
-            thresholds: codebook.thresholds,
             mse_per_coordinate: codebook.mse_per_coordinate,
         }
     }
@@ -228,7 +228,8 @@ impl From<LloydMaxCodebook> for CodebookRecord {
 impl TryFrom<CodebookRecord> for LloydMaxCodebook {
     type Error = LloydMaxError;
 
-    /// Re-checks everything the encode path relies on; it does not re-solve the codebook.
+    /// Re-checks what the encode path relies on (sizes, finite strictly increasing
+    /// centroids); it does not re-solve the codebook.
     fn try_from(record: CodebookRecord) -> Result<Self, LloydMaxError> {
         record.distribution.validate()?;
         check_bits(record.bits)?;
@@ -238,8 +239,8 @@ impl TryFrom<CodebookRecord> for LloydMaxCodebook {
             })
         };
         let levels = 1usize << record.bits;
-        if record.centroids.len() != levels || record.thresholds.len() != levels - 1 {
-            return invalid("expected 2^bits centroids and 2^bits - 1 thresholds");
+        if record.centroids.len() != levels {
+            return invalid("expected 2^bits centroids");
         }
         if !record.centroids.iter().all(|c| c.is_finite()) {
             return invalid("centroids must be finite");
@@ -247,17 +248,15 @@ impl TryFrom<CodebookRecord> for LloydMaxCodebook {
         if !record.centroids.windows(2).all(|w| w[0] < w[1]) {
             return invalid("centroids must be strictly increasing");
         }
-        if record.thresholds != midpoints(&record.centroids) {
-            return invalid("thresholds must be the midpoints of adjacent centroids");
-        }
         if !(record.mse_per_coordinate.is_finite() && record.mse_per_coordinate >= 0.0) {
             return invalid("mse_per_coordinate must be finite and non-negative");
         }
+        let thresholds = midpoints(&record.centroids);
         Ok(Self::from_parts(
             record.distribution,
             record.bits,
             record.centroids,
-            record.thresholds,
+            thresholds,
             record.mse_per_coordinate,
         ))
     }

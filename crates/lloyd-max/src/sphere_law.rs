@@ -106,6 +106,11 @@ impl SphereCoordinateLaw {
         if t2 <= 0.5 && self.a * t2 <= 2.0 {
             return Ok(0.5 - self.central_mass(t)?);
         }
+        Ok(self.tail_mass(t))
+    }
+
+    /// `P(T > t) = K ∫_{asin t}^{π/2} cos^(d−2) θ dθ` for `0 <= t < 1`.
+    fn tail_mass(&self, t: f64) -> f64 {
         // log of cos^(d−2) θ = (a − ½)·ln(1 − sin²θ): ln_1p keeps it exact for small θ.
         let power = self.a - 0.5;
         let theta = t.asin();
@@ -119,7 +124,7 @@ impl SphereCoordinateLaw {
             2.0 * power * theta.tan(),
             2.0 * power,
         );
-        Ok(self.ln_norm.exp() * integral)
+        self.ln_norm.exp() * integral
     }
 
     /// `P(0 < T <= t) = K t (1−t²)^a ₂F₁(1, a+½; 3/2; t²)`, a series of positive terms.
@@ -140,5 +145,51 @@ impl SphereCoordinateLaw {
             function: "incomplete beta series",
             argument: t,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SphereCoordinateLaw, ln_gamma_half_ratio};
+
+    /// 20-digit values of `lnΓ(x+½) − lnΓ(x)` from mpmath (30 significant digits).
+    #[test]
+    fn gamma_ratio_matches_mpmath() {
+        let cases = [
+            (1.0, -0.120_782_237_635_245_222_35),
+            (1.5, 0.120_782_237_635_245_222_35),
+            (2.0, 0.284_682_870_472_919_159_63),
+            (19.5, 1.478_797_678_238_397_044_5),
+            (20.0, 1.491_616_787_331_304_073_6),
+            (31.5, 1.721_025_685_532_536_368_2),
+            (63.5, 2.073_551_469_352_050_032_2),
+            (2047.5, 3.812_126_357_803_168_957_6),
+            (49_999_999.5, 8.863_766_774_196_210_031_4),
+        ];
+        for (x, exact) in cases {
+            let got = ln_gamma_half_ratio(x);
+            assert!((got - exact).abs() <= 4.0 * f64::EPSILON * exact.abs().max(1.0), "x={x}: {got} vs {exact}");
+        }
+    }
+
+    /// The series (centre) and the quadrature (tail) agree where `survival` switches
+    /// between them (a·t² = 2, z ≈ 2), and on both sides of it.
+    #[test]
+    fn series_and_tail_quadrature_agree_at_the_switch() {
+        for dim in [4usize, 64, 4096, 1 << 24] {
+            let law = SphereCoordinateLaw::new(dim);
+            let a = (dim as f64 - 1.0) / 2.0;
+            for factor in [0.7, 1.0, 1.3] {
+                let t = factor * (2.0 / a).sqrt();
+                if t * t > 0.5 {
+                    continue;
+                }
+                let series = 0.5 - law.central_mass(t).expect("series converges");
+                let quadrature = law.tail_mass(t);
+                // ½ − C carries a few ulps of ½, i.e. ~4ε·(½/S) relative; the quadrature ~4ε.
+                let tolerance = 4.0 * f64::EPSILON * (0.5 / quadrature + 1.0);
+                assert!(((series - quadrature) / quadrature).abs() < tolerance, "d={dim} t={t}: {series} vs {quadrature}");
+            }
+        }
     }
 }

@@ -14,7 +14,8 @@ use crate::walsh_hadamard::{Scalar, fwht};
 /// power of two not above `d`.
 fn pass_blocks(dim: usize) -> Vec<Range<usize>> {
     if dim.is_power_of_two() {
-        vec![0..dim]
+        let whole = 0..dim;
+        vec![whole]
     } else {
         // `dim` ≥ 3 here, so `ilog2` is defined and `B < dim < 2B`.
         let block = 1usize << dim.ilog2();

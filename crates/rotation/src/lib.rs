@@ -30,11 +30,23 @@
 //! with four random ±1 diagonals. Every factor is orthogonal, so `Π` is; its cost is three
 //! B-point transforms. Three passes, not two, because two can never mix everything: an
 //! output outside the second block only sees the first block's inputs. After three, every
-//! output depends on every input. Over seeds, `(Πx)_j` still has mean 0, and its variance is
-//! `Σ_i P_ji·x_i²` with `P = E[Π∘Π] = P_head·P_tail·P_head` doubly stochastic and positive
-//! (`P_block` is `1/B` inside its block, the identity outside): exactly `1/d` for any `x`
-//! with equal-magnitude entries, and between `(2B−d)/B²` and `1/B`-like values, averaging
-//! `1/d` over `j`, for a basis vector.
+//! output depends on every input, in the sense that `P = E[Π∘Π] = P_head·P_tail·P_head` is
+//! positive everywhere (`P_block` is `1/B` inside its block, the identity outside); a given
+//! seed can still have exact zeros where equal-magnitude paths cancel (at d = 6, eight
+//! entries for every seed).
+//!
+//! Over seeds, `(Πx)_j` has mean 0 and variance `Σ_i P_ji·x_i²`. `P` is doubly stochastic,
+//! so this is exactly `1/d` for any `x` with equal-magnitude entries and averages `1/d`
+//! over `j` for every `x`, but it is not `1/d` coordinate by coordinate for every `x`: for
+//! `e₁` at d = 96 it is 3/256 for `j < 64` and 1/128 for `j ≥ 64`.
+//!
+//! # Precision and cost
+//!
+//! `apply` and `apply_inverse` never allocate. Haar stores Π and Πᵀ in f32 (column-major)
+//! and sums each output left to right over blocks of 32 outputs; its round-trip error is a
+//! few `1e-7` relative at d = 300. Hadamard applies the transforms in place with the ±1
+//! signs and the `1/√B` normalizations folded into one multiply per pass; each pass rounds
+//! at most `log₂ B + 2` times, so a round trip is within `2·3·(log₂ B + 2)·2⁻²⁴` relative.
 //!
 //! # Determinism
 //!
@@ -56,10 +68,13 @@
 //! rotation.apply_inverse(&y, &mut back)?;
 //! assert!(x.iter().zip(&back).all(|(a, b)| (a - b).abs() < 1e-5));
 //!
-//! // Two vectors in one row-major batch.
-//! let batch = [1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+//! // A row-major batch of two vectors gives the same bits as two single calls.
+//! let batch = [1.0f32, 2.0, 3.0, 4.0, 0.0, 1.0, 0.0, 0.0];
 //! let mut rotated = [0.0f32; 8];
 //! rotation.apply_batch(&batch, &mut rotated)?;
+//! assert_eq!(rotated[..4], y);
+//!
+//! // The same triple always gives the same matrix.
 //! assert_eq!(Rotation::new(RotationKind::Haar, 4, 1)?.to_dense_f64(), rotation.to_dense_f64());
 //! # Ok::<(), tq_rotation::RotationError>(())
 //! ```

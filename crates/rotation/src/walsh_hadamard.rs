@@ -66,17 +66,12 @@ fn butterflies2<T: Scalar>(x: &mut [T], h: usize) {
         let (ab, cd) = block.split_at_mut(2 * h);
         let (a, b) = ab.split_at_mut(h);
         let (c, d) = cd.split_at_mut(h);
-        for (((a, b), c), d) in a
-            .iter_mut()
-            .zip(b.iter_mut())
-            .zip(c.iter_mut())
-            .zip(d.iter_mut())
-        {
-            let (s, t, u, v) = (*a + *b, *a - *b, *c + *d, *c - *d);
-            *a = s + u;
-            *b = t + v;
-            *c = s - u;
-            *d = t - v;
+        for i in 0..h {
+            let (s, t, u, v) = (a[i] + b[i], a[i] - b[i], c[i] + d[i], c[i] - d[i]);
+            a[i] = s + u;
+            b[i] = t + v;
+            c[i] = s - u;
+            d[i] = t - v;
         }
     }
 }

@@ -139,8 +139,9 @@ fn power_of_two_hadamard_coordinates_have_variance_one_over_d_for_any_x() {
 /// matrices, last pass on the left. Row-major.
 fn expected_square_profile(dim: usize) -> Vec<f64> {
     let (passes, block) = hadamard_passes(dim);
+    let whole = 0..dim;
     let blocks = if passes == 1 {
-        vec![0..dim]
+        vec![whole]
     } else {
         vec![0..block, dim - block..dim, 0..block]
     };

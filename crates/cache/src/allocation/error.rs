@@ -83,7 +83,7 @@ pub enum FieldProblem {
         codec: CodecKind,
     },
     /// `bits` outside what the codec supports.
-    #[error("{bits} bits is out of range for codec `{codec}` (supported: {supported})")]
+    #[error("{bits} is out of range for codec `{codec}` (supported: {supported})")]
     BitsOutOfRange {
         /// The value given.
         bits: u8,

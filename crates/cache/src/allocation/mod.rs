@@ -85,7 +85,7 @@
 //! # Errors
 //!
 //! Every problem with a file names the field as a path and says why:
-//! `` `override[1].key.bits`: 10 bits is out of range for codec `mse` (supported: 1..=8) ``.
+//! `` `override[1].key.bits`: 10 is out of range for codec `mse` (supported: 1..=8) ``.
 //! Unknown fields are errors, so a typo never silently becomes a default.
 
 mod error;

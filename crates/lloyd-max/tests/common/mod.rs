@@ -76,6 +76,25 @@ impl Quadrature {
         }
     }
 
+    /// The normalized density at `t`, from the quadrature's own total mass.
+    pub fn density(&self, t: f64) -> f64 {
+        match self.distribution {
+            CoordinateDistribution::Beta { dim } => {
+                if t.abs() > 1.0 {
+                    return 0.0;
+                }
+                if dim == 3 {
+                    return 1.0 / self.total;
+                }
+                (0.5 * (dim as f64 - 3.0) * (-t * t).ln_1p()).exp() / self.total
+            }
+            CoordinateDistribution::Gaussian { dim } => {
+                let sqrt_dim = (dim as f64).sqrt();
+                self.weight(t * sqrt_dim) * sqrt_dim / self.total
+            }
+        }
+    }
+
     /// `E[g(X); lo < X <= hi]` (normalized by the quadrature's own total mass).
     pub fn expect(&self, lo: f64, hi: f64, g: impl Fn(f64) -> f64) -> f64 {
         self.raw(lo, hi, &g) / self.total

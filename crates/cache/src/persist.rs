@@ -1,0 +1,340 @@
+//! Saving a [`ModelCache`] to a file and loading it back bit-identical.
+//!
+//! File layout (all integers little-endian):
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 8 | magic `TQCACHE\0` |
+//! | 4 | format version ([`FORMAT_VERSION`]) |
+//! | 8 | header length `H` |
+//! | H | JSON header: the state specs, every stream's layout (codec parameters and seeds), and the identity of every codebook (distribution, bits, and a hash of its centroids) |
+//! | … | body: per state, lengths and the raw pages (packed codes, f16 scales, positions) |
+//! | 4 | CRC-32 of everything before it |
+//!
+//! Rotations and sketches are not stored: they are pure functions of the seeds in the header.
+//! The codebook identity guards against a future solver producing different centroids for the
+//! same parameters: such a file is refused rather than decoded with the wrong levels. A file
+//! that is truncated, corrupted (checksum), of another version, or internally inconsistent is
+//! a typed [`PersistError`], never a panic or an oversized allocation: every length is checked
+//! against the bytes that remain before anything is allocated.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CacheError;
+use crate::states::{ModelCache, StateSpec};
+use crate::stream::StreamLayout;
+use crate::token_codec::{CodecSpec, TokenCodec};
+use crate::token_store::TokenStore;
+
+/// The first bytes of every saved cache.
+pub const MAGIC: &[u8; 8] = b"TQCACHE\0";
+
+/// The version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Why a saved cache could not be read (or written).
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// Reading or writing the file failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// Not a saved cache.
+    #[error("not a turboquant cache file (bad magic)")]
+    BadMagic,
+    /// Written by another format version.
+    #[error("unsupported cache file version {found} (this build reads version {FORMAT_VERSION})")]
+    UnsupportedVersion {
+        /// The version in the file.
+        found: u32,
+    },
+    /// The file ends early.
+    #[error("cache file is truncated: needed {needed} more bytes at offset {offset}")]
+    Truncated {
+        /// Where reading stopped.
+        offset: usize,
+        /// Bytes that were missing.
+        needed: usize,
+    },
+    /// The checksum does not match the contents.
+    #[error(
+        "cache file is corrupted: CRC-32 {found:08x} does not match the contents ({computed:08x})"
+    )]
+    Corrupted {
+        /// Stored checksum.
+        found: u32,
+        /// Checksum of the contents.
+        computed: u32,
+    },
+    /// The header is not valid JSON of the expected shape.
+    #[error("cache file header is invalid: {0}")]
+    Header(#[from] serde_json::Error),
+    /// The codebook this build computes differs from the one the file was written with.
+    #[error("codebook mismatch for {0}: the file was written with different centroids")]
+    CodebookMismatch(String),
+    /// The contents contradict the header.
+    #[error("cache file is inconsistent: {0}")]
+    Inconsistent(&'static str),
+    /// Rebuilding the states from the header failed.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// Codebook identity recorded per coded stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct CodebookIdentity {
+    distribution: String,
+    bits: u8,
+    centroid_hash: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    specs: Vec<StateSpec>,
+    /// Per state: key and value stream layouts of KV states.
+    streams: Vec<Option<(Vec<StreamLayout>, Vec<StreamLayout>)>>,
+    /// Per state, per stream (keys then values): codebook identities of coded streams.
+    codebooks: Vec<Vec<Option<CodebookIdentity>>>,
+}
+
+fn codebook_identity(spec: &CodecSpec) -> Result<Option<CodebookIdentity>, CacheError> {
+    let codec = TokenCodec::new(spec)?;
+    let mse = match &codec {
+        TokenCodec::Mse(c) => c,
+        TokenCodec::DebiasedMse(c) => c.codec(),
+        TokenCodec::Prod(c) => c.mse(),
+        TokenCodec::F32 { .. } | TokenCodec::F16 { .. } => return Ok(None),
+    };
+    let book = mse.codebook();
+    let mut hasher = crc32fast::Hasher::new();
+    for c in book.centroids() {
+        hasher.update(&c.to_bits().to_le_bytes());
+    }
+    Ok(Some(CodebookIdentity {
+        distribution: format!("{:?}", book.distribution()),
+        bits: book.bits(),
+        centroid_hash: format!("{:08x}", hasher.finalize()),
+    }))
+}
+
+fn codebooks(
+    streams: &[Option<(Vec<StreamLayout>, Vec<StreamLayout>)>],
+) -> Result<Vec<Vec<Option<CodebookIdentity>>>, CacheError> {
+    streams
+        .iter()
+        .map(|s| match s {
+            None => Ok(Vec::new()),
+            Some((k, v)) => k
+                .iter()
+                .chain(v)
+                .map(|l| codebook_identity(&l.codec))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Serializes the whole cache.
+///
+/// ```
+/// use tq_cache::kv_cache::{uniform_streams, KvKind, KvLayout};
+/// use tq_cache::persist::{from_bytes, to_bytes};
+/// use tq_cache::states::{ModelCache, StateKind, StateSpec};
+/// use tq_cache::token_store::Growth;
+/// use tq_cache::CodecSpec;
+/// let layout = KvLayout { kv_heads: 1, head_dim: 8, kind: KvKind::Growing { growth: Growth::Doubling { initial: 4 } }, max_rewind: 0 };
+/// let specs = vec![StateSpec { name: "l0".into(), kind: StateKind::Kv { layer: 0, layout } }];
+/// let cache = ModelCache::new(specs, |_, l| {
+///     let c = CodecSpec::F16 { dim: 8 };
+///     Ok((uniform_streams(l, c), uniform_streams(l, c)))
+/// }).unwrap();
+/// let bytes = to_bytes(&cache).unwrap();
+/// assert_eq!(to_bytes(&from_bytes(&bytes).unwrap()).unwrap(), bytes);
+/// ```
+pub fn to_bytes(cache: &ModelCache) -> Result<Vec<u8>, PersistError> {
+    let streams = cache.kv_stream_layouts();
+    let header = Header {
+        specs: cache.specs().to_vec(),
+        codebooks: codebooks(&streams)?,
+        streams,
+    };
+    let header = serde_json::to_vec(&header)?;
+    let mut out = ByteWriter(Vec::with_capacity(header.len() + 1024));
+    out.0.extend_from_slice(MAGIC);
+    out.u32(FORMAT_VERSION);
+    out.u64(header.len() as u64);
+    out.0.extend_from_slice(&header);
+    cache.write_to(&mut out);
+    let crc = crc32fast::hash(&out.0);
+    out.u32(crc);
+    Ok(out.0)
+}
+
+/// Rebuilds a cache from [`to_bytes`] output.
+pub fn from_bytes(bytes: &[u8]) -> Result<ModelCache, PersistError> {
+    let mut input = ByteReader { bytes, offset: 0 };
+    if input.take(8)? != MAGIC {
+        return Err(PersistError::BadMagic);
+    }
+    let version = input.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(PersistError::UnsupportedVersion { found: version });
+    }
+    if bytes.len() < 4 {
+        return Err(PersistError::Truncated {
+            offset: 0,
+            needed: 4,
+        });
+    }
+    let (contents, stored) = bytes.split_at(bytes.len() - 4);
+    let found = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+    let computed = crc32fast::hash(contents);
+    if found != computed {
+        return Err(PersistError::Corrupted { found, computed });
+    }
+    let mut input = ByteReader {
+        bytes: contents,
+        offset: input.offset,
+    };
+    let header_len = input.usize()?;
+    let header: Header = serde_json::from_slice(input.take(header_len)?)?;
+    if header.streams.len() != header.specs.len() {
+        return Err(PersistError::Inconsistent("header stream table"));
+    }
+    if codebooks(&header.streams)? != header.codebooks {
+        return Err(PersistError::CodebookMismatch(
+            "a stream of this cache (centroid hash differs)".into(),
+        ));
+    }
+    let streams = header.streams;
+    let mut index_of_layer = std::collections::BTreeMap::new();
+    for (i, spec) in header.specs.iter().enumerate() {
+        if let crate::states::StateKind::Kv { layer, .. } = spec.kind {
+            index_of_layer.insert(layer, i);
+        }
+    }
+    let mut cache = ModelCache::new(header.specs, |layer, _| {
+        index_of_layer
+            .get(&layer)
+            .and_then(|&i| streams[i].clone())
+            .ok_or_else(|| {
+                CacheError::InvalidConfig(format!("no stream layouts for layer {layer}"))
+            })
+    })?;
+    cache.read_from(&mut input)?;
+    if input.offset != contents.len() {
+        return Err(PersistError::Inconsistent(
+            "trailing bytes after the last state",
+        ));
+    }
+    Ok(cache)
+}
+
+/// Writes the cache to `path` (see the module docs for the format).
+pub fn save(cache: &ModelCache, path: impl AsRef<std::path::Path>) -> Result<(), PersistError> {
+    std::fs::write(path, to_bytes(cache)?)?;
+    Ok(())
+}
+
+/// Reads a cache written by [`save`].
+pub fn load(path: impl AsRef<std::path::Path>) -> Result<ModelCache, PersistError> {
+    from_bytes(&std::fs::read(path)?)
+}
+
+/// Little-endian output buffer.
+pub(crate) struct ByteWriter(Vec<u8>);
+
+impl ByteWriter {
+    pub(crate) fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub(crate) fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// The filled records of a store: the count, then each token's words and scales.
+    pub(crate) fn store(&mut self, store: &TokenStore) {
+        self.u64(store.len() as u64);
+        for t in 0..store.len() {
+            if let Some((words, scales)) = store.record(t) {
+                for w in words {
+                    self.u32(*w);
+                }
+                for s in scales {
+                    self.0.extend_from_slice(&s.to_bits().to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// Bounds-checked little-endian input.
+pub(crate) struct ByteReader<'a> {
+    bytes: &'a [u8],
+    offset: usize,
+}
+
+impl<'a> ByteReader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PersistError> {
+        let remaining = self.bytes.len() - self.offset;
+        if n > remaining {
+            return Err(PersistError::Truncated {
+                offset: self.offset,
+                needed: n - remaining,
+            });
+        }
+        let slice = &self.bytes[self.offset..self.offset + n];
+        self.offset += n;
+        Ok(slice)
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, PersistError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, PersistError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub(crate) fn usize(&mut self) -> Result<usize, PersistError> {
+        usize::try_from(self.u64()?)
+            .map_err(|_| PersistError::Inconsistent("length exceeds this machine's address space"))
+    }
+
+    /// Refills an empty store with records written by [`ByteWriter::store`].
+    pub(crate) fn store(&mut self, store: &mut TokenStore) -> Result<(), PersistError> {
+        let n = self.usize()?;
+        let per_token = 4 * store.record_words() + 2 * store.scales_per_token();
+        // Check the bytes exist before growing any page.
+        let needed = n
+            .checked_mul(per_token)
+            .ok_or(PersistError::Inconsistent("record count overflows"))?;
+        if needed > self.bytes.len() - self.offset {
+            return Err(PersistError::Truncated {
+                offset: self.offset,
+                needed: needed - (self.bytes.len() - self.offset),
+            });
+        }
+        if let crate::token_store::Growth::Static { capacity } = store.growth() {
+            if n > capacity {
+                return Err(PersistError::Inconsistent(
+                    "more records than the store's capacity",
+                ));
+            }
+        }
+        for _ in 0..n {
+            let (words, scales) = store.push().map_err(PersistError::Cache)?;
+            for w in words.iter_mut() {
+                *w = self.u32()?;
+            }
+            for s in scales.iter_mut() {
+                let b = self.take(2)?;
+                *s = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! Saved caches reload bit-identical; damaged files are typed errors, never panics.
+
+mod common;
+
+use common::{CODECS, codec, sliding, vectors};
+use tq_cache::attention::{AttentionKernel, AttentionShape};
+use tq_cache::kv_cache::{KvKind, KvLayout, uniform_streams};
+use tq_cache::persist::{FORMAT_VERSION, PersistError, from_bytes, load, save, to_bytes};
+use tq_cache::states::{ModelCache, StateKind, StateSpec};
+use tq_cache::token_store::Growth;
+
+fn specs() -> Vec<StateSpec> {
+    let full = KvLayout {
+        kv_heads: 2,
+        head_dim: 64,
+        kind: KvKind::Growing {
+            growth: Growth::Doubling { initial: 16 },
+        },
+        max_rewind: 4,
+    };
+    vec![
+        StateSpec {
+            name: "l0".into(),
+            kind: StateKind::Kv {
+                layer: 0,
+                layout: full,
+            },
+        },
+        StateSpec {
+            name: "l1".into(),
+            kind: StateKind::Kv {
+                layer: 1,
+                layout: sliding(2, 64, 24, 2),
+            },
+        },
+        StateSpec {
+            name: "l2".into(),
+            kind: StateKind::SharedKv {
+                layer: 2,
+                source_layer: 0,
+            },
+        },
+        StateSpec {
+            name: "rec".into(),
+            kind: StateKind::Fixed { shape: vec![3, 5] },
+        },
+    ]
+}
+
+fn build(key: usize, value: usize) -> ModelCache {
+    ModelCache::new(specs(), |layer, layout| {
+        let streams = |c| {
+            uniform_streams(layout, c)
+                .into_iter()
+                .map(|mut s| {
+                    s.sink_tokens = 3;
+                    s.recent_tokens = 7;
+                    s
+                })
+                .collect::<Vec<_>>()
+        };
+        Ok((
+            streams(codec(key, 64, 5, layer as u64)),
+            streams(codec(value, 64, 4, 100 + layer as u64)),
+        ))
+    })
+    .unwrap()
+}
+
+fn run(cache: &mut ModelCache, from: usize, to: usize) -> Vec<f32> {
+    let mut outs = Vec::new();
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    for t in from..to {
+        let positions: Vec<u32> = (0..=t as u32).collect();
+        for layer in 0..3 {
+            let q = vectors(4, 64, (t * 7 + layer) as u64);
+            let k = vectors(2, 64, (t * 7 + layer) as u64 + 99);
+            let kv = if layer == 2 {
+                None
+            } else {
+                Some((&k[..], &k[..]))
+            };
+            let mut out = vec![0.0; 4 * 64];
+            cache
+                .forward_layer(
+                    layer,
+                    &q,
+                    kv,
+                    &positions,
+                    shape,
+                    AttentionKernel::Fused,
+                    &mut out,
+                )
+                .unwrap();
+            outs.extend(out);
+        }
+        cache.fixed_mut("rec").unwrap()[t % 15] += 1.0;
+    }
+    outs
+}
+
+#[test]
+fn reload_is_bit_identical_and_continues_identically() {
+    for kind in 0..CODECS {
+        let mut cache = build(kind, (kind + 3) % CODECS);
+        run(&mut cache, 0, 40);
+        let bytes = to_bytes(&cache).unwrap();
+        let mut reloaded = from_bytes(&bytes).unwrap();
+        assert_eq!(to_bytes(&reloaded).unwrap(), bytes, "codec {kind}");
+        assert_eq!(reloaded.memory(), cache.memory());
+        assert_eq!(
+            run(&mut reloaded, 40, 50),
+            run(&mut cache, 40, 50),
+            "codec {kind}"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("tq-persist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cache.tqc");
+    let mut cache = build(5, 2);
+    run(&mut cache, 0, 10);
+    save(&cache, &path).unwrap();
+    assert_eq!(
+        to_bytes(&load(&path).unwrap()).unwrap(),
+        to_bytes(&cache).unwrap()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn damaged_files_are_typed_errors() {
+    let mut cache = build(5, 2);
+    run(&mut cache, 0, 30);
+    let bytes = to_bytes(&cache).unwrap();
+    // Every truncation point: an error, never a panic.
+    for cut in (0..bytes.len()).step_by(7).chain([bytes.len() - 1]) {
+        assert!(from_bytes(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
+    // A flipped bit anywhere after the version is caught by the checksum.
+    for at in (12..bytes.len() - 4).step_by(97) {
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 0x10;
+        assert!(
+            matches!(from_bytes(&damaged), Err(PersistError::Corrupted { .. })),
+            "byte {at}"
+        );
+    }
+    let mut bad_magic = bytes.clone();
+    bad_magic[0] = b'X';
+    assert!(matches!(
+        from_bytes(&bad_magic),
+        Err(PersistError::BadMagic)
+    ));
+    let mut future = bytes.clone();
+    future[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert!(matches!(
+        from_bytes(&future),
+        Err(PersistError::UnsupportedVersion { .. })
+    ));
+}
+
+/// Rewrites the header and the checksum, as a hostile or buggy writer could.
+fn with_header(bytes: &[u8], edit: impl Fn(&mut serde_json::Value)) -> Vec<u8> {
+    let header_len = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value =
+        serde_json::from_slice(&bytes[20..20 + header_len]).unwrap();
+    edit(&mut header);
+    let header = serde_json::to_vec(&header).unwrap();
+    let mut out = bytes[..12].to_vec();
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&bytes[20 + header_len..bytes.len() - 4]);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+#[test]
+fn hostile_headers_are_refused() {
+    let mut cache = build(2, 5);
+    run(&mut cache, 0, 12);
+    let bytes = to_bytes(&cache).unwrap();
+    let unchanged = with_header(&bytes, |_| {});
+    assert!(from_bytes(&unchanged).is_ok());
+    let wrong_codebook = with_header(&bytes, |h| {
+        h["codebooks"][0][0]["centroid_hash"] = "00000000".into();
+    });
+    assert!(matches!(
+        from_bytes(&wrong_codebook),
+        Err(PersistError::CodebookMismatch(_))
+    ));
+    // A header that declares a bigger head dimension than the body holds: inconsistent, and
+    // nothing is allocated for the claimed size beyond what the bytes can back.
+    let wider = with_header(&bytes, |h| {
+        h["specs"][0]["kind"]["layout"]["kv_heads"] = 3.into();
+    });
+    assert!(from_bytes(&wider).is_err());
+    let garbage = with_header(&bytes, |h| {
+        h["specs"] = "nonsense".into();
+    });
+    assert!(matches!(from_bytes(&garbage), Err(PersistError::Header(_))));
+}
