@@ -8,6 +8,12 @@ pub enum CacheError {
     /// A codec rejected a vector or could not be built.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// A bit allocation could not be resolved for this cache.
+    #[error(transparent)]
+    Allocation(#[from] Box<crate::allocation::AllocationError>),
+    /// A two-tier codec could not be built or calibrated.
+    #[error(transparent)]
+    TwoTier(#[from] crate::two_tier::TwoTierError),
     /// A statically allocated cache is full.
     #[error("context overflow: the cache holds at most {capacity} tokens")]
     ContextOverflow {
@@ -61,4 +67,10 @@ pub enum CacheError {
     /// An invalid cache configuration.
     #[error("invalid cache configuration: {0}")]
     InvalidConfig(String),
+}
+
+impl From<crate::allocation::AllocationError> for CacheError {
+    fn from(error: crate::allocation::AllocationError) -> Self {
+        CacheError::Allocation(Box::new(error))
+    }
 }

@@ -91,6 +91,8 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
     (0..layout.kv_heads)
         .map(|_| StreamLayout {
             codec,
+            outliers: None,
+            channels: None,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
@@ -128,10 +130,10 @@ impl KvCache {
             streams
                 .iter()
                 .map(|s| {
-                    if s.codec.dim() != layout.head_dim {
+                    if s.head_dim() != layout.head_dim {
                         return Err(CacheError::InvalidConfig(format!(
                             "stream codec dimension {} differs from head dimension {}",
-                            s.codec.dim(),
+                            s.head_dim(),
                             layout.head_dim
                         )));
                     }
@@ -337,6 +339,18 @@ impl KvCache {
             .enumerate()
             .map(|(h, (ks, vs))| {
                 let mut scratch = CodecScratch::new(dim);
+                for (stream, data) in [(&mut *ks, keys), (&mut *vs, values)] {
+                    if stream.needs_calibration() {
+                        let head: Vec<f32> = (0..n)
+                            .flat_map(|i| {
+                                data[(i * heads + h) * dim..(i * heads + h + 1) * dim]
+                                    .iter()
+                                    .copied()
+                            })
+                            .collect();
+                        stream.calibrate(&head)?;
+                    }
+                }
                 for i in 0..n {
                     let off = (i * heads + h) * dim;
                     ks.push(&keys[off..off + dim], &mut scratch)?;

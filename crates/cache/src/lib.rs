@@ -36,3 +36,9 @@ pub mod persist;
 pub mod states;
 pub mod stream;
 pub mod two_tier;
+
+/// The README's examples, compiled and run as doctests so they cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+pub mod synthetic_needle;

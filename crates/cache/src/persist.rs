@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::CacheError;
 use crate::states::{ModelCache, StateSpec};
 use crate::stream::StreamLayout;
-use crate::token_codec::{CodecSpec, TokenCodec};
+use crate::token_codec::TokenCodec;
 use crate::token_store::TokenStore;
 
 /// The first bytes of every saved cache.
@@ -92,17 +92,28 @@ struct Header {
     specs: Vec<StateSpec>,
     /// Per state: key and value stream layouts of KV states.
     streams: Vec<Option<(Vec<StreamLayout>, Vec<StreamLayout>)>>,
-    /// Per state, per stream (keys then values): codebook identities of coded streams.
-    codebooks: Vec<Vec<Option<CodebookIdentity>>>,
+    /// Per state, per stream (keys then values), per tier: codebook identities of coded streams.
+    codebooks: CodebookTable,
 }
 
-fn codebook_identity(spec: &CodecSpec) -> Result<Option<CodebookIdentity>, CacheError> {
-    let codec = TokenCodec::new(spec)?;
-    let mse = match &codec {
+fn codebook_identities(layout: &StreamLayout) -> Result<Vec<Option<CodebookIdentity>>, CacheError> {
+    match layout.build_codec()? {
+        TokenCodec::TwoTier(c) => Ok(vec![
+            codebook_identity(c.outlier())?,
+            codebook_identity(c.rest())?,
+        ]),
+        single => Ok(vec![codebook_identity(&single)?]),
+    }
+}
+
+fn codebook_identity(codec: &TokenCodec) -> Result<Option<CodebookIdentity>, CacheError> {
+    let mse = match codec {
         TokenCodec::Mse(c) => c,
         TokenCodec::DebiasedMse(c) => c.codec(),
         TokenCodec::Prod(c) => c.mse(),
-        TokenCodec::F32 { .. } | TokenCodec::F16 { .. } => return Ok(None),
+        TokenCodec::F32 { .. } | TokenCodec::F16 { .. } | TokenCodec::TwoTier(_) => {
+            return Ok(None);
+        }
     };
     let book = mse.codebook();
     let mut hasher = crc32fast::Hasher::new();
@@ -116,18 +127,17 @@ fn codebook_identity(spec: &CodecSpec) -> Result<Option<CodebookIdentity>, Cache
     }))
 }
 
+/// Per state, per stream (keys then values), per tier.
+type CodebookTable = Vec<Vec<Vec<Option<CodebookIdentity>>>>;
+
 fn codebooks(
     streams: &[Option<(Vec<StreamLayout>, Vec<StreamLayout>)>],
-) -> Result<Vec<Vec<Option<CodebookIdentity>>>, CacheError> {
+) -> Result<CodebookTable, CacheError> {
     streams
         .iter()
         .map(|s| match s {
             None => Ok(Vec::new()),
-            Some((k, v)) => k
-                .iter()
-                .chain(v)
-                .map(|l| codebook_identity(&l.codec))
-                .collect(),
+            Some((k, v)) => k.iter().chain(v).map(codebook_identities).collect(),
         })
         .collect()
 }

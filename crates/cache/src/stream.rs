@@ -32,8 +32,15 @@ pub enum TokenSource {
 /// Shape and policy of one stream.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StreamLayout {
-    /// The body codec.
+    /// The body codec (for a two-tier stream: ignored, see `outliers`).
     pub codec: CodecSpec,
+    /// Two tiers: the outlier channels of each head, chosen by L2 norm over the first
+    /// appended batch (the prefill), get their own codec.
+    #[serde(default)]
+    pub outliers: Option<crate::allocation::OutlierPlan>,
+    /// The outlier channels once chosen (recorded so a saved cache reloads them).
+    #[serde(default)]
+    pub channels: Option<Vec<u16>>,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
     /// First tokens kept at full precision.
@@ -68,10 +75,33 @@ pub struct Stream {
     oldest_recent: usize,
 }
 
+impl StreamLayout {
+    /// The head dimension the stream stores.
+    pub fn head_dim(&self) -> usize {
+        self.outliers
+            .map_or(self.codec.dim(), |plan| plan.head_dim())
+    }
+
+    /// Builds the body codec: the single codec, or the two tiers with the chosen outlier
+    /// channels (the first `k` channels until calibration chooses).
+    pub fn build_codec(&self) -> Result<TokenCodec, CacheError> {
+        match &self.outliers {
+            None => Ok(TokenCodec::new(&self.codec)?),
+            Some(plan) => {
+                let channels = self
+                    .channels
+                    .clone()
+                    .unwrap_or_else(|| (0..plan.channels as u16).collect());
+                Ok(TokenCodec::TwoTier(Box::new(plan.build(channels)?)))
+            }
+        }
+    }
+}
+
 impl Stream {
     /// An empty stream.
     pub fn new(layout: &StreamLayout) -> Result<Self, CacheError> {
-        let codec = TokenCodec::new(&layout.codec)?;
+        let codec = layout.build_codec()?;
         let fp_codec = TokenCodec::new(&layout.fp)?;
         if !matches!(layout.fp, CodecSpec::F16 { .. } | CodecSpec::F32 { .. })
             || fp_codec.dim() != codec.dim()
@@ -269,8 +299,27 @@ impl Stream {
         Ok(())
     }
 
+    /// Whether the next append must choose the outlier channels first.
+    pub fn needs_calibration(&self) -> bool {
+        self.len == 0 && self.layout.outliers.is_some() && self.layout.channels.is_none()
+    }
+
+    /// Chooses the outlier channels from `tokens` (`[n, head_dim]`, the first appended batch)
+    /// and rebuilds the two-tier codec with them. The record size does not change.
+    pub(crate) fn calibrate(&mut self, tokens: &[f32]) -> Result<(), CacheError> {
+        let Some(plan) = self.layout.outliers else {
+            return Ok(());
+        };
+        let channels =
+            crate::two_tier::select_outlier_channels(tokens, plan.head_dim(), plan.channels)?;
+        self.layout.channels = Some(channels);
+        self.codec = self.layout.build_codec()?;
+        Ok(())
+    }
+
     /// Forgets every token (allocations are kept for reuse).
     pub(crate) fn clear(&mut self) {
+        self.forget_calibration();
         self.len = 0;
         self.oldest_body = 0;
         self.oldest_recent = 0;
@@ -319,6 +368,20 @@ impl Stream {
         self.oldest_body = self.oldest_body.min(new_len);
         self.oldest_recent = self.oldest_recent.min(new_len);
         self.sinks.truncate(new_len.min(self.sink_tokens));
+        if new_len == 0 {
+            self.forget_calibration();
+        }
+    }
+
+    /// An empty stream chooses its outlier channels again from its next first batch, exactly
+    /// as a stream that never saw the dropped tokens would.
+    fn forget_calibration(&mut self) {
+        if self.layout.outliers.is_some() && self.layout.channels.is_some() {
+            self.layout.channels = None;
+            if let Ok(codec) = self.layout.build_codec() {
+                self.codec = codec;
+            }
+        }
     }
 
     /// Appends the stream's state to a saved-cache body.

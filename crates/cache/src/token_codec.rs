@@ -15,6 +15,7 @@ use half::f16;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{CodecError, CodecScratch, DebiasedMse, MseSpec, ProdSpec, TqMse, TqProd};
+use crate::two_tier::{TwoTierCodec, TwoTierScratch};
 
 /// How one stream (the keys or the values of one KV head of one layer) is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,6 +69,8 @@ pub enum TokenCodec {
     Prod(TqProd),
     /// Debiased TQ_mse.
     DebiasedMse(DebiasedMse),
+    /// Outlier channels and the rest, each with its own codec (boxed: it holds two codecs).
+    TwoTier(Box<TwoTierCodec>),
 }
 
 impl TokenCodec {
@@ -88,20 +91,28 @@ impl TokenCodec {
         })
     }
 
-    /// The spec this codec was built from.
-    pub fn spec(&self) -> CodecSpec {
-        match self {
+    /// The spec this codec was built from (`None` for a two-tier codec, whose tiers each have
+    /// one and whose channel split is data).
+    pub fn spec(&self) -> Option<CodecSpec> {
+        Some(match self {
             TokenCodec::F32 { dim } => CodecSpec::F32 { dim: *dim },
             TokenCodec::F16 { dim } => CodecSpec::F16 { dim: *dim },
             TokenCodec::Mse(c) => CodecSpec::Mse(c.spec()),
             TokenCodec::Prod(c) => CodecSpec::Prod(c.spec()),
             TokenCodec::DebiasedMse(c) => CodecSpec::DebiasedMse(c.codec().spec()),
-        }
+            TokenCodec::TwoTier(_) => return None,
+        })
     }
 
     /// Vector dimension.
     pub fn dim(&self) -> usize {
-        self.spec().dim()
+        match self {
+            TokenCodec::F32 { dim } | TokenCodec::F16 { dim } => *dim,
+            TokenCodec::Mse(c) => c.dim(),
+            TokenCodec::DebiasedMse(c) => c.codec().dim(),
+            TokenCodec::Prod(c) => c.spec().dim,
+            TokenCodec::TwoTier(c) => c.head_dim(),
+        }
     }
 
     /// `u32` words per token record.
@@ -112,6 +123,7 @@ impl TokenCodec {
             TokenCodec::Mse(c) => c.words_per_vector(),
             TokenCodec::DebiasedMse(c) => c.codec().words_per_vector(),
             TokenCodec::Prod(c) => c.mse().words_per_vector() + c.sign_words_per_vector(),
+            TokenCodec::TwoTier(c) => c.record_words(),
         }
     }
 
@@ -121,6 +133,7 @@ impl TokenCodec {
             TokenCodec::F32 { .. } | TokenCodec::F16 { .. } => 0,
             TokenCodec::Mse(_) | TokenCodec::DebiasedMse(_) => 1,
             TokenCodec::Prod(_) => 2,
+            TokenCodec::TwoTier(c) => c.scales_per_token(),
         }
     }
 
@@ -169,6 +182,10 @@ impl TokenCodec {
                 scales[0] = norm;
                 scales[1] = gamma;
             }
+            TokenCodec::TwoTier(c) => {
+                let tiers = two_tier_scratch(scratch, c);
+                c.encode_into(x, tiers, record, scales)?;
+            }
         }
         Ok(())
     }
@@ -210,6 +227,10 @@ impl TokenCodec {
             TokenCodec::Prod(c) => {
                 let (words, signs) = record.split_at(c.mse().words_per_vector());
                 c.decode_into(words, scales[0], signs, scales[1], scratch, out)?;
+            }
+            TokenCodec::TwoTier(c) => {
+                let tiers = two_tier_scratch(scratch, c);
+                c.decode_into(record, scales, tiers, out)?;
             }
         }
         Ok(())
@@ -255,4 +276,19 @@ fn check_finite(x: &[f32], dim: usize) -> Result<(), CodecError> {
         Some((index, &value)) => Err(CodecError::NonFinite { index, value }),
         None => Ok(()),
     }
+}
+
+/// The two-tier buffers inside `scratch`, (re)built when missing or sized for another split
+/// (the keys and values of one head may split differently).
+fn two_tier_scratch<'a>(
+    scratch: &'a mut CodecScratch,
+    codec: &TwoTierCodec,
+) -> &'a mut TwoTierScratch {
+    let tiers = scratch
+        .tiers
+        .get_or_insert_with(|| Box::new(TwoTierScratch::new(codec)));
+    if !tiers.fits(codec) {
+        **tiers = TwoTierScratch::new(codec);
+    }
+    tiers
 }

@@ -185,6 +185,11 @@ impl TwoTierScratch {
         }
     }
 
+    /// Whether these buffers have the tier sizes of `codec`.
+    pub(crate) fn fits(&self, codec: &TwoTierCodec) -> bool {
+        self.check(codec).is_ok()
+    }
+
     fn check(&self, codec: &TwoTierCodec) -> Result<(), CodecError> {
         let buffers = [
             (

@@ -186,7 +186,7 @@ fn hostile_headers_are_refused() {
     let unchanged = with_header(&bytes, |_| {});
     assert!(from_bytes(&unchanged).is_ok());
     let wrong_codebook = with_header(&bytes, |h| {
-        h["codebooks"][0][0]["centroid_hash"] = "00000000".into();
+        h["codebooks"][0][0][0]["centroid_hash"] = "00000000".into();
     });
     assert!(matches!(
         from_bytes(&wrong_codebook),

@@ -1,7 +1,7 @@
 //! `tq`: the turboquant-rs command line.
 //!
-//! Subcommands so far: `tq codebook` (print a Lloyd-Max codebook) and `tq bench` (codec
-//! throughput and the inner-product estimator table). clap parses the arguments: a well-kept
+//! Subcommands so far: `tq demo` (the main job), `tq codebook` (print a Lloyd-Max codebook)
+//! and `tq bench` (codec throughput, the estimator table, attention). clap parses the arguments: a well-kept
 //! crate that gives typed arguments, `--help` and error messages for free.
 
 mod bench;
@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The main job: what each bit allocation keeps and costs (synthetic needle retrieval).
+    Demo(commands::demo::DemoArgs),
     /// Print the Lloyd-Max codebook of the rotated-coordinate law for a dimension and bit width.
     Codebook(commands::codebook::CodebookArgs),
     /// Run a benchmark and print a table (or JSON rows with --json).
@@ -32,6 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => commands::demo::run(&args),
         Command::Codebook(args) => commands::codebook::run(&args),
         Command::Bench(command) => bench::run(command),
     };

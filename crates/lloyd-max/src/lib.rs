@@ -9,11 +9,11 @@
 //! - centroids at conditional means: `c_k = E[X | t_k < X ≤ t_{k+1}]`;
 //! - symmetry: `c_k = −c_{2^b−1−k}`.
 //!
-//! [`LloydMaxCodebook::new`] solves these equations with exact cell integrals (the
-//! incomplete beta / normal tail for the cell masses, closed forms for the partial first moments) by Newton's
-//! method with a tridiagonal Jacobian, to a fixed-point residual of `10⁻¹²` standard
-//! deviations, for the exact law at any `d ≥ 3` ([`CoordinateDistribution::Beta`]) and for the
-//! Gaussian limit ([`CoordinateDistribution::Gaussian`]), `b = 1..=8`. The per-coordinate
+//! [`LloydMaxCodebook::new`] solves these equations with exact cell integrals (incomplete
+//! beta / normal tail masses, closed-form partial first moments) by Newton's method with a
+//! tridiagonal Jacobian, to a fixed-point residual of `10⁻¹²` standard deviations, for the
+//! exact law at any `d ≥ 3` ([`CoordinateDistribution::Beta`]) and for the Gaussian limit
+//! ([`CoordinateDistribution::Gaussian`]), `b = 1..=8`. The per-coordinate
 //! MSE is `C`; a whole unit vector's is `D_mse = d·C`, with `4^−b ≤ D_mse ≤ (√3·π/2)·4^−b`.
 //!
 //! ```

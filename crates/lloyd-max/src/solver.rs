@@ -22,7 +22,7 @@ use crate::standard_law::StandardLaw;
 use crate::tridiagonal::Tridiagonal;
 
 /// Target of `max_j |c_j − M_j/P_j|`, in standard deviations.
-pub(crate) const RESIDUAL_TOLERANCE: f64 = 1e-12;
+const RESIDUAL_TOLERANCE: f64 = 1e-12;
 
 /// Newton needs 4–8 iterations from the companding guess; the rest is headroom for the
 /// Lloyd fallback.
@@ -146,11 +146,11 @@ fn newton_step(
 ) -> Result<Option<Step>, LloydMaxError> {
     let m = centroids.len();
     let mut jacobian = Tridiagonal::zeros(m);
-    let mut delta = Vec::with_capacity(m);
-    for j in 0..m {
-        jacobian.diag[j] = cells.mass[j];
-        delta.push(cells.moment[j] - centroids[j] * cells.mass[j]);
-    }
+    jacobian.diag.copy_from_slice(&cells.mass);
+    // Right-hand side −g_j = M_j − c_j P_j.
+    let mut delta: Vec<f64> = (cells.moment.iter().zip(&cells.mass).zip(centroids))
+        .map(|((moment, mass), c)| moment - c * mass)
+        .collect();
     for j in 0..m - 1 {
         let s = cells.bounds[j + 1];
         let half_density = 0.5 * law.density(s);

@@ -206,6 +206,9 @@ fn exact_law_converges_to_the_gaussian_limit_at_rate_one_over_d() {
             );
         }
         let last = gaps[gaps.len() - 2] / gaps[gaps.len() - 1];
-        assert!((3.9..=4.1).contains(&last), "b={bits}: asymptotic ratio {last}");
+        assert!(
+            (3.9..=4.1).contains(&last),
+            "b={bits}: asymptotic ratio {last}"
+        );
     }
 }

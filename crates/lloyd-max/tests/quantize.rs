@@ -20,8 +20,17 @@ fn codebook(dim: usize, gaussian: bool, bits: u8) -> LloydMaxCodebook {
 /// rounding (then either answer is a nearest centroid and the case is skipped).
 fn brute_force(centroids: &[f64], x: f64) -> (usize, bool) {
     let distances: Vec<f64> = centroids.iter().map(|c| (x - c).abs()).collect();
-    let best = (0..distances.len()).fold(0, |best, k| if distances[k] < distances[best] { k } else { best });
-    let tie = distances.iter().enumerate().any(|(k, &d)| k != best && d - distances[best] <= 1e-15 * (1.0 + x.abs()));
+    let best = (0..distances.len()).fold(0, |best, k| {
+        if distances[k] < distances[best] {
+            k
+        } else {
+            best
+        }
+    });
+    let tie = distances
+        .iter()
+        .enumerate()
+        .any(|(k, &d)| k != best && d - distances[best] <= 1e-15 * (1.0 + x.abs()));
     (best, tie)
 }
 
@@ -83,7 +92,11 @@ proptest! {
 #[test]
 fn f32_thresholds_round_down() {
     for bits in 1..=8 {
-        for codebook in [codebook(128, false, bits), codebook(1, true, bits), codebook(5, false, bits)] {
+        for codebook in [
+            codebook(128, false, bits),
+            codebook(1, true, bits),
+            codebook(5, false, bits),
+        ] {
             for (t32, t64) in codebook.thresholds_f32().iter().zip(codebook.thresholds()) {
                 let next_up = if *t32 >= 0.0 {
                     f32::from_bits(t32.to_bits() + 1)
@@ -92,7 +105,10 @@ fn f32_thresholds_round_down() {
                 } else {
                     f32::from_bits(t32.to_bits() - 1)
                 };
-                assert!(f64::from(*t32) <= *t64 && f64::from(next_up) > *t64, "{t32} vs {t64}");
+                assert!(
+                    f64::from(*t32) <= *t64 && f64::from(next_up) > *t64,
+                    "{t32} vs {t64}"
+                );
             }
             for (c32, c64) in codebook.centroids_f32().iter().zip(codebook.centroids()) {
                 assert_eq!(*c32, *c64 as f32);
@@ -112,7 +128,9 @@ fn edge_values_have_documented_codes() {
         assert_eq!(codebook.quantize(f32::MAX), top);
         assert_eq!(codebook.quantize(-f32::MAX), 0);
         let mut codes = [9u8; 3];
-        codebook.quantize_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY], &mut codes).expect("same length");
+        codebook
+            .quantize_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY], &mut codes)
+            .expect("same length");
         assert_eq!(codes, [0, top, 0]);
         // A value exactly on a threshold goes to the lower cell; the middle threshold is 0.
         assert_eq!(codebook.quantize(0.0), top / 2);
@@ -126,7 +144,10 @@ fn edge_values_have_documented_codes() {
             assert_eq!(codebook.dequantize(k as u8), c);
         }
         // Out-of-range codes clamp to the top centroid.
-        assert_eq!(codebook.dequantize(255), codebook.centroids_f32()[usize::from(top)]);
+        assert_eq!(
+            codebook.dequantize(255),
+            codebook.centroids_f32()[usize::from(top)]
+        );
     }
 }
 
@@ -136,6 +157,9 @@ fn quantize_slice_rejects_a_length_mismatch() {
     let mut codes = [0u8; 4];
     assert_eq!(
         codebook.quantize_slice(&[0.0; 5], &mut codes),
-        Err(LloydMaxError::LengthMismatch { expected: 5, actual: 4 })
+        Err(LloydMaxError::LengthMismatch {
+            expected: 5,
+            actual: 4
+        })
     );
 }

@@ -32,18 +32,42 @@ fn floats(value: &Value) -> Vec<f64> {
 fn assert_close(what: &str, ours: &[f64], theirs: &[f64]) {
     assert_eq!(ours.len(), theirs.len(), "{what}: length");
     for (k, (a, b)) in ours.iter().zip(theirs).enumerate() {
-        assert!((a - b).abs() <= TOLERANCE, "{what}[{k}]: {a} vs reference {b} (diff {:e})", a - b);
+        assert!(
+            (a - b).abs() <= TOLERANCE,
+            "{what}[{k}]: {a} vs reference {b} (diff {:e})",
+            a - b
+        );
     }
 }
 
 /// Checks centroids (float and 25-digit string forms), thresholds and MSE of one entry.
 fn check_entry(what: &str, codebook: &LloydMaxCodebook, entry: &Value) {
-    assert_eq!(entry["levels"].as_u64(), Some(codebook.levels() as u64), "{what}: levels");
-    assert_close(&format!("{what} centroids"), codebook.centroids(), &floats(&entry["centroids"]));
-    assert_close(&format!("{what} centroids_str"), codebook.centroids(), &floats(&entry["centroids_str"]));
-    assert_close(&format!("{what} thresholds"), codebook.thresholds(), &floats(&entry["thresholds"]));
+    assert_eq!(
+        entry["levels"].as_u64(),
+        Some(codebook.levels() as u64),
+        "{what}: levels"
+    );
+    assert_close(
+        &format!("{what} centroids"),
+        codebook.centroids(),
+        &floats(&entry["centroids"]),
+    );
+    assert_close(
+        &format!("{what} centroids_str"),
+        codebook.centroids(),
+        &floats(&entry["centroids_str"]),
+    );
+    assert_close(
+        &format!("{what} thresholds"),
+        codebook.thresholds(),
+        &floats(&entry["thresholds"]),
+    );
     let mse = entry["mse_per_coord"].as_f64().expect("mse_per_coord");
-    assert_close(&format!("{what} mse"), &[codebook.mse_per_coordinate()], &[mse]);
+    assert_close(
+        &format!("{what} mse"),
+        &[codebook.mse_per_coordinate()],
+        &[mse],
+    );
 }
 
 #[test]
@@ -60,7 +84,11 @@ fn standard_normal_b1_to_b8() {
             .windows(2)
             .map(|w| law.cdf(w[1]).expect("cdf") - law.cdf(w[0]).expect("cdf"))
             .collect();
-        assert_close(&format!("N(0,1) b={bits} cell probabilities"), &ours, &floats(&entry["cell_probabilities"]));
+        assert_close(
+            &format!("N(0,1) b={bits} cell probabilities"),
+            &ours,
+            &floats(&entry["cell_probabilities"]),
+        );
     }
 }
 
@@ -74,16 +102,35 @@ fn sphere_coordinates_d64_and_d128_b1_to_b4() {
         for bits in 1..=4u8 {
             let what = format!("d={dim} b={bits}");
             let entry = &block[format!("b{bits}")];
-            let exact = LloydMaxCodebook::new(CoordinateDistribution::Beta { dim }, bits).expect("solvable");
+            let exact = LloydMaxCodebook::new(CoordinateDistribution::Beta { dim }, bits)
+                .expect("solvable");
             check_entry(&what, &exact, entry);
-            let normalized = entry["normalized_mse_d_times_mse_per_coord"].as_f64().expect("number");
-            assert_close(&format!("{what} d·C"), &[exact.unit_vector_distortion()], &[normalized]);
+            let normalized = entry["normalized_mse_d_times_mse_per_coord"]
+                .as_f64()
+                .expect("number");
+            assert_close(
+                &format!("{what} d·C"),
+                &[exact.unit_vector_distortion()],
+                &[normalized],
+            );
             // The Gaussian limit N(0, 1/d) codebook, and its distortion on the exact law.
-            let limit = LloydMaxCodebook::new(CoordinateDistribution::Gaussian { dim }, bits).expect("solvable");
-            assert_close(&format!("{what} N(0,1/d) centroids"), limit.centroids(), &floats(&entry["gaussian_N(0,1/d)_centroids"]));
-            let mismatched = dim as f64 * distortion_under(&sphere, limit.centroids(), limit.thresholds());
-            let expected = entry["normalized_mse_using_gaussian_codebook_on_sphere"].as_f64().expect("number");
-            assert_close(&format!("{what} Gaussian codebook on the sphere"), &[mismatched], &[expected]);
+            let limit = LloydMaxCodebook::new(CoordinateDistribution::Gaussian { dim }, bits)
+                .expect("solvable");
+            assert_close(
+                &format!("{what} N(0,1/d) centroids"),
+                limit.centroids(),
+                &floats(&entry["gaussian_N(0,1/d)_centroids"]),
+            );
+            let mismatched =
+                dim as f64 * distortion_under(&sphere, limit.centroids(), limit.thresholds());
+            let expected = entry["normalized_mse_using_gaussian_codebook_on_sphere"]
+                .as_f64()
+                .expect("number");
+            assert_close(
+                &format!("{what} Gaussian codebook on the sphere"),
+                &[mismatched],
+                &[expected],
+            );
         }
     }
 }

@@ -20,7 +20,9 @@ fn laws() -> Vec<CoordinateDistribution> {
 /// Points at ±0..6 σ, clipped to the support.
 fn points(law: CoordinateDistribution) -> Vec<f64> {
     let sigma = law.std_dev();
-    (-24..=24).map(|i| (f64::from(i) * 0.25 * sigma).clamp(-1.0, 1.0)).collect()
+    (-24..=24)
+        .map(|i| (f64::from(i) * 0.25 * sigma).clamp(-1.0, 1.0))
+        .collect()
 }
 
 /// Adaptive Simpson is run to 1e-14 relative per panel, so 1e-12 absolute on probabilities
@@ -36,8 +38,14 @@ fn cdf_survival_and_partial_mean_match_quadrature() {
             let below = quadrature.mass(f64::NEG_INFINITY, t);
             let cdf = law.cdf(t).expect("valid");
             let survival = law.survival(t).expect("valid");
-            assert!((cdf - below).abs() <= 1e-12, "{law:?} cdf({t}) = {cdf} vs {below}");
-            assert!((survival - (1.0 - below)).abs() <= 1e-12, "{law:?} survival({t})");
+            assert!(
+                (cdf - below).abs() <= 1e-12,
+                "{law:?} cdf({t}) = {cdf} vs {below}"
+            );
+            assert!(
+                (survival - (1.0 - below)).abs() <= 1e-12,
+                "{law:?} survival({t})"
+            );
             let partial = law.partial_mean(t, 3.0 * sigma).expect("valid");
             // partial_mean is oriented; the quadrature integrates over (lo, hi] only.
             let direct = if t <= 3.0 * sigma {
@@ -45,11 +53,17 @@ fn cdf_survival_and_partial_mean_match_quadrature() {
             } else {
                 -quadrature.expect(3.0 * sigma, t, |x| x)
             };
-            assert!((partial - direct).abs() <= 1e-12 * sigma, "{law:?} partial_mean({t}, 3σ) = {partial} vs {direct}");
+            assert!(
+                (partial - direct).abs() <= 1e-12 * sigma,
+                "{law:?} partial_mean({t}, 3σ) = {partial} vs {direct}"
+            );
             let density = law.pdf(t).expect("valid");
             let reference = quadrature.density(t);
             // Both sides are exp of an O(z²) exponent over a total mass good to 1e-14.
-            assert!((density - reference).abs() <= 1e-12 * reference, "{law:?} pdf({t}) = {density} vs {reference}");
+            assert!(
+                (density - reference).abs() <= 1e-12 * reference,
+                "{law:?} pdf({t}) = {density} vs {reference}"
+            );
         }
     }
 }
@@ -67,7 +81,10 @@ fn survival_is_relatively_accurate_in_the_far_tail() {
             let t = z * law.std_dev();
             let survival = law.survival(t).expect("valid");
             let reference = quadrature.mass(t, f64::INFINITY);
-            assert!(((survival - reference) / reference).abs() <= 1e-11, "{law:?} S({z}σ) = {survival:e} vs {reference:e}");
+            assert!(
+                ((survival - reference) / reference).abs() <= 1e-11,
+                "{law:?} S({z}σ) = {survival:e} vs {reference:e}"
+            );
         }
     }
 }
@@ -82,7 +99,10 @@ fn beta_cdf_matches_statrs_incomplete_beta() {
         for t in points(law) {
             let ours = law.cdf(t).expect("valid");
             let theirs = beta_reg(a, a, (1.0 + t) / 2.0);
-            assert!((ours - theirs).abs() <= 1e-12, "d={dim} t={t}: {ours} vs statrs {theirs}");
+            assert!(
+                (ours - theirs).abs() <= 1e-12,
+                "d={dim} t={t}: {ours} vs statrs {theirs}"
+            );
         }
     }
 }
@@ -92,16 +112,24 @@ fn symmetry_and_limits() {
     for law in laws() {
         for t in points(law) {
             let (left, right) = (law.cdf(-t).expect("valid"), law.survival(t).expect("valid"));
-            assert!((left - right).abs() <= 1e-15, "{law:?}: cdf(−t) = {left} vs survival(t) = {right}");
+            assert!(
+                (left - right).abs() <= 1e-15,
+                "{law:?}: cdf(−t) = {left} vs survival(t) = {right}"
+            );
             assert_eq!(law.pdf(t).expect("valid"), law.pdf(-t).expect("valid"));
-            let (a, b) = (law.partial_mean(-t, 0.5 * t).expect("valid"), law.partial_mean(0.5 * t, -t).expect("valid"));
+            let (a, b) = (
+                law.partial_mean(-t, 0.5 * t).expect("valid"),
+                law.partial_mean(0.5 * t, -t).expect("valid"),
+            );
             assert_eq!(a, -b, "partial_mean is oriented");
         }
         assert_eq!(law.cdf(f64::NEG_INFINITY), Ok(0.0));
         assert_eq!(law.cdf(f64::INFINITY), Ok(1.0));
         assert_eq!(law.cdf(0.0), Ok(0.5));
         // E[X; X > 0] − E[X; X < 0] = E|X|; the mean itself is 0.
-        let whole = law.partial_mean(f64::NEG_INFINITY, f64::INFINITY).expect("valid");
+        let whole = law
+            .partial_mean(f64::NEG_INFINITY, f64::INFINITY)
+            .expect("valid");
         assert_eq!(whole, 0.0);
     }
     let beta = CoordinateDistribution::Beta { dim: 10 };
@@ -118,6 +146,9 @@ fn variance_and_dimension() {
         assert!((law.std_dev() - dim.sqrt().recip()).abs() <= f64::EPSILON * law.std_dev());
         // The quadrature's second moment is the stated variance.
         let second = Quadrature::new(law).expect(f64::NEG_INFINITY, f64::INFINITY, |t| t * t);
-        assert!(((second - law.variance()) / law.variance()).abs() <= 1e-12, "{law:?}: E[X²] = {second}");
+        assert!(
+            ((second - law.variance()) / law.variance()).abs() <= 1e-12,
+            "{law:?}: E[X²] = {second}"
+        );
     }
 }

@@ -5,3 +5,9 @@
 //! (or the GPU kernels of `tq-attention-wgpu`), plus the retrieval and quality harness.
 //!
 //! Nothing is implemented yet.
+
+#![deny(missing_docs)]
+
+pub mod gguf;
+
+pub mod quant;

@@ -38,7 +38,8 @@ impl fmt::Debug for HaarMatrix {
 /// Haar-distributed (Mezzadri 2007); a Householder QR on its own leaves Q's column signs
 /// tied to A (LAPACK's convention makes every `Q_00` negative). `R_jj = q_jᵀ a_j` is
 /// recomputed from Q rather than read from the library's R, so the fix holds whatever
-/// sign convention the QR implementation follows.
+/// sign convention the QR implementation follows (nalgebra 0.34's `QR::q()` happens to
+/// return the positive-diagonal factor already; this keeps the guarantee if that changes).
 pub(crate) fn haar_orthogonal(dim: usize, seed: u64) -> Vec<f64> {
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let entries: Vec<f64> = (0..dim * dim).map(|_| rng.sample(StandardNormal)).collect();

@@ -147,7 +147,8 @@ impl Rotation {
     /// Π as a dense row-major f64 matrix (`dim²` entries; entry `(i, j)` at `i·dim + j`).
     ///
     /// Haar rotations return the matrix they were drawn as; Hadamard rotations apply their
-    /// factors in f64 to each basis vector, O(d² log d).
+    /// factors in f64 to each basis vector, O(d² log d). This allocates `8·dim²` bytes, so it
+    /// is meant for tests and moderate dimensions, not for a 2²⁴-dimensional Hadamard.
     pub fn to_dense_f64(&self) -> Vec<f64> {
         match &self.map {
             Map::Haar(haar) => haar.to_dense_f64(),

@@ -88,6 +88,7 @@
 //! `` `override[1].key.bits`: 10 is out of range for codec `mse` (supported: 1..=8) ``.
 //! Unknown fields are errors, so a typo never silently becomes a default.
 
+mod cache_layout;
 mod error;
 mod file;
 mod merge;

@@ -70,7 +70,7 @@ pub enum StreamPlan {
 /// Which channels are outliers is data (chosen per head from the prefill tokens by
 /// [`select_outlier_channels`](crate::two_tier::select_outlier_channels)); the plan fixes only
 /// how many, and each tier's codec for its own dimension.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OutlierPlan {
     /// Outlier channels per head (`outlier.dim()`).
     pub channels: usize,

@@ -1,13 +1,16 @@
 //! Fused rotated-domain attention over packed codes.
 //!
 //! Per query head: rotate the (scaled) query once, `q̃ = Π_K·q`, and for TQ_prod keys project it
-//! once more, `S·q̃`, into byte tables (`m/8` look-ups per key). A compressed key then costs one
-//! unpack of its codes into centroids and one dot product per query head of the GQA group
-//! (the unpacked centroids are shared by the group): `score = norm·⟨q̃, c[idx]⟩ + γ·⟨α·s·S·q̃, z⟩`.
+//! once more, `α·s·S·q̃` (the sketch query). A compressed key then costs one unpack of its codes
+//! into centroids, shared by every query head of the GQA group, and per head one dot product
+//! with the centroids and one with the ±1 signs: `score = norm·⟨q̃, c[idx]⟩ + γ·⟨α·s·S·q̃, z⟩`.
 //! Values accumulate in the rotated domain, `Σ p·norm·c[idx]`, and for TQ_prod values in the
 //! sketch domain too, `Σ p·γ·z`; each output then costs one `Sᵀ` and one `Π_Vᵀ`, not one per
 //! token. Full-precision tokens (f16/f32 streams, sinks, the recent window) accumulate in the
-//! original domain beside them.
+//! original domain beside them. A two-tier record is two parts, each with its own channels,
+//! codec and rotation: scores add over the parts, and each part's output is mapped back and
+//! scattered to its channels. The inner loops are the run kernels of [`simd`](super::simd)
+//! (AVX2, NEON or scalar, chosen once per call).
 //!
 //! Work splits into fixed blocks of [`BLOCK_TOKENS`] visible tokens per (query, KV head),
 //! flash-decoding style: each block keeps its own max, sum and accumulators, and blocks are
@@ -19,10 +22,7 @@ use rayon::prelude::*;
 use tq_qjl::QjlSketch;
 use tq_rotation::Rotation;
 
-use super::primitives::{
-    accumulate_signs, axpy, decode_f16_pairs, decode_f32_words, dequantize_codes, dot,
-    sign_byte_tables, signed_sum,
-};
+use super::simd::{self, CodedRun, Isa, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
@@ -32,119 +32,265 @@ use crate::token_codec::TokenCodec;
 /// Visible tokens per work item.
 pub const BLOCK_TOKENS: usize = 256;
 
-/// What the kernel needs to read one stream's compressed body.
+/// How the vectors of one part are stored.
 enum Body<'a> {
-    F32,
-    F16,
+    Plain(PlainKind),
     Codes {
         bits: u8,
         centroids: &'a [f32],
         rotation: &'a Rotation,
-        /// Words of codes at the start of each record (sign words follow for TQ_prod).
+        /// Words of codes at the start of the part (sign words follow for TQ_prod).
         code_words: usize,
         sketch: Option<&'a QjlSketch>,
         correction: f32,
     },
 }
 
-impl<'a> Body<'a> {
-    fn of(codec: &'a TokenCodec) -> Self {
-        match codec {
-            TokenCodec::F32 { .. } => Body::F32,
-            TokenCodec::F16 { .. } => Body::F16,
-            TokenCodec::Mse(c) => Body::Codes {
-                bits: c.spec().bits,
-                centroids: c.codebook().centroids_f32(),
-                rotation: c.rotation(),
-                code_words: c.words_per_vector(),
-                sketch: None,
-                correction: 1.0,
-            },
-            TokenCodec::DebiasedMse(d) => Body::Codes {
-                bits: d.codec().spec().bits,
-                centroids: d.codec().codebook().centroids_f32(),
-                rotation: d.codec().rotation(),
-                code_words: d.codec().words_per_vector(),
-                sketch: None,
-                correction: d.correction(),
-            },
-            TokenCodec::Prod(c) => Body::Codes {
-                bits: c.mse().spec().bits,
-                centroids: c.mse().codebook().centroids_f32(),
-                rotation: c.mse().rotation(),
-                code_words: c.mse().words_per_vector(),
-                sketch: Some(c.sketch()),
-                correction: 1.0,
-            },
+/// One part of a record: the whole record, or one tier of a two-tier record.
+struct Part<'a> {
+    body: Body<'a>,
+    /// Dimension of the part's vectors.
+    dim: usize,
+    /// The head channels of the part's coordinates (`None`: all, in order).
+    channels: Option<&'a [u16]>,
+    /// Word index of the part within a record.
+    word_offset: usize,
+    /// Index of the part's first scale within a record's scales.
+    scale_offset: usize,
+    /// The part's scales per token.
+    scales: usize,
+}
+
+impl Part<'_> {
+    /// Sketch dimension `m` (0 without QJL signs).
+    fn sketch_dim(&self) -> usize {
+        match &self.body {
+            Body::Codes {
+                sketch: Some(s), ..
+            } => s.rows(),
+            _ => 0,
+        }
+    }
+
+    /// A coded run of this part over `words` (whole records of `record_words`) with the
+    /// part's f32 `scales`; `None` for plain parts.
+    fn coded_run<'b>(
+        &'b self,
+        words: &'b [u32],
+        record_words: usize,
+        scales: &'b [f32],
+    ) -> Option<CodedRun<'b>> {
+        match &self.body {
+            Body::Codes {
+                bits,
+                centroids,
+                code_words,
+                ..
+            } => Some(CodedRun {
+                words,
+                record_words,
+                code_offset: self.word_offset,
+                bits: *bits,
+                dim: self.dim,
+                centroids,
+                sign_offset: self.word_offset + code_words,
+                sketch_dim: self.sketch_dim(),
+                scales,
+            }),
+            Body::Plain(_) => None,
         }
     }
 }
 
-/// One query head prepared against one key stream.
-struct PreparedHead {
-    /// `scale·q`, for full-precision keys.
-    plain: Vec<f32>,
-    /// `scale·correction·Π_K·q`, for coded keys.
-    rotated: Vec<f32>,
-    /// Byte tables of `α·s·S·(scale·Π_K·q)`, for TQ_prod keys.
-    sign_tables: Vec<f32>,
-}
-
-fn prepare(body: &Body<'_>, q: &[f32], scale: f32) -> Result<PreparedHead, CacheError> {
-    let plain: Vec<f32> = q.iter().map(|v| v * scale).collect();
-    let mut rotated = Vec::new();
-    let mut sign_tables = Vec::new();
-    if let Body::Codes {
-        rotation,
-        sketch,
-        correction,
-        ..
-    } = body
-    {
-        rotated = vec![0.0; q.len()];
-        rotation
-            .apply(&plain, &mut rotated)
-            .map_err(crate::codec::CodecError::from)?;
-        if let Some(sketch) = sketch {
-            let mut projected = vec![0.0; q.len()];
-            sketch
-                .project(&rotated, &mut projected)
-                .map_err(crate::codec::CodecError::from)?;
-            let gain = sketch.gain() as f32;
-            projected.iter_mut().for_each(|v| *v *= gain);
-            sign_byte_tables(&projected, &mut sign_tables);
+fn body_of(codec: &TokenCodec) -> Result<Body<'_>, CacheError> {
+    Ok(match codec {
+        TokenCodec::F32 { .. } => Body::Plain(PlainKind::F32),
+        TokenCodec::F16 { .. } => Body::Plain(PlainKind::F16),
+        TokenCodec::Mse(c) => Body::Codes {
+            bits: c.spec().bits,
+            centroids: c.codebook().centroids_f32(),
+            rotation: c.rotation(),
+            code_words: c.words_per_vector(),
+            sketch: None,
+            correction: 1.0,
+        },
+        TokenCodec::DebiasedMse(d) => Body::Codes {
+            bits: d.codec().spec().bits,
+            centroids: d.codec().codebook().centroids_f32(),
+            rotation: d.codec().rotation(),
+            code_words: d.codec().words_per_vector(),
+            sketch: None,
+            correction: d.correction(),
+        },
+        TokenCodec::Prod(c) => Body::Codes {
+            bits: c.mse().spec().bits,
+            centroids: c.mse().codebook().centroids_f32(),
+            rotation: c.mse().rotation(),
+            code_words: c.mse().words_per_vector(),
+            sketch: Some(c.sketch()),
+            correction: 1.0,
+        },
+        TokenCodec::TwoTier(_) => {
+            return Err(CacheError::InvalidConfig(
+                "a two-tier codec cannot be a tier of another".into(),
+            ));
         }
-        if *correction != 1.0 {
-            rotated.iter_mut().for_each(|v| *v *= correction);
-        }
-    }
-    Ok(PreparedHead {
-        plain,
-        rotated,
-        sign_tables,
     })
+}
+
+/// The parts of a stream codec's records.
+fn parts_of(codec: &TokenCodec) -> Result<Vec<Part<'_>>, CacheError> {
+    match codec {
+        TokenCodec::TwoTier(c) => Ok(vec![
+            Part {
+                body: body_of(c.outlier())?,
+                dim: c.outlier().dim(),
+                channels: Some(c.channels()),
+                word_offset: 0,
+                scale_offset: 0,
+                scales: c.outlier().scales_per_token(),
+            },
+            Part {
+                body: body_of(c.rest())?,
+                dim: c.rest().dim(),
+                channels: Some(c.rest_channels()),
+                word_offset: c.outlier().record_words(),
+                scale_offset: c.outlier().scales_per_token(),
+                scales: c.rest().scales_per_token(),
+            },
+        ]),
+        _ => Ok(vec![Part {
+            body: body_of(codec)?,
+            dim: codec.dim(),
+            channels: None,
+            word_offset: 0,
+            scale_offset: 0,
+            scales: codec.scales_per_token(),
+        }]),
+    }
+}
+
+fn plain_kind(codec: &TokenCodec) -> PlainKind {
+    match codec {
+        TokenCodec::F32 { .. } => PlainKind::F32,
+        _ => PlainKind::F16,
+    }
+}
+
+/// The key and value parts of one KV head.
+struct HeadPlan<'a> {
+    keys: &'a Stream,
+    values: &'a Stream,
+    key_parts: Vec<Part<'a>>,
+    value_parts: Vec<Part<'a>>,
+}
+
+/// The query heads of one GQA group prepared against one key part, `[group, ·]` row-major.
+struct PreparedPart {
+    /// `scale·q` on the part's channels (plain parts), or `scale·correction·Π_K·q` (coded).
+    queries: Vec<f32>,
+    /// `α·s·S·(scale·Π_K·q)`, for TQ_prod parts (`[group, m]`).
+    sketch: Vec<f32>,
+}
+
+/// The query heads of one GQA group prepared against one key stream.
+struct PreparedGroup {
+    /// `scale·q` over the whole head, for full-precision copies (`[group, d]`).
+    plain: Vec<f32>,
+    parts: Vec<PreparedPart>,
+}
+
+fn prepare(
+    parts: &[Part<'_>],
+    queries: &[f32],
+    d: usize,
+    scale: f32,
+) -> Result<PreparedGroup, CacheError> {
+    let plain: Vec<f32> = queries.iter().map(|v| v * scale).collect();
+    let group = plain.len() / d;
+    let mut prepared = Vec::with_capacity(parts.len());
+    for part in parts {
+        let dp = part.dim;
+        let mut gathered = vec![0.0f32; group * dp];
+        for (row, q) in gathered.chunks_exact_mut(dp).zip(plain.chunks_exact(d)) {
+            match part.channels {
+                Some(channels) => {
+                    for (v, &c) in row.iter_mut().zip(channels) {
+                        *v = q[usize::from(c)];
+                    }
+                }
+                None => row.copy_from_slice(q),
+            }
+        }
+        let mut sketch_rows = Vec::new();
+        if let Body::Codes {
+            rotation,
+            sketch,
+            correction,
+            ..
+        } = &part.body
+        {
+            let mut rotated = vec![0.0f32; gathered.len()];
+            for (q, r) in gathered.chunks_exact(dp).zip(rotated.chunks_exact_mut(dp)) {
+                rotation
+                    .apply(q, r)
+                    .map_err(crate::codec::CodecError::from)?;
+            }
+            if let Some(sketch) = sketch {
+                let m = sketch.rows();
+                let gain = sketch.gain() as f32;
+                sketch_rows = vec![0.0; m * group];
+                for (r, p) in rotated
+                    .chunks_exact(dp)
+                    .zip(sketch_rows.chunks_exact_mut(m))
+                {
+                    sketch
+                        .project(r, p)
+                        .map_err(crate::codec::CodecError::from)?;
+                    p.iter_mut().for_each(|v| *v *= gain);
+                }
+            }
+            if *correction != 1.0 {
+                rotated.iter_mut().for_each(|v| *v *= correction);
+            }
+            gathered = rotated;
+        }
+        prepared.push(PreparedPart {
+            queries: gathered,
+            sketch: sketch_rows,
+        });
+    }
+    Ok(PreparedGroup {
+        plain,
+        parts: prepared,
+    })
+}
+
+/// One part's accumulators in a block: `[group, dim]` (original domain for plain parts,
+/// rotated domain for coded ones) and `[group, m]` in the sketch domain; empty when unused.
+#[derive(Default)]
+struct PartAccumulators {
+    values: Vec<f32>,
+    signs: Vec<f32>,
 }
 
 /// The partial result of one block for the heads of one GQA group.
 struct BlockPartial {
     max: Vec<f32>,
     sum: Vec<f32>,
-    /// `[group, d]` accumulators: original domain, rotated domain, sketch domain.
-    plain: Vec<f32>,
-    rotated: Vec<f32>,
-    signs: Vec<f32>,
+    /// `[group, d]` accumulator of the full-precision copies (empty when unused).
+    full: Vec<f32>,
+    parts: Vec<PartAccumulators>,
 }
 
-/// Calls `visit(token, record, scales, is_body)` for every token of `range`, walking the body in
-/// contiguous runs.
+/// Calls `visit(first_token, words, scales, tokens, is_body)` for consecutive runs of records
+/// covering `range`: body records in contiguous runs, full-precision copies one at a time.
 fn walk(
     stream: &Stream,
     range: std::ops::Range<usize>,
-    mut visit: impl FnMut(usize, &[u32], &[f16], bool),
+    mut visit: impl FnMut(usize, &[u32], &[f16], usize, bool),
 ) {
     let body = stream.body();
-    let words = body.record_words();
-    let scales = body.scales_per_token();
     let recent_start = stream.recent_start();
     let mut t = range.start;
     while t < range.end {
@@ -154,19 +300,12 @@ fn walk(
                 let Some((w, s, n)) = body.run(slot, limit) else {
                     return;
                 };
-                for j in 0..n {
-                    visit(
-                        t + j,
-                        &w[j * words..(j + 1) * words],
-                        &s[j * scales..(j + 1) * scales],
-                        true,
-                    );
-                }
+                visit(t, w, s, n, true);
                 t += n;
             }
             TokenSource::Sink(_) | TokenSource::Recent(_) => {
                 if let Some((_, record, s)) = stream.token(t) {
-                    visit(t, record, s, false);
+                    visit(t, record, s, 1, false);
                 }
                 t += 1;
             }
@@ -174,61 +313,94 @@ fn walk(
     }
 }
 
-fn decode_plain(codec: &TokenCodec, record: &[u32], out: &mut [f32]) {
-    match codec {
-        TokenCodec::F32 { .. } => decode_f32_words(record, out),
-        _ => decode_f16_pairs(record, out),
+/// Grows `buffer` to `len` zeros if it is empty; returns it.
+fn ensure(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.is_empty() {
+        buffer.resize(len, 0.0);
+    }
+    buffer
+}
+
+/// Reusable per-block buffers for the f32 scales of a run.
+struct Scales {
+    /// Every scale of the run, `[n, per_token]`.
+    all: Vec<f32>,
+    /// One part's scales, `[n, part scales]`.
+    part: Vec<f32>,
+    per_token: usize,
+}
+
+impl Scales {
+    fn load(&mut self, isa: Isa, halves: &[f16], n: usize) {
+        self.all.resize(halves.len(), 0.0);
+        simd::f16_to_f32(isa, halves, &mut self.all);
+        self.per_token = halves.len() / n.max(1);
+    }
+
+    /// The scales of `part`, compact.
+    fn of(&mut self, part: &Part<'_>) -> &[f32] {
+        if part.scales == self.per_token {
+            return &self.all;
+        }
+        let n = self.all.len() / self.per_token.max(1);
+        self.part.clear();
+        for k in 0..n {
+            let first = k * self.per_token + part.scale_offset;
+            self.part
+                .extend_from_slice(&self.all[first..first + part.scales]);
+        }
+        &self.part
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_block(
-    keys: &Stream,
-    values: &Stream,
-    key_body: &Body<'_>,
-    value_body: &Body<'_>,
-    heads: &[PreparedHead],
+    isa: Isa,
+    plan: &HeadPlan<'_>,
+    prepared: &PreparedGroup,
     range: std::ops::Range<usize>,
     d: usize,
 ) -> BlockPartial {
-    let group = heads.len();
+    let group = prepared.plain.len() / d;
     let len = range.len();
-    let mut scores = vec![0.0f32; group * len];
-    let mut vector = vec![0.0f32; d];
     let start = range.start;
-    walk(keys, range.clone(), |t, record, scales, is_body| {
-        let i = t - start;
-        match (is_body, key_body) {
-            (
-                true,
-                Body::Codes {
-                    bits,
-                    centroids,
-                    code_words,
-                    sketch,
-                    ..
-                },
-            ) => {
-                dequantize_codes(&record[..*code_words], *bits, centroids, &mut vector);
-                let norm = scales[0].to_f32();
-                for (h, head) in heads.iter().enumerate() {
-                    let mut s = norm * dot(&head.rotated, &vector);
-                    if sketch.is_some() {
-                        s += scales[1].to_f32()
-                            * signed_sum(&head.sign_tables, &record[*code_words..]);
-                    }
-                    scores[h * len + i] = s;
+    let mut scores = vec![0.0f32; group * len];
+    let mut scales = Scales {
+        all: Vec::new(),
+        part: Vec::new(),
+        per_token: 0,
+    };
+    walk(plan.keys, range.clone(), |t, words, halves, n, is_body| {
+        let out = &mut scores[t - start..];
+        let record_words = words.len() / n;
+        if !is_body {
+            let run = PlainRun {
+                words,
+                record_words,
+                offset: 0,
+                kind: plain_kind(plan.keys.fp_codec()),
+                dim: d,
+            };
+            simd::score_plain(isa, &run, &prepared.plain, out, len);
+            return;
+        }
+        scales.load(isa, halves, n);
+        for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
+            match &part.body {
+                Body::Plain(kind) => {
+                    let run = PlainRun {
+                        words,
+                        record_words,
+                        offset: part.word_offset,
+                        kind: *kind,
+                        dim: part.dim,
+                    };
+                    simd::score_plain(isa, &run, &pp.queries, out, len);
                 }
-            }
-            _ => {
-                let codec = if is_body {
-                    keys.codec()
-                } else {
-                    keys.fp_codec()
-                };
-                decode_plain(codec, record, &mut vector);
-                for (h, head) in heads.iter().enumerate() {
-                    scores[h * len + i] = dot(&head.plain, &vector);
+                Body::Codes { .. } => {
+                    let part_scales = scales.of(part);
+                    if let Some(run) = part.coded_run(words, record_words, part_scales) {
+                        simd::score_coded(isa, &run, &pp.queries, &pp.sketch, out, len);
+                    }
                 }
             }
         }
@@ -237,53 +409,88 @@ fn run_block(
     let mut sum = vec![0.0f32; group];
     for h in 0..group {
         let row = &mut scores[h * len..(h + 1) * len];
-        max[h] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0f32;
-        for s in row.iter_mut() {
-            *s = (*s - max[h]).exp();
-            total += *s;
-        }
-        sum[h] = total;
+        max[h] = simd::max(isa, row);
+        sum[h] = simd::exp_shifted_sum(isa, row, max[h]);
     }
-    let mut plain = vec![0.0f32; group * d];
-    let mut rotated = vec![0.0f32; group * d];
-    let mut signs = vec![0.0f32; group * d];
-    walk(values, range, |t, record, scales, is_body| {
-        let i = t - start;
-        match (is_body, value_body) {
-            (
-                true,
-                Body::Codes {
-                    bits,
-                    centroids,
-                    code_words,
-                    sketch,
-                    ..
-                },
-            ) => {
-                dequantize_codes(&record[..*code_words], *bits, centroids, &mut vector);
-                let norm = scales[0].to_f32();
-                for h in 0..group {
-                    let p = scores[h * len + i];
-                    axpy(p * norm, &vector, &mut rotated[h * d..(h + 1) * d]);
-                    if sketch.is_some() {
-                        accumulate_signs(
-                            p * scales[1].to_f32(),
-                            &record[*code_words..],
-                            &mut signs[h * d..(h + 1) * d],
-                        );
-                    }
-                }
+    let mut full = Vec::new();
+    let mut parts: Vec<PartAccumulators> = plan
+        .value_parts
+        .iter()
+        .map(|_| PartAccumulators::default())
+        .collect();
+    let mut weights = Vec::new();
+    let mut sign_weights = Vec::new();
+    let probabilities = |weights: &mut Vec<f32>, i: usize, n: usize| {
+        weights.resize(n * group, 0.0);
+        for k in 0..n {
+            for h in 0..group {
+                weights[k * group + h] = scores[h * len + i + k];
             }
-            _ => {
-                let codec = if is_body {
-                    values.codec()
-                } else {
-                    values.fp_codec()
-                };
-                decode_plain(codec, record, &mut vector);
-                for h in 0..group {
-                    axpy(scores[h * len + i], &vector, &mut plain[h * d..(h + 1) * d]);
+        }
+    };
+    walk(plan.values, range, |t, words, halves, n, is_body| {
+        let i = t - start;
+        let record_words = words.len() / n;
+        probabilities(&mut weights, i, n);
+        if !is_body {
+            let run = PlainRun {
+                words,
+                record_words,
+                offset: 0,
+                kind: plain_kind(plan.values.fp_codec()),
+                dim: d,
+            };
+            simd::accumulate_plain(isa, &run, &weights, ensure(&mut full, group * d));
+            return;
+        }
+        scales.load(isa, halves, n);
+        for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
+            match &part.body {
+                Body::Plain(kind) => {
+                    let run = PlainRun {
+                        words,
+                        record_words,
+                        offset: part.word_offset,
+                        kind: *kind,
+                        dim: part.dim,
+                    };
+                    let values = ensure(&mut acc.values, group * part.dim);
+                    simd::accumulate_plain(isa, &run, &weights, values);
+                }
+                Body::Codes { .. } => {
+                    let part_scales = scales.of(part);
+                    let Some(run) = part.coded_run(words, record_words, part_scales) else {
+                        continue;
+                    };
+                    let spt = run.scales_per_token();
+                    let m = run.sketch_dim;
+                    let mut code_weights = weights.clone();
+                    for k in 0..n {
+                        let norm = part_scales[k * spt];
+                        for w in &mut code_weights[k * group..(k + 1) * group] {
+                            *w *= norm;
+                        }
+                    }
+                    if m > 0 {
+                        sign_weights.clear();
+                        sign_weights.extend_from_slice(&weights);
+                        for k in 0..n {
+                            let gamma = part_scales[k * spt + 1];
+                            for w in &mut sign_weights[k * group..(k + 1) * group] {
+                                *w *= gamma;
+                            }
+                        }
+                        ensure(&mut acc.signs, group * m);
+                    }
+                    let values = ensure(&mut acc.values, group * part.dim);
+                    simd::accumulate_coded(
+                        isa,
+                        &run,
+                        &code_weights,
+                        &sign_weights,
+                        values,
+                        &mut acc.signs,
+                    );
                 }
             }
         }
@@ -291,14 +498,26 @@ fn run_block(
     BlockPartial {
         max,
         sum,
-        plain,
-        rotated,
-        signs,
+        full,
+        parts,
     }
 }
 
-/// Fused attention on the compressed cache (see the module docs).
+/// Fused attention on the compressed cache (see the module docs), on the instruction set
+/// [`Isa::detect`] picks.
 pub fn fused_attention(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    fused_attention_on(Isa::detect(), cache, queries, query_positions, shape, out)
+}
+
+/// [`fused_attention`] on a given (available) instruction set.
+pub(super) fn fused_attention_on(
+    isa: Isa,
     cache: &KvCache,
     queries: &[f32],
     query_positions: &[u32],
@@ -308,21 +527,31 @@ pub fn fused_attention(
     let (n, group) = check_shapes(cache, queries, query_positions, shape, out)?;
     let d = cache.layout().head_dim;
     let kv_heads = cache.layout().kv_heads;
+    let plans: Vec<HeadPlan<'_>> = (0..kv_heads)
+        .map(|g| {
+            let (keys, values) = (cache.keys(g), cache.values(g));
+            Ok(HeadPlan {
+                keys,
+                values,
+                key_parts: parts_of(keys.codec())?,
+                value_parts: parts_of(values.codec())?,
+            })
+        })
+        .collect::<Result<_, CacheError>>()?;
     // One item per (query token, KV head): its prepared heads and its blocks.
     let items: Vec<(usize, usize)> = (0..n)
         .flat_map(|i| (0..kv_heads).map(move |g| (i, g)))
         .collect();
-    let prepared: Vec<Vec<PreparedHead>> = items
+    let prepared: Vec<PreparedGroup> = items
         .par_iter()
         .map(|&(i, g)| {
-            let body = Body::of(cache.keys(g).codec());
-            (0..group)
-                .map(|j| {
-                    let h = g * group + j;
-                    let row = i * shape.q_heads + h;
-                    prepare(&body, &queries[row * d..(row + 1) * d], shape.scale)
-                })
-                .collect::<Result<Vec<_>, _>>()
+            let first = (i * shape.q_heads + g * group) * d;
+            prepare(
+                &plans[g].key_parts,
+                &queries[first..first + group * d],
+                d,
+                shape.scale,
+            )
         })
         .collect::<Result<_, _>>()?;
     let mut tasks = Vec::new();
@@ -339,17 +568,7 @@ pub fn fused_attention(
         .par_iter()
         .map(|(item, range)| {
             let g = items[*item].1;
-            let keys = cache.keys(g);
-            let values = cache.values(g);
-            run_block(
-                keys,
-                values,
-                &Body::of(keys.codec()),
-                &Body::of(values.codec()),
-                &prepared[*item],
-                range.clone(),
-                d,
-            )
+            run_block(isa, &plans[g], &prepared[*item], range.clone(), d)
         })
         .collect();
     // Combine the blocks of each item in order; items are independent.
@@ -368,7 +587,7 @@ pub fn fused_attention(
             } else {
                 &partials[first_task[item]..first_task[item] + task_count[item]]
             };
-            combine(cache.values(g), blocks, group, d)
+            combine(isa, &plans[g].value_parts, blocks, group, d)
         })
         .collect();
     for (item, result) in outputs.into_iter().enumerate() {
@@ -380,10 +599,12 @@ pub fn fused_attention(
     Ok(())
 }
 
-/// Merges block partials (fixed order) and maps the coded accumulators back to the original
-/// domain: one `Sᵀ` (TQ_prod values) and one `Π_Vᵀ` per output row.
+/// Merges block partials (fixed order) and maps each part's accumulators back to the original
+/// domain: one `Sᵀ` (TQ_prod values) and one `Π_Vᵀ` per output row and coded part, then
+/// scatters the part to its channels.
 fn combine(
-    values: &Stream,
+    isa: Isa,
+    parts: &[Part<'_>],
     blocks: &[BlockPartial],
     group: usize,
     d: usize,
@@ -392,44 +613,69 @@ fn combine(
     if blocks.is_empty() {
         return Ok(out);
     }
-    let body = Body::of(values.codec());
-    let mut rotated = vec![0.0f32; d];
-    let mut signs = vec![0.0f32; d];
-    let mut plain = vec![0.0f32; d];
-    let mut mapped = vec![0.0f32; d];
+    let mut full = vec![0.0f32; d];
     for h in 0..group {
         let max = blocks
             .iter()
             .map(|b| b.max[h])
             .fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f32> = blocks.iter().map(|b| (b.max[h] - max).exp()).collect();
         let mut total = 0.0f32;
-        rotated.fill(0.0);
-        signs.fill(0.0);
-        plain.fill(0.0);
-        for b in blocks {
-            let w = (b.max[h] - max).exp();
+        full.fill(0.0);
+        for (b, &w) in blocks.iter().zip(&weights) {
             total += w * b.sum[h];
-            axpy(w, &b.rotated[h * d..(h + 1) * d], &mut rotated);
-            axpy(w, &b.signs[h * d..(h + 1) * d], &mut signs);
-            axpy(w, &b.plain[h * d..(h + 1) * d], &mut plain);
+            if !b.full.is_empty() {
+                simd::axpy(isa, w, &b.full[h * d..(h + 1) * d], &mut full);
+            }
         }
         let row = &mut out[h * d..(h + 1) * d];
-        if let Body::Codes {
-            rotation, sketch, ..
-        } = &body
-        {
-            if let Some(sketch) = sketch {
-                sketch
-                    .project_transpose(&signs, &mut mapped)
-                    .map_err(crate::codec::CodecError::from)?;
-                axpy(sketch.gain() as f32, &mapped, &mut rotated);
+        for (p, part) in parts.iter().enumerate() {
+            let (dp, m) = (part.dim, part.sketch_dim());
+            let mut values = vec![0.0f32; dp];
+            let mut signs = vec![0.0f32; m];
+            for (b, &w) in blocks.iter().zip(&weights) {
+                let acc = &b.parts[p];
+                if !acc.values.is_empty() {
+                    simd::axpy(isa, w, &acc.values[h * dp..(h + 1) * dp], &mut values);
+                }
+                if !acc.signs.is_empty() {
+                    simd::axpy(isa, w, &acc.signs[h * m..(h + 1) * m], &mut signs);
+                }
             }
-            rotation
-                .apply_inverse(&rotated, row)
-                .map_err(crate::codec::CodecError::from)?;
+            let mapped = match &part.body {
+                Body::Plain(_) => values,
+                Body::Codes {
+                    rotation, sketch, ..
+                } => {
+                    if let Some(sketch) = sketch {
+                        let mut back = vec![0.0f32; dp];
+                        sketch
+                            .project_transpose(&signs, &mut back)
+                            .map_err(crate::codec::CodecError::from)?;
+                        simd::axpy(isa, sketch.gain() as f32, &back, &mut values);
+                    }
+                    let mut original = vec![0.0f32; dp];
+                    rotation
+                        .apply_inverse(&values, &mut original)
+                        .map_err(crate::codec::CodecError::from)?;
+                    original
+                }
+            };
+            match part.channels {
+                Some(channels) => {
+                    for (&v, &c) in mapped.iter().zip(channels) {
+                        row[usize::from(c)] += v;
+                    }
+                }
+                None => {
+                    for (o, v) in row.iter_mut().zip(&mapped) {
+                        *o += v;
+                    }
+                }
+            }
         }
         let inv = 1.0 / total;
-        for (o, p) in row.iter_mut().zip(&plain) {
+        for (o, p) in row.iter_mut().zip(&full) {
             *o = (*o + p) * inv;
         }
     }

@@ -7,6 +7,7 @@
 mod fused;
 pub mod primitives;
 mod reference;
+pub mod simd;
 
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;

@@ -1,7 +1,9 @@
 //! The per-token inner loops of the fused kernel, written once in plain Rust.
 //!
 //! Each function sums in a fixed order (eight lanes, then the lanes in order), so results are
-//! identical across calls and thread counts; the SIMD paths must reproduce these functions.
+//! identical across calls and thread counts. These are the scalar reference of the vector
+//! paths in [`simd`](super::simd), which are tested against them (the vector paths sum in
+//! another order, so they agree within the f32 rounding bound, not bit for bit).
 
 use half::f16;
 
@@ -108,6 +110,18 @@ pub fn signed_sum(tables: &[f32], signs: &[u32]) -> f32 {
     sum
 }
 
+/// `⟨w, z⟩` for a packed ±1 sign vector `z` (bit `i` set = `+1`), over eight fixed lanes.
+#[inline]
+pub fn signed_dot(w: &[f32], signs: &[u32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (i, &x) in w.iter().enumerate() {
+        let bit = (signs[i / 32] >> (i % 32)) & 1;
+        lanes[i % 8] += if bit == 1 { x } else { -x };
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
 /// `acc += w·z` for a packed ±1 sign vector `z`.
 #[inline]
 pub fn accumulate_signs(w: f32, signs: &[u32], acc: &mut [f32]) {
@@ -115,4 +129,85 @@ pub fn accumulate_signs(w: f32, signs: &[u32], acc: &mut [f32]) {
         let bit = (signs[i / 32] >> (i % 32)) & 1;
         *a += if bit == 1 { w } else { -w };
     }
+}
+
+/// Converts f16 values to f32.
+#[inline]
+pub fn f16_to_f32(halves: &[f16], out: &mut [f32]) {
+    for (o, h) in out.iter_mut().zip(halves) {
+        *o = h.to_f32();
+    }
+}
+
+/// The largest value (`-∞` for an empty slice).
+#[inline]
+pub fn max(values: &[f32]) -> f32 {
+    values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Replaces every value `x` by `exp(x − shift)` (`f32::exp`) and returns their sum over eight
+/// fixed lanes.
+#[inline]
+pub fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (i, v) in values.iter_mut().enumerate() {
+        *v = (*v - shift).exp();
+        lanes[i % 8] += *v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+/// Lower bound of the polynomial `exp`'s domain: below it the result is flushed to 0
+/// (`exp(−87.336) ≈ 1.18e-38`, the smallest normal f32).
+pub const EXP_LOW: f32 = -87.336_55;
+/// Upper clamp of the polynomial `exp`'s argument.
+pub const EXP_HIGH: f32 = 88.0;
+/// `log2(e)`.
+pub const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
+/// `ln 2` split in two (Cody–Waite): the high part has few bits so `n·EXP_LN2_HI` is exact.
+pub const EXP_LN2_HI: f32 = 0.693_359_4;
+/// The low part of `ln 2` (negative).
+pub const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// Polynomial coefficients (Cephes `expf`), highest degree first.
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+
+/// `exp(x)` by the vector paths' algorithm in scalar form: `n = round(x·log2 e)`,
+/// `r = x − n·ln 2` (two FMA steps), `exp(r) ≈ 1 + r + r²·P(r)`, times `2^n` through the
+/// exponent bits; 0 below [`EXP_LOW`], argument clamped at [`EXP_HIGH`]. NaN is not handled.
+pub fn exp_poly(x: f32) -> f32 {
+    if x < EXP_LOW {
+        return 0.0;
+    }
+    let x = x.min(EXP_HIGH);
+    let n = (x * EXP_LOG2E).round_ties_even();
+    let r = (-n).mul_add(EXP_LN2_HI, x);
+    let r = (-n).mul_add(EXP_LN2_LO, r);
+    let mut p = EXP_POLY[0];
+    for &c in &EXP_POLY[1..] {
+        p = p.mul_add(r, c);
+    }
+    let y = p.mul_add(r * r, r + 1.0);
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    y * scale
+}
+
+/// f16 bits to f32 with integer operations only: shift exponent and mantissa into place and
+/// multiply by `2^112` (which also normalizes subnormals exactly), then restore infinities and
+/// NaNs and the sign.
+pub fn f16_bits_to_f32(bits: u16) -> f32 {
+    let h = u32::from(bits);
+    let magnitude = (h & 0x7FFF) << 13;
+    let mut value = (f32::from_bits(magnitude) * f32::from_bits(0x7780_0000)).to_bits();
+    if h & 0x7C00 == 0x7C00 {
+        value = magnitude | 0x7F80_0000;
+    }
+    f32::from_bits(value | ((h & 0x8000) << 16))
 }

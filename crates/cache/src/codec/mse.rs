@@ -57,6 +57,8 @@ pub struct CodecScratch {
     pub(crate) codes: Vec<u8>,
     pub(crate) residual: Vec<f32>,
     pub(crate) sketch: Vec<f32>,
+    /// Buffers of a two-tier codec, built on first use by that codec.
+    pub(crate) tiers: Option<Box<crate::two_tier::TwoTierScratch>>,
 }
 
 impl CodecScratch {
@@ -67,6 +69,7 @@ impl CodecScratch {
             codes: vec![0; dim],
             residual: vec![0.0; dim],
             sketch: vec![0.0; dim],
+            tiers: None,
         }
     }
 

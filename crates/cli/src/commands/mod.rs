@@ -1,3 +1,4 @@
 //! User-facing subcommands other than benchmarks.
 
 pub mod codebook;
+pub mod demo;

@@ -62,14 +62,14 @@ impl Quadrature {
         }
     }
 
-    fn to_t(&self, v: f64) -> f64 {
+    fn coordinate_at(&self, v: f64) -> f64 {
         match self.distribution {
             CoordinateDistribution::Beta { .. } => v.sin(),
             CoordinateDistribution::Gaussian { dim } => v / (dim as f64).sqrt(),
         }
     }
 
-    fn to_v(&self, t: f64) -> f64 {
+    fn variable_at(&self, t: f64) -> f64 {
         match self.distribution {
             CoordinateDistribution::Beta { .. } => t.clamp(-1.0, 1.0).asin(),
             CoordinateDistribution::Gaussian { dim } => t * (dim as f64).sqrt(),
@@ -113,7 +113,10 @@ impl Quadrature {
     /// `∫ g(t(v)) weight(v) dv` over the `v`-image of `(lo, hi]`, dropping what lies more
     /// than 12 scales from the interval's densest point (weight below `e^−72` of it).
     fn raw(&self, lo: f64, hi: f64, g: &dyn Fn(f64) -> f64) -> f64 {
-        let (a, b) = (self.to_v(lo).max(-self.end), self.to_v(hi).min(self.end));
+        let (a, b) = (
+            self.variable_at(lo).max(-self.end),
+            self.variable_at(hi).min(self.end),
+        );
         if a >= b {
             return 0.0;
         }
@@ -123,7 +126,7 @@ impl Quadrature {
         // Panels of half a scale, each integrated adaptively to 1e-14 of its own size.
         let panels = ((b - a) / (0.5 * self.scale)).ceil().max(1.0) as usize;
         let width = (b - a) / panels as f64;
-        let f = |v: f64| g(self.to_t(v)) * self.weight(v);
+        let f = |v: f64| g(self.coordinate_at(v)) * self.weight(v);
         (0..panels)
             .map(|p| {
                 let (x0, x1) = (

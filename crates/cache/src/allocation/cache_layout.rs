@@ -1,0 +1,101 @@
+//! From an allocation to the stream layouts of real caches.
+
+use super::{Allocation, AllocationError, StreamKind, StreamPlan};
+use crate::error::CacheError;
+use crate::kv_cache::{KvCache, KvKind, KvLayout};
+use crate::states::{ModelCache, StateKind, StateSpec};
+use crate::stream::StreamLayout;
+use crate::token_store::Growth;
+
+impl Allocation {
+    /// The per-head stream layouts of the keys or values of `layer` (of `num_layers`), for a
+    /// cache of the given layout: codecs from [`resolve`](Self::resolve), full-precision sinks
+    /// and recent window from the allocation.
+    pub fn stream_layouts(
+        &self,
+        layer: usize,
+        num_layers: usize,
+        layout: &KvLayout,
+        stream: StreamKind,
+    ) -> Result<Vec<StreamLayout>, AllocationError> {
+        let growth = match layout.kind {
+            KvKind::Growing { growth } => growth,
+            KvKind::Sliding { .. } => Growth::Static { capacity: 0 },
+        };
+        (0..layout.kv_heads)
+            .map(|head| {
+                let plan = self.resolve(layer, num_layers, head, layout.head_dim, stream)?;
+                let (codec, outliers) = match plan {
+                    StreamPlan::Single(spec) => (spec, None),
+                    // The rest tier's spec stands in the `codec` field; the tiers are used.
+                    StreamPlan::TwoTier(tiers) => (tiers.rest, Some(tiers)),
+                };
+                Ok(StreamLayout {
+                    codec,
+                    outliers,
+                    channels: None,
+                    fp: self.fp_codec(layout.head_dim),
+                    sink_tokens: self.sink_tokens,
+                    recent_tokens: self.recent_fp_tokens,
+                    max_rewind: layout.max_rewind,
+                    growth,
+                    ring_slots: layout.ring_slots(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl KvCache {
+    /// The cache of `layer` (of `num_layers`) with codecs chosen by `allocation`.
+    ///
+    /// ```
+    /// use tq_cache::allocation::Allocation;
+    /// use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+    /// use tq_cache::token_store::Growth;
+    /// let layout = KvLayout {
+    ///     kv_heads: 3,
+    ///     head_dim: 64,
+    ///     kind: KvKind::Growing { growth: Growth::Static { capacity: 1024 } },
+    ///     max_rewind: 0,
+    /// };
+    /// let cache = KvCache::with_allocation(layout, &Allocation::preset("k5v4")?, 0, 30)?;
+    /// // 3 heads × (K: 32 code + 8 sign bytes + 2 f16 scales; V: 32 + one f16) + a 4-byte position
+    /// assert_eq!(cache.bytes_per_token(), 3 * (44 + 34) + 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_allocation(
+        layout: KvLayout,
+        allocation: &Allocation,
+        layer: usize,
+        num_layers: usize,
+    ) -> Result<Self, CacheError> {
+        let keys = allocation.stream_layouts(layer, num_layers, &layout, StreamKind::Key)?;
+        let values = allocation.stream_layouts(layer, num_layers, &layout, StreamKind::Value)?;
+        KvCache::new(layout, &keys, &values)
+    }
+}
+
+impl ModelCache {
+    /// The states of a model with every KV state's codecs chosen by `allocation` (layers are
+    /// counted from the declared states: the highest layer index plus one).
+    pub fn with_allocation(
+        specs: Vec<StateSpec>,
+        allocation: &Allocation,
+    ) -> Result<Self, CacheError> {
+        let num_layers = specs
+            .iter()
+            .map(|s| match s.kind {
+                StateKind::Kv { layer, .. } | StateKind::SharedKv { layer, .. } => layer + 1,
+                StateKind::Fixed { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        ModelCache::new(specs, |layer, layout| {
+            Ok((
+                allocation.stream_layouts(layer, num_layers, layout, StreamKind::Key)?,
+                allocation.stream_layouts(layer, num_layers, layout, StreamKind::Value)?,
+            ))
+        })
+    }
+}

@@ -1,0 +1,612 @@
+//! Vectorized inner loops of the fused attention kernel, with runtime dispatch.
+//!
+//! Three instruction sets are supported, chosen once per call through [`Isa`]:
+//!
+//! - [`Isa::Avx2`] (x86-64 with AVX2, FMA and F16C, detected at run time): hand-fused block
+//!   kernels. A compressed key's codes are unpacked eight at a time (one broadcast, one variable
+//!   shift, one `vpermps` from an 8-entry centroid table, two tables and a blend for 4 bits, a
+//!   gather from the codebook for 5–8 bits) and the unpacked centroids stay in a register while
+//!   the dot products of every query head of the GQA tile (up to four) accumulate; QJL signs
+//!   become `±1` vectors (variable shift, `andnot`, `xor`) and accumulate the same way. Values
+//!   accumulate chunk by chunk with the per-head accumulators in registers across the tokens of
+//!   a run. f16 records convert with `vcvtph2ps`.
+//! - [`Isa::Neon`] (aarch64, where NEON is always present): vector primitives (dot, axpy, code
+//!   unpacking through `tbl`, f16 conversion, signs, `exp`) composed per token.
+//! - [`Isa::Scalar`]: the plain-Rust reference of [`primitives`](super::primitives), composed
+//!   per token the same way. Every vector path is tested against it.
+//!
+//! The vector and scalar paths sum in different orders, so they may differ in the last bits
+//! (tests compare them within a tolerance derived from the f32 rounding bound); each path alone
+//! is deterministic: a result depends only on its inputs, never on timing or thread count.
+//!
+//! The environment variable `TQ_SIMD` (`scalar`, `avx2`, `neon`) overrides the detected
+//! instruction set for [`Isa::detect`] (an unavailable choice falls back to scalar).
+
+mod composed;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+use super::primitives;
+use super::{AttentionShape, fused};
+use crate::error::CacheError;
+use crate::kv_cache::KvCache;
+
+/// An instruction set the kernels run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Plain Rust, eight fixed lanes (the reference).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Isa {
+    /// The instruction set the fused kernel uses: `TQ_SIMD` if set (and available), otherwise
+    /// the best one this CPU supports. Detected once per process.
+    pub fn detect() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let requested = std::env::var("TQ_SIMD")
+                .ok()
+                .and_then(|v| match v.as_str() {
+                    "scalar" => Some(Isa::Scalar),
+                    "avx2" => Some(Isa::Avx2),
+                    "neon" => Some(Isa::Neon),
+                    _ => None,
+                });
+            match requested {
+                Some(isa) if isa.is_available() => isa,
+                Some(_) => Isa::Scalar,
+                None => Isa::best(),
+            }
+        })
+    }
+
+    /// The best instruction set this CPU supports (ignores `TQ_SIMD`).
+    pub fn best() -> Isa {
+        if Isa::Avx2.is_available() {
+            Isa::Avx2
+        } else if Isa::Neon.is_available() {
+            Isa::Neon
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// Whether this CPU can run the instruction set.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => avx2_available(),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
+        }
+    }
+
+    /// Every instruction set this CPU can run, scalar first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Neon]
+            .into_iter()
+            .filter(|isa| isa.is_available())
+            .collect()
+    }
+
+    /// Lower-case name (`scalar`, `avx2`, `neon`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// `self` if available, otherwise scalar: a request for an instruction set the CPU lacks
+    /// must never reach its code.
+    fn usable(self) -> Isa {
+        if self.is_available() {
+            self
+        } else {
+            Isa::Scalar
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_available() -> bool {
+    false
+}
+
+/// Storage of a plain (uncompressed) record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainKind {
+    /// `d` f32 bit patterns.
+    F32,
+    /// `ceil(d/2)` words of two f16 halves (even index in the low half).
+    F16,
+}
+
+impl PlainKind {
+    /// `u32` words per record of dimension `dim`.
+    pub fn record_words(self, dim: usize) -> usize {
+        match self {
+            PlainKind::F32 => dim,
+            PlainKind::F16 => dim.div_ceil(2),
+        }
+    }
+}
+
+/// A run of consecutive records holding uncompressed vectors (at word `offset` of each record).
+#[derive(Clone, Copy, Debug)]
+pub struct PlainRun<'a> {
+    /// `n · record_words` words.
+    pub words: &'a [u32],
+    /// Words per record (the stride; at least `offset + kind.record_words(dim)`).
+    pub record_words: usize,
+    /// Word index of the vector within each record.
+    pub offset: usize,
+    /// f32 or f16.
+    pub kind: PlainKind,
+    /// Vector dimension `d`.
+    pub dim: usize,
+}
+
+impl PlainRun<'_> {
+    /// Records in the run.
+    pub fn len(&self) -> usize {
+        self.words.len() / self.record_words.max(1)
+    }
+
+    /// Whether the run holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn check(&self) {
+        assert!(self.dim > 0, "plain run: zero dimension");
+        assert!(
+            self.record_words >= self.offset + self.kind.record_words(self.dim),
+            "plain run: records are too short"
+        );
+        assert_eq!(
+            self.words.len() % self.record_words,
+            0,
+            "plain run: words are not whole records"
+        );
+    }
+}
+
+/// A run of consecutive records holding packed codes (TQ_mse, debiased MSE or TQ_prod, or one
+/// tier of a two-tier record) with their scales already converted to f32.
+#[derive(Clone, Copy, Debug)]
+pub struct CodedRun<'a> {
+    /// `n · record_words` words: each record holds `words_for(d, bits)` code words from word
+    /// `code_offset` (code `j` at bits `[j·b, (j+1)·b)`, little-endian), and for TQ_prod
+    /// `ceil(m/32)` sign words from word `sign_offset` (bit `i` set = `+1`).
+    pub words: &'a [u32],
+    /// Words per record (the stride).
+    pub record_words: usize,
+    /// Word index of the first code word within each record.
+    pub code_offset: usize,
+    /// Code width `b` (1..=8).
+    pub bits: u8,
+    /// Vector dimension `d`.
+    pub dim: usize,
+    /// The `2^b` centroids.
+    pub centroids: &'a [f32],
+    /// Word index of the sign words within a record (ignored when `sketch_dim` is 0).
+    pub sign_offset: usize,
+    /// Sketch dimension `m` (0: no QJL signs).
+    pub sketch_dim: usize,
+    /// Per token, the norm and (with signs) `γ`, as f32: `n · (1 or 2)` values.
+    pub scales: &'a [f32],
+}
+
+impl CodedRun<'_> {
+    /// Records in the run.
+    pub fn len(&self) -> usize {
+        self.words.len() / self.record_words.max(1)
+    }
+
+    /// Whether the run holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Scales per token: 2 with signs (norm, `γ`), 1 without.
+    pub fn scales_per_token(&self) -> usize {
+        if self.sketch_dim > 0 { 2 } else { 1 }
+    }
+
+    fn check(&self) {
+        assert!(
+            (1..=8).contains(&self.bits),
+            "coded run: bits must be 1..=8"
+        );
+        assert!(self.dim > 0, "coded run: zero dimension");
+        assert_eq!(
+            self.centroids.len(),
+            1usize << self.bits,
+            "coded run: need 2^bits centroids"
+        );
+        let code_end = self.code_offset + (self.dim * self.bits as usize).div_ceil(32);
+        let needed = if self.sketch_dim > 0 {
+            assert!(
+                self.sign_offset >= code_end,
+                "coded run: sign words overlap the codes"
+            );
+            self.sign_offset + self.sketch_dim.div_ceil(32)
+        } else {
+            code_end
+        };
+        assert!(
+            self.record_words >= needed,
+            "coded run: records are too short"
+        );
+        assert_eq!(
+            self.words.len() % self.record_words,
+            0,
+            "coded run: words are not whole records"
+        );
+        assert_eq!(
+            self.scales.len(),
+            self.len() * self.scales_per_token(),
+            "coded run: scales do not match the records"
+        );
+    }
+}
+
+/// `Σ a_i·b_i` over the common length.
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2, so the CPU has AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { x86::dot(a, b) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dot(a, b),
+        _ => primitives::dot(a, b),
+    }
+}
+
+/// `y += alpha·x` over the common length.
+pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &mut y[..n]);
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2, so the CPU has AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { x86::axpy(alpha, x, y) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::axpy(alpha, x, y),
+        _ => primitives::axpy(alpha, x, y),
+    }
+}
+
+/// Unpacks `out.len()` b-bit codes from `words` and writes their centroids.
+///
+/// # Panics
+/// If `bits` is not 1..=8, `centroids` does not hold `2^bits` values or `words` holds fewer
+/// than `ceil(out.len()·bits/32)` words.
+pub fn dequantize(isa: Isa, words: &[u32], bits: u8, centroids: &[f32], out: &mut [f32]) {
+    assert!((1..=8).contains(&bits), "dequantize: bits must be 1..=8");
+    assert_eq!(
+        centroids.len(),
+        1usize << bits,
+        "dequantize: need 2^bits centroids"
+    );
+    assert!(
+        words.len() >= (out.len() * bits as usize).div_ceil(32),
+        "dequantize: too few words"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; the lengths were checked above.
+        Isa::Avx2 => unsafe { x86::dequantize(words, bits, centroids, out) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::dequantize(words, bits, centroids, out),
+        _ => primitives::dequantize_codes(words, bits, centroids, out),
+    }
+}
+
+/// Converts f16 values to f32 over the common length.
+pub fn f16_to_f32(isa: Isa, halves: &[f16], out: &mut [f32]) {
+    let n = halves.len().min(out.len());
+    let (halves, out) = (&halves[..n], &mut out[..n]);
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2, so the CPU has F16C.
+        Isa::Avx2 => unsafe { x86::f16_to_f32(halves, out) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::f16_to_f32(halves, out),
+        _ => primitives::f16_to_f32(halves, out),
+    }
+}
+
+/// Unpacks `out.len()` f16 values stored two per word (even index in the low half).
+///
+/// # Panics
+/// If `words` holds fewer than `ceil(out.len()/2)` words.
+pub fn decode_f16_pairs(isa: Isa, words: &[u32], out: &mut [f32]) {
+    assert!(
+        words.len() >= out.len().div_ceil(2),
+        "decode_f16_pairs: too few words"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; the length was checked above.
+        Isa::Avx2 => unsafe { x86::decode_f16_pairs(words, out) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::decode_f16_pairs(words, out),
+        _ => primitives::decode_f16_pairs(words, out),
+    }
+}
+
+/// `⟨w, z⟩` for the packed ±1 vector `z` (bit `i` of `signs` set = `+1`), `w.len()` terms.
+///
+/// # Panics
+/// If `signs` holds fewer than `ceil(w.len()/32)` words.
+pub fn signed_dot(isa: Isa, w: &[f32], signs: &[u32]) -> f32 {
+    assert!(
+        signs.len() >= w.len().div_ceil(32),
+        "signed_dot: too few sign words"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; the length was checked above.
+        Isa::Avx2 => unsafe { x86::signed_dot(w, signs) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::signed_dot(w, signs),
+        _ => primitives::signed_dot(w, signs),
+    }
+}
+
+/// `acc += alpha·z` for the packed ±1 vector `z`, `acc.len()` terms.
+///
+/// # Panics
+/// If `signs` holds fewer than `ceil(acc.len()/32)` words.
+pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
+    assert!(
+        signs.len() >= acc.len().div_ceil(32),
+        "accumulate_signs: too few sign words"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; the length was checked above.
+        Isa::Avx2 => unsafe { x86::accumulate_signs(alpha, signs, acc) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::accumulate_signs(alpha, signs, acc),
+        _ => primitives::accumulate_signs(alpha, signs, acc),
+    }
+}
+
+/// The largest value (`-∞` for an empty slice). Exact, so every path returns the same bits.
+pub fn max(isa: Isa, values: &[f32]) -> f32 {
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2.
+        Isa::Avx2 => unsafe { x86::max(values) },
+        _ => primitives::max(values),
+    }
+}
+
+/// Replaces every value `x` by `exp(x − shift)` and returns their sum (eight lanes in a fixed
+/// order).
+///
+/// The scalar path calls `f32::exp`; the vector paths evaluate a Cody–Waite reduced degree-6
+/// polynomial (the Cephes `expf` scheme) with FMA, within 2 ulp of `f32::exp` for arguments in
+/// `[−87.3, 88]` and flushed to 0 below `−87.3` (where `exp` is under `1.2e-38`); the tests
+/// measure both bounds. Arguments must not be NaN.
+pub fn exp_shifted_sum(isa: Isa, values: &mut [f32], shift: f32) -> f32 {
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2.
+        Isa::Avx2 => unsafe { x86::exp_shifted_sum(values, shift) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::exp_shifted_sum(values, shift),
+        _ => primitives::exp_shifted_sum(values, shift),
+    }
+}
+
+/// The polynomial `exp` the vector paths evaluate, in portable scalar Rust (same operations,
+/// same constants), so its accuracy can be checked on any machine.
+pub fn exp_poly(x: f32) -> f32 {
+    primitives::exp_poly(x)
+}
+
+/// f16 bits to f32 with integer operations only (the algorithm of the NEON path, which cannot
+/// use the unstable `f16` vector types), in portable scalar Rust so it can be checked
+/// exhaustively on any machine.
+pub fn f16_bits_to_f32(bits: u16) -> f32 {
+    primitives::f16_bits_to_f32(bits)
+}
+
+fn check_tile(len: usize, width: usize, what: &str) -> usize {
+    assert!(width > 0 && len % width == 0, "{what}: not whole rows");
+    len / width
+}
+
+/// Adds the scores of every record of a coded run against `G` prepared query heads:
+/// `out[h·stride + i] += norm_i·⟨queries_h, c[idx_i]⟩ + γ_i·⟨sketch_queries_h, z_i⟩`
+/// (adding lets the tiers of a two-tier record score into one row).
+///
+/// `queries` is `[G, d]` (rotated, scaled queries), `sketch_queries` is `[G, m]` (the rotated
+/// query projected by the sketch, times its gain; empty without signs).
+///
+/// # Panics
+/// On inconsistent lengths (see [`CodedRun`]), or if `out` is too short.
+pub fn score_coded(
+    isa: Isa,
+    run: &CodedRun<'_>,
+    queries: &[f32],
+    sketch_queries: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    run.check();
+    let heads = check_tile(queries.len(), run.dim, "score_coded queries");
+    if run.sketch_dim > 0 {
+        assert_eq!(
+            sketch_queries.len(),
+            heads * run.sketch_dim,
+            "score_coded: sketch queries are not [G, m]"
+        );
+    }
+    let n = run.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        stride >= n && out.len() >= (heads - 1) * stride + n,
+        "score_coded: out too short"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; every length was checked above.
+        Isa::Avx2 => unsafe { x86::score_coded(run, queries, sketch_queries, out, stride) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => composed::score_coded::<neon::Neon>(run, queries, sketch_queries, out, stride),
+        _ => composed::score_coded::<composed::Scalar>(run, queries, sketch_queries, out, stride),
+    }
+}
+
+/// Adds the scores of every record of a plain run against `G` query heads `[G, d]`:
+/// `out[h·stride + i] += ⟨queries_h, x_i⟩`.
+///
+/// # Panics
+/// On inconsistent lengths, or if `out` is too short.
+pub fn score_plain(isa: Isa, run: &PlainRun<'_>, queries: &[f32], out: &mut [f32], stride: usize) {
+    run.check();
+    let heads = check_tile(queries.len(), run.dim, "score_plain queries");
+    let n = run.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        stride >= n && out.len() >= (heads - 1) * stride + n,
+        "score_plain: out too short"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; every length was checked above.
+        Isa::Avx2 => unsafe { x86::score_plain(run, queries, out, stride) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => composed::score_plain::<neon::Neon>(run, queries, out, stride),
+        _ => composed::score_plain::<composed::Scalar>(run, queries, out, stride),
+    }
+}
+
+/// Accumulates the records of a coded run in the rotated (and sketch) domain:
+/// `acc[h] += Σ_i code_weights[i·G + h]·c[idx_i]` and, with signs,
+/// `sign_acc[h] += Σ_i sign_weights[i·G + h]·z_i`.
+///
+/// `code_weights` and `sign_weights` are token-major `[n, G]` (usually `p·norm` and `p·γ`);
+/// `acc` is `[G, d]`, `sign_acc` is `[G, m]` (both may be empty without signs).
+///
+/// # Panics
+/// On inconsistent lengths.
+pub fn accumulate_coded(
+    isa: Isa,
+    run: &CodedRun<'_>,
+    code_weights: &[f32],
+    sign_weights: &[f32],
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
+    run.check();
+    let heads = check_tile(acc.len(), run.dim, "accumulate_coded acc");
+    let n = run.len();
+    assert_eq!(
+        code_weights.len(),
+        n * heads,
+        "accumulate_coded: code weights not [n, G]"
+    );
+    if run.sketch_dim > 0 {
+        assert_eq!(
+            sign_weights.len(),
+            n * heads,
+            "accumulate_coded: sign weights not [n, G]"
+        );
+        assert_eq!(
+            sign_acc.len(),
+            heads * run.sketch_dim,
+            "accumulate_coded: sign accumulators not [G, m]"
+        );
+    }
+    if n == 0 {
+        return;
+    }
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; every length was checked above.
+        Isa::Avx2 => unsafe {
+            x86::accumulate_coded(run, code_weights, sign_weights, acc, sign_acc)
+        },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => {
+            composed::accumulate_coded::<neon::Neon>(run, code_weights, sign_weights, acc, sign_acc)
+        }
+        _ => composed::accumulate_coded::<composed::Scalar>(
+            run,
+            code_weights,
+            sign_weights,
+            acc,
+            sign_acc,
+        ),
+    }
+}
+
+/// Accumulates the records of a plain run: `acc[h] += Σ_i weights[i·G + h]·x_i`, with
+/// `weights` token-major `[n, G]` and `acc` `[G, d]`.
+///
+/// # Panics
+/// On inconsistent lengths.
+pub fn accumulate_plain(isa: Isa, run: &PlainRun<'_>, weights: &[f32], acc: &mut [f32]) {
+    run.check();
+    let heads = check_tile(acc.len(), run.dim, "accumulate_plain acc");
+    let n = run.len();
+    assert_eq!(
+        weights.len(),
+        n * heads,
+        "accumulate_plain: weights not [n, G]"
+    );
+    if n == 0 {
+        return;
+    }
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx2; every length was checked above.
+        Isa::Avx2 => unsafe { x86::accumulate_plain(run, weights, acc) },
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => composed::accumulate_plain::<neon::Neon>(run, weights, acc),
+        _ => composed::accumulate_plain::<composed::Scalar>(run, weights, acc),
+    }
+}
+
+/// [`fused_attention`](super::fused_attention) on a chosen instruction set (an unavailable
+/// one runs scalar). Each instruction set alone is deterministic and thread-count free; two
+/// of them may differ in the last bits.
+pub fn fused_attention_on(
+    isa: Isa,
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    fused::fused_attention_on(isa.usable(), cache, queries, query_positions, shape, out)
+}

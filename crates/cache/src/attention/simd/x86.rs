@@ -1,0 +1,930 @@
+//! AVX2 + FMA + F16C kernels.
+//!
+//! Every function here is `unsafe` only because it requires those CPU features: the dispatcher
+//! in `mod.rs` calls them after runtime detection, with lengths already checked. Memory is read
+//! through raw pointers only inside the checked bounds stated at each `unsafe` block.
+//!
+//! Packed codes: eight b-bit codes take exactly `b` bytes, so chunk `j` (codes `8j..8j+8`)
+//! starts at byte `b·j` of the record. For b ≤ 4 the chunk is read as one little-endian `u32`
+//! (bytes `b·j..b·j+4`), broadcast to eight lanes and shifted right by `b·lane`; `vpermps`
+//! looks the low three bits up in an 8-entry table (for b < 3 the table repeats the `2^b`
+//! centroids, so higher bits are ignored; for b = 4 a second table holds centroids 8..16 and
+//! bit 3, moved to the sign bit, selects). For b ≥ 5 a `u64` holds the chunk: lanes 0–3 take
+//! the low `4b` bits, lanes 4–7 the next `4b`, and a gather reads the codebook. Reads that
+//! would run past the record take the bytes one by one (zero padded) instead.
+
+use core::arch::x86_64::*;
+
+use half::f16;
+
+use super::super::primitives::{
+    EXP_HIGH, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_LOW, EXP_POLY, exp_poly,
+};
+use super::{CodedRun, PlainKind, PlainRun};
+
+/// Bytes of a token sub-block whose records stay in L1 while value chunks sweep over it.
+const L1_BYTES: usize = 24 * 1024;
+
+/// Sums the eight lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+}
+
+/// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4(v: &[__m256; 4]) -> __m128 {
+    let ab = _mm256_hadd_ps(v[0], v[1]);
+    let cd = _mm256_hadd_ps(v[2], v[3]);
+    let abcd = _mm256_hadd_ps(ab, cd);
+    _mm_add_ps(
+        _mm256_castps256_ps128(abcd),
+        _mm256_extractf128_ps::<1>(abcd),
+    )
+}
+
+/// Lane `l` of the result is `+1.0` if bit `31 − shifts[l]` of `word` is set, else `−1.0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sign_vector(word: __m256i, shifts: __m256i) -> __m256 {
+    let negative =
+        _mm256_andnot_si256(_mm256_sllv_epi32(word, shifts), _mm256_set1_epi32(i32::MIN));
+    _mm256_xor_ps(_mm256_set1_ps(1.0), _mm256_castsi256_ps(negative))
+}
+
+/// Shift vectors moving bit `8k + l` of a word to bit 31 of lane `l`, for byte `k` = 0..4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sign_shifts() -> [__m256i; 4] {
+    let byte = |k: i32| {
+        let b = 31 - 8 * k;
+        _mm256_setr_epi32(b, b - 1, b - 2, b - 3, b - 4, b - 5, b - 6, b - 7)
+    };
+    [byte(0), byte(1), byte(2), byte(3)]
+}
+
+/// Code `j` (b bits, `b ≤ 8`) of a packed record.
+#[inline]
+fn code_at(words: &[u32], b: usize, j: usize) -> usize {
+    let bit = j * b;
+    let (w, s) = (bit / 32, bit % 32);
+    let mut x = u64::from(words[w]) >> s;
+    if s + b > 32 {
+        x |= u64::from(words[w + 1]) << (32 - s);
+    }
+    (x as usize) & ((1 << b) - 1)
+}
+
+/// Sign `j` (±1) of packed sign words.
+#[inline]
+fn sign_at(words: &[u32], j: usize) -> f32 {
+    if (words[j / 32] >> (j % 32)) & 1 == 1 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// Centroid tables and shifts for b-bit codes.
+struct Lut {
+    lo: __m256,
+    hi: __m256,
+    shifts: __m256i,
+    mask: __m256i,
+    centroids: *const f32,
+}
+
+/// Bytes one chunk read takes: 4 for b ≤ 4, 8 above.
+const fn read_width(b: u32) -> usize {
+    if b <= 4 { 4 } else { 8 }
+}
+
+/// Chunks `j < full` whose read (`read_width` bytes at `b·j`) stays inside a `bytes`-byte
+/// record; they come first, the rest need [`read_padded`].
+fn fast_chunks(full: usize, b: u32, bytes: usize) -> usize {
+    let width = read_width(b);
+    if bytes < width {
+        0
+    } else {
+        full.min((bytes - width) / b as usize + 1)
+    }
+}
+
+/// Reads up to `width` bytes at `offset` of a `bytes`-byte record, zero padded.
+///
+/// # Safety
+/// `record` must point to `bytes` readable bytes and `offset ≤ bytes`.
+#[inline]
+unsafe fn read_padded(record: *const u8, bytes: usize, offset: usize, width: usize) -> u64 {
+    let mut x = 0u64;
+    for k in 0..width.min(bytes - offset) {
+        // SAFETY: offset + k < bytes (caller's contract).
+        x |= u64::from(unsafe { *record.add(offset + k) }) << (8 * k);
+    }
+    x
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lut<const B: u32>(centroids: &[f32]) -> Lut {
+    let b = B as i32;
+    let levels = 1usize << B;
+    let table = |first: usize| {
+        let mut t = [0.0f32; 8];
+        for (k, v) in t.iter_mut().enumerate() {
+            *v = centroids[(first + k) % levels];
+        }
+        t
+    };
+    let (lo, hi) = if B == 4 {
+        (table(0), table(8))
+    } else {
+        (table(0), table(0))
+    };
+    // SAFETY: the tables are arrays of 8 floats.
+    unsafe {
+        Lut {
+            lo: _mm256_loadu_ps(lo.as_ptr()),
+            hi: _mm256_loadu_ps(hi.as_ptr()),
+            shifts: if B <= 4 {
+                _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b)
+            } else {
+                _mm256_setr_epi32(0, b, 2 * b, 3 * b, 0, b, 2 * b, 3 * b)
+            },
+            mask: _mm256_set1_epi32((1 << B) - 1),
+            centroids: centroids.as_ptr(),
+        }
+    }
+}
+
+/// The centroids of the eight codes held in the low `8b` bits of `x`.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `lut` was built by [`lut::<B>`] from a slice of `2^B` centroids that is
+/// still alive.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lookup<const B: u32>(lut: &Lut, x: u64) -> __m256 {
+    if B <= 4 {
+        let idx = _mm256_srlv_epi32(_mm256_set1_epi32(x as u32 as i32), lut.shifts);
+        let lo = _mm256_permutevar8x32_ps(lut.lo, idx);
+        if B < 4 {
+            lo
+        } else {
+            let hi = _mm256_permutevar8x32_ps(lut.hi, idx);
+            let select = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx));
+            _mm256_blendv_ps(lo, hi, select)
+        }
+    } else {
+        let low = x as u32 as i32;
+        let high = (x >> (4 * B)) as u32 as i32;
+        let v = _mm256_setr_epi32(low, low, low, low, high, high, high, high);
+        let idx = _mm256_and_si256(_mm256_srlv_epi32(v, lut.shifts), lut.mask);
+        // SAFETY: every index is masked below 2^B, the length of the centroid slice.
+        unsafe { _mm256_i32gather_ps::<4>(lut.centroids, idx) }
+    }
+}
+
+/// The centroids of chunk `j` (codes `8j..8j+8`), read directly.
+///
+/// # Safety
+/// As [`lookup`]; `record` points to at least `B·j + read_width(B)` readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk<const B: u32>(lut: &Lut, record: *const u8, j: usize) -> __m256 {
+    // SAFETY: the caller guarantees the bytes are readable; unaligned reads are fine.
+    unsafe {
+        let p = record.add(B as usize * j);
+        if B <= 4 {
+            lookup::<B>(lut, u64::from((p as *const u32).read_unaligned()))
+        } else {
+            lookup::<B>(lut, (p as *const u64).read_unaligned())
+        }
+    }
+}
+
+/// The centroids of chunk `j` read byte by byte (for chunks near the end of a record).
+///
+/// # Safety
+/// As [`lookup`]; `record` points to `bytes` readable bytes and `B·j ≤ bytes`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_padded<const B: u32>(
+    lut: &Lut,
+    record: *const u8,
+    bytes: usize,
+    j: usize,
+) -> __m256 {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        let x = read_padded(record, bytes, B as usize * j, read_width(B));
+        lookup::<B>(lut, x)
+    }
+}
+
+/// Balanced tiles of at most four heads: `heads` split into `ceil(heads/4)` near-equal parts.
+fn tiles(heads: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = heads.div_ceil(4).max(1);
+    let (base, extra) = (heads / count, heads % count);
+    (0..count).scan(0usize, move |first, k| {
+        let size = base + usize::from(k < extra);
+        let tile = (*first, size);
+        *first += size;
+        Some(tile)
+    })
+}
+
+macro_rules! by_heads {
+    ($heads:expr, $f:ident::<$($c:tt),*>($($arg:expr),* $(,)?)) => {
+        match $heads {
+            1 => $f::<$($c,)* 1>($($arg),*),
+            2 => $f::<$($c,)* 2>($($arg),*),
+            3 => $f::<$($c,)* 3>($($arg),*),
+            _ => $f::<$($c,)* 4>($($arg),*),
+        }
+    };
+}
+
+macro_rules! by_bits_heads {
+    ($bits:expr, $heads:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $bits {
+            1 => by_heads!($heads, $f::<1>($($arg),*)),
+            2 => by_heads!($heads, $f::<2>($($arg),*)),
+            3 => by_heads!($heads, $f::<3>($($arg),*)),
+            4 => by_heads!($heads, $f::<4>($($arg),*)),
+            5 => by_heads!($heads, $f::<5>($($arg),*)),
+            6 => by_heads!($heads, $f::<6>($($arg),*)),
+            7 => by_heads!($heads, $f::<7>($($arg),*)),
+            _ => by_heads!($heads, $f::<8>($($arg),*)),
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Primitives.
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let full = n / 8 * 8;
+    // SAFETY: every load reads 8 floats starting below `full ≤ n`.
+    unsafe {
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut k = 0;
+        while k + 16 <= full {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(k + 8)),
+                _mm256_loadu_ps(pb.add(k + 8)),
+                acc1,
+            );
+            k += 16;
+        }
+        if k < full {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)), acc0);
+        }
+        let mut s = hsum(_mm256_add_ps(acc0, acc1));
+        for i in full..n {
+            s += a[i] * b[i];
+        }
+        s
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let full = n / 8 * 8;
+    // SAFETY: every access covers 8 floats starting below `full ≤ n`.
+    unsafe {
+        let a = _mm256_set1_ps(alpha);
+        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+        let mut k = 0;
+        while k < full {
+            let v = _mm256_fmadd_ps(a, _mm256_loadu_ps(px.add(k)), _mm256_loadu_ps(py.add(k)));
+            _mm256_storeu_ps(py.add(k), v);
+            k += 8;
+        }
+    }
+    for i in full..n {
+        y[i] += alpha * x[i];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequantize(words: &[u32], bits: u8, centroids: &[f32], out: &mut [f32]) {
+    // SAFETY: forwarded contract (features present, lengths checked by the dispatcher).
+    unsafe {
+        match bits {
+            1 => dequantize_b::<1>(words, centroids, out),
+            2 => dequantize_b::<2>(words, centroids, out),
+            3 => dequantize_b::<3>(words, centroids, out),
+            4 => dequantize_b::<4>(words, centroids, out),
+            5 => dequantize_b::<5>(words, centroids, out),
+            6 => dequantize_b::<6>(words, centroids, out),
+            7 => dequantize_b::<7>(words, centroids, out),
+            _ => dequantize_b::<8>(words, centroids, out),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_b<const B: u32>(words: &[u32], centroids: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let full = n / 8;
+    let bytes = 4 * words.len();
+    let fast = fast_chunks(full, B, bytes);
+    let record = words.as_ptr() as *const u8;
+    // SAFETY: chunks below `fast` read inside the words (see `fast_chunks`), the others read
+    // byte by byte below `bytes`; `B·j ≤ bytes` because the words hold all `n` codes; stores
+    // cover 8 floats below `8·full ≤ n`.
+    unsafe {
+        let lut = lut::<B>(centroids);
+        let po = out.as_mut_ptr();
+        for j in 0..fast {
+            _mm256_storeu_ps(po.add(8 * j), chunk::<B>(&lut, record, j));
+        }
+        for j in fast..full {
+            _mm256_storeu_ps(po.add(8 * j), chunk_padded::<B>(&lut, record, bytes, j));
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(8 * full) {
+        *o = centroids[code_at(words, B as usize, j)];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_to_f32(halves: &[f16], out: &mut [f32]) {
+    let n = halves.len().min(out.len());
+    let full = n / 8 * 8;
+    // SAFETY: `f16` is a transparent `u16`; every access covers 8 values below `full ≤ n`.
+    unsafe {
+        let (ph, po) = (halves.as_ptr() as *const u8, out.as_mut_ptr());
+        let mut k = 0;
+        while k < full {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(ph.add(2 * k) as *const __m128i));
+            _mm256_storeu_ps(po.add(k), v);
+            k += 8;
+        }
+    }
+    for i in full..n {
+        out[i] = halves[i].to_f32();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn decode_f16_pairs(words: &[u32], out: &mut [f32]) {
+    let n = out.len();
+    let full = n / 8 * 8;
+    // SAFETY: the words hold `ceil(n/2)` pairs (checked by the dispatcher); every load reads
+    // 16 bytes = 8 halves below `full ≤ n`.
+    unsafe {
+        let (pw, po) = (words.as_ptr() as *const u8, out.as_mut_ptr());
+        let mut k = 0;
+        while k < full {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(pw.add(2 * k) as *const __m128i));
+            _mm256_storeu_ps(po.add(k), v);
+            k += 8;
+        }
+    }
+    for i in full..n {
+        let w = words[i / 2];
+        let half = if i % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+        out[i] = f16::from_bits(half as u16).to_f32();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn signed_dot(w: &[f32], signs: &[u32]) -> f32 {
+    let n = w.len();
+    let chunks = n / 8;
+    // SAFETY: chunk `j` reads sign word `j/4 < ceil(n/32)` (checked by the dispatcher) and
+    // 8 weights below `8·chunks ≤ n`.
+    let mut s = unsafe {
+        let shifts = sign_shifts();
+        let (pw, ps) = (w.as_ptr(), signs.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        for j in 0..chunks {
+            let word = _mm256_set1_epi32(*ps.add(j / 4) as i32);
+            let z = sign_vector(word, shifts[j % 4]);
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(pw.add(8 * j)), z, acc);
+        }
+        hsum(acc)
+    };
+    for (j, &x) in w.iter().enumerate().skip(8 * chunks) {
+        s += sign_at(signs, j) * x;
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_signs(alpha: f32, signs: &[u32], acc: &mut [f32]) {
+    let n = acc.len();
+    let chunks = n / 8;
+    // SAFETY: chunk `j` reads sign word `j/4 < ceil(n/32)` (checked by the dispatcher) and
+    // updates 8 floats below `8·chunks ≤ n`.
+    unsafe {
+        let shifts = sign_shifts();
+        let a = _mm256_set1_ps(alpha);
+        let (pa, ps) = (acc.as_mut_ptr(), signs.as_ptr());
+        for j in 0..chunks {
+            let word = _mm256_set1_epi32(*ps.add(j / 4) as i32);
+            let z = sign_vector(word, shifts[j % 4]);
+            let v = _mm256_fmadd_ps(a, z, _mm256_loadu_ps(pa.add(8 * j)));
+            _mm256_storeu_ps(pa.add(8 * j), v);
+        }
+    }
+    for j in 8 * chunks..n {
+        acc[j] += alpha * sign_at(signs, j);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn max(values: &[f32]) -> f32 {
+    let n = values.len();
+    let full = n / 8 * 8;
+    // SAFETY: every load reads 8 floats below `full ≤ n`.
+    let mut m = unsafe {
+        let p = values.as_ptr();
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut k = 0;
+        while k < full {
+            acc = _mm256_max_ps(acc, _mm256_loadu_ps(p.add(k)));
+            k += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    };
+    for &v in &values[full..] {
+        m = m.max(v);
+    }
+    m
+}
+
+/// `exp` of eight lanes: bit-identical to [`exp_poly`] on each lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp8(x: __m256) -> __m256 {
+    let low = _mm256_set1_ps(EXP_LOW);
+    let valid = _mm256_cmp_ps::<_CMP_GE_OQ>(x, low);
+    let x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(EXP_HIGH));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(EXP_LOG2E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_fmadd_ps(
+        p,
+        _mm256_mul_ps(r, r),
+        _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+    );
+    let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), valid)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
+    let n = values.len();
+    let full = n / 8 * 8;
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: every access covers 8 floats below `full ≤ n`.
+    unsafe {
+        let p = values.as_mut_ptr();
+        let s = _mm256_set1_ps(shift);
+        let mut acc = _mm256_setzero_ps();
+        let mut k = 0;
+        while k < full {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(k)), s));
+            _mm256_storeu_ps(p.add(k), e);
+            acc = _mm256_add_ps(acc, e);
+            k += 8;
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    }
+    for (i, v) in values.iter_mut().enumerate().skip(full) {
+        *v = exp_poly(*v - shift);
+        lanes[i % 8] += *v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block kernels.
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn score_coded(
+    run: &CodedRun<'_>,
+    queries: &[f32],
+    sketch_queries: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (d, m) = (run.dim, run.sketch_dim);
+    for (first, size) in tiles(queries.len() / d) {
+        let q = &queries[first * d..(first + size) * d];
+        let w = if m > 0 {
+            &sketch_queries[first * m..(first + size) * m]
+        } else {
+            &[][..]
+        };
+        let o = &mut out[first * stride..];
+        // SAFETY: forwarded contract; the tile's slices hold `size` rows.
+        unsafe { by_bits_heads!(run.bits, size, score_coded_tile(run, q, w, o, stride)) }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_coded_tile<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    q: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
+    let bytes = 4 * (rw - run.code_offset);
+    let full = d / 8;
+    let fast = fast_chunks(full, B, bytes);
+    let sign_chunks = m / 8;
+    let sign_words = sign_chunks / 4;
+    let spt = run.scales_per_token();
+    let b = B as usize;
+    // SAFETY: record `i` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
+    // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
+    // `bytes`, and `B·j ≤ 4·code words`);
+    // sign reads take words `sign_offset + j/4 < rw` for `j < m/8`; query loads read 8 floats
+    // of row `h < H` below `d` (or `m`), the tile holding `H` rows of each.
+    unsafe {
+        let lut = lut::<B>(run.centroids);
+        let shifts = sign_shifts();
+        let (qp, wp) = (q.as_ptr(), w.as_ptr());
+        for (i, record) in run.words.chunks_exact(rw).enumerate() {
+            let codes = &record[run.code_offset..];
+            let rec = codes.as_ptr() as *const u8;
+            let mut a = [_mm256_setzero_ps(); 4];
+            for j in 0..fast {
+                let c = chunk::<B>(&lut, rec, j);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), c, *acc);
+                }
+            }
+            for j in fast..full {
+                let c = chunk_padded::<B>(&lut, rec, bytes, j);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), c, *acc);
+                }
+            }
+            let norm = run.scales[i * spt];
+            let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&a));
+            if m > 0 {
+                let sp = record.as_ptr().add(run.sign_offset);
+                let mut s = [_mm256_setzero_ps(); 4];
+                for g in 0..sign_words {
+                    let word = _mm256_set1_epi32(*sp.add(g) as i32);
+                    for (k, &shift) in shifts.iter().enumerate() {
+                        let z = sign_vector(word, shift);
+                        let j = 4 * g + k;
+                        for (h, acc) in s.iter_mut().enumerate().take(H) {
+                            *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
+                        }
+                    }
+                }
+                for j in 4 * sign_words..sign_chunks {
+                    let z = sign_vector(_mm256_set1_epi32(*sp.add(j / 4) as i32), shifts[j % 4]);
+                    for (h, acc) in s.iter_mut().enumerate().take(H) {
+                        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
+                    }
+                }
+                let gamma = run.scales[i * spt + 1];
+                scores = _mm_fmadd_ps(_mm_set1_ps(gamma), hsum4(&s), scores);
+            }
+            let mut t = [0.0f32; 4];
+            _mm_storeu_ps(t.as_mut_ptr(), scores);
+            for (h, &score) in t.iter().enumerate().take(H) {
+                let mut v = score;
+                if 8 * full < d {
+                    let mut tail = 0.0f32;
+                    for j in 8 * full..d {
+                        tail += q[h * d + j] * run.centroids[code_at(codes, b, j)];
+                    }
+                    v += norm * tail;
+                }
+                if 8 * sign_chunks < m {
+                    let signs = &record[run.sign_offset..];
+                    let mut tail = 0.0f32;
+                    for j in 8 * sign_chunks..m {
+                        tail += w[h * m + j] * sign_at(signs, j);
+                    }
+                    v += run.scales[i * spt + 1] * tail;
+                }
+                out[h * stride + i] += v;
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn score_plain(
+    run: &PlainRun<'_>,
+    queries: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d = run.dim;
+    for (first, size) in tiles(queries.len() / d) {
+        let q = &queries[first * d..(first + size) * d];
+        let o = &mut out[first * stride..];
+        // SAFETY: forwarded contract; the tile's slices hold `size` rows.
+        unsafe {
+            match run.kind {
+                PlainKind::F16 => by_heads!(size, score_plain_tile::<true>(run, q, o, stride)),
+                PlainKind::F32 => by_heads!(size, score_plain_tile::<false>(run, q, o, stride)),
+            }
+        }
+    }
+}
+
+/// Eight values of chunk `j` of a plain record.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `record` points to a record holding at least `8j + 8` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn plain_chunk<const F16: bool>(record: *const u8, j: usize) -> __m256 {
+    // SAFETY: caller contract.
+    unsafe {
+        if F16 {
+            _mm256_cvtph_ps(_mm_loadu_si128(record.add(16 * j) as *const __m128i))
+        } else {
+            _mm256_loadu_ps(record.add(32 * j) as *const f32)
+        }
+    }
+}
+
+/// Value `j` of a plain record.
+#[inline]
+fn plain_at<const F16: bool>(record: &[u32], j: usize) -> f32 {
+    if F16 {
+        let w = record[j / 2];
+        let half = if j % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+        f16::from_bits(half as u16).to_f32()
+    } else {
+        f32::from_bits(record[j])
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_plain_tile<const F16: bool, const H: usize>(
+    run: &PlainRun<'_>,
+    q: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d = run.dim;
+    let full = d / 8;
+    // SAFETY: each record holds `d` values and chunks stay below `8·full ≤ d`; query loads
+    // read 8 floats of row `h < H` below `d`.
+    unsafe {
+        let qp = q.as_ptr();
+        for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
+            let record = &record[run.offset..];
+            let rec = record.as_ptr() as *const u8;
+            let mut a = [_mm256_setzero_ps(); 4];
+            for j in 0..full {
+                let x = plain_chunk::<F16>(rec, j);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), x, *acc);
+                }
+            }
+            let mut t = [0.0f32; 4];
+            _mm_storeu_ps(t.as_mut_ptr(), hsum4(&a));
+            for (h, &score) in t.iter().enumerate().take(H) {
+                let mut v = score;
+                for j in 8 * full..d {
+                    v += q[h * d + j] * plain_at::<F16>(record, j);
+                }
+                out[h * stride + i] += v;
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_coded(
+    run: &CodedRun<'_>,
+    code_weights: &[f32],
+    sign_weights: &[f32],
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
+    let d = run.dim;
+    let heads = acc.len() / d;
+    for (first, size) in tiles(heads) {
+        // SAFETY: forwarded contract; the tile covers rows `first..first + size < heads`.
+        unsafe {
+            by_bits_heads!(
+                run.bits,
+                size,
+                accumulate_coded_tile(run, code_weights, sign_weights, heads, first, acc, sign_acc)
+            )
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    code_weights: &[f32],
+    sign_weights: &[f32],
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
+    let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
+    let stride = 4 * rw;
+    let bytes = 4 * (rw - run.code_offset);
+    let n = run.len();
+    let full = d / 8;
+    let fast = fast_chunks(full, B, bytes);
+    let sign_chunks = m / 8;
+    let b = B as usize;
+    let sub = (L1_BYTES / stride).max(1);
+    // SAFETY: record `i < n` starts at byte `i·stride` of the run and its codes `4·code_offset`
+    // bytes later; code reads stay inside the record (fast chunks by `fast_chunks`, the others
+    // byte by byte below `bytes`); sign reads take words `i·rw + sign_offset + j/4`, inside
+    // record `i`; weights are read at `i·heads + first + h < n·heads`;
+    // accumulator rows `first + h < heads` hold `d` (or `m`) floats and chunk accesses stay
+    // below `8·full ≤ d` (or `8·sign_chunks ≤ m`).
+    unsafe {
+        let lut = lut::<B>(run.centroids);
+        let shifts = sign_shifts();
+        let words = run.words.as_ptr();
+        let base = words.add(run.code_offset) as *const u8;
+        let cw = code_weights.as_ptr();
+        let sw = sign_weights.as_ptr();
+        let pa = acc.as_mut_ptr().add(first * d);
+        let ps = sign_acc.as_mut_ptr().add(first * m);
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + sub);
+            for j in 0..full {
+                let mut r = [_mm256_setzero_ps(); 4];
+                for (h, v) in r.iter_mut().enumerate().take(H) {
+                    *v = _mm256_loadu_ps(pa.add(h * d + 8 * j));
+                }
+                if j < fast {
+                    for i in start..end {
+                        let c = chunk::<B>(&lut, base.add(i * stride), j);
+                        let wi = cw.add(i * heads + first);
+                        for (h, v) in r.iter_mut().enumerate().take(H) {
+                            *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), c, *v);
+                        }
+                    }
+                } else {
+                    for i in start..end {
+                        let c = chunk_padded::<B>(&lut, base.add(i * stride), bytes, j);
+                        let wi = cw.add(i * heads + first);
+                        for (h, v) in r.iter_mut().enumerate().take(H) {
+                            *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), c, *v);
+                        }
+                    }
+                }
+                for (h, v) in r.iter().enumerate().take(H) {
+                    _mm256_storeu_ps(pa.add(h * d + 8 * j), *v);
+                }
+            }
+            for j in 0..sign_chunks {
+                let mut r = [_mm256_setzero_ps(); 4];
+                for (h, v) in r.iter_mut().enumerate().take(H) {
+                    *v = _mm256_loadu_ps(ps.add(h * m + 8 * j));
+                }
+                let shift = shifts[j % 4];
+                for i in start..end {
+                    let word = *words.add(i * rw + run.sign_offset + j / 4);
+                    let z = sign_vector(_mm256_set1_epi32(word as i32), shift);
+                    let wi = sw.add(i * heads + first);
+                    for (h, v) in r.iter_mut().enumerate().take(H) {
+                        *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), z, *v);
+                    }
+                }
+                for (h, v) in r.iter().enumerate().take(H) {
+                    _mm256_storeu_ps(ps.add(h * m + 8 * j), *v);
+                }
+            }
+            start = end;
+        }
+    }
+    if 8 * full < d || 8 * sign_chunks < m {
+        for (i, record) in run.words.chunks_exact(rw).enumerate() {
+            for h in 0..H {
+                let row = (first + h) * d;
+                let weight = code_weights[i * heads + first + h];
+                for j in 8 * full..d {
+                    acc[row + j] +=
+                        weight * run.centroids[code_at(&record[run.code_offset..], b, j)];
+                }
+                if m > 0 {
+                    let row = (first + h) * m;
+                    let weight = sign_weights[i * heads + first + h];
+                    let signs = &record[run.sign_offset..];
+                    for j in 8 * sign_chunks..m {
+                        sign_acc[row + j] += weight * sign_at(signs, j);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_plain(run: &PlainRun<'_>, weights: &[f32], acc: &mut [f32]) {
+    let heads = acc.len() / run.dim;
+    for (first, size) in tiles(heads) {
+        // SAFETY: forwarded contract; the tile covers rows `first..first + size < heads`.
+        unsafe {
+            match run.kind {
+                PlainKind::F16 => by_heads!(
+                    size,
+                    accumulate_plain_tile::<true>(run, weights, heads, first, acc)
+                ),
+                PlainKind::F32 => by_heads!(
+                    size,
+                    accumulate_plain_tile::<false>(run, weights, heads, first, acc)
+                ),
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
+    run: &PlainRun<'_>,
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+) {
+    let d = run.dim;
+    let rw = run.record_words;
+    let bytes = 4 * rw;
+    let n = run.len();
+    let full = d / 8;
+    let sub = (L1_BYTES / bytes).max(1);
+    // SAFETY: record `i < n` starts at byte `i·bytes`, its vector `4·offset` bytes later and
+    // holds `d` values, chunks stay below
+    // `8·full ≤ d`; weights are read at `i·heads + first + h < n·heads`; accumulator rows
+    // `first + h < heads` hold `d` floats.
+    unsafe {
+        let base = run.words.as_ptr().add(run.offset) as *const u8;
+        let wp = weights.as_ptr();
+        let pa = acc.as_mut_ptr().add(first * d);
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + sub);
+            for j in 0..full {
+                let mut r = [_mm256_setzero_ps(); 4];
+                for (h, v) in r.iter_mut().enumerate().take(H) {
+                    *v = _mm256_loadu_ps(pa.add(h * d + 8 * j));
+                }
+                for i in start..end {
+                    let x = plain_chunk::<F16>(base.add(i * bytes), j);
+                    let wi = wp.add(i * heads + first);
+                    for (h, v) in r.iter_mut().enumerate().take(H) {
+                        *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), x, *v);
+                    }
+                }
+                for (h, v) in r.iter().enumerate().take(H) {
+                    _mm256_storeu_ps(pa.add(h * d + 8 * j), *v);
+                }
+            }
+            start = end;
+        }
+    }
+    if 8 * full < d {
+        for (i, record) in run.words.chunks_exact(rw).enumerate() {
+            for h in 0..H {
+                let weight = weights[i * heads + first + h];
+                for j in 8 * full..d {
+                    acc[(first + h) * d + j] += weight * plain_at::<F16>(&record[run.offset..], j);
+                }
+            }
+        }
+    }
+}

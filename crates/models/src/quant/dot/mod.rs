@@ -1,0 +1,119 @@
+//! Dot products of one quantized weight row with an activation row.
+//!
+//! Two strategies, chosen per format:
+//!
+//! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q8_0): the activation is
+//!   quantized once per matvec to Q8 blocks ([`Q8Activation`](super::Q8Activation)), each
+//!   block's `Σ q_w·q_x` is an exact integer sum, and the blocks are combined in f32 in one fixed
+//!   order ([`scalar::combine`]). This is what llama.cpp does (`vec_dot_q4_1_q8_1`,
+//!   `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`), so a forward pass sees the same activation
+//!   rounding as the engine behind the reference outputs, and it reads a quarter of the bytes
+//!   an f32 activation would and multiplies 32 byte pairs per instruction pair. The AVX2,
+//!   NEON and scalar kernels produce the same integer sums and the same f32 result bit for bit.
+//! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
+//!   activation. Used by the matvec for F32, F16, Q4_K and Q6_K (scalar), and as the
+//!   reference the integer path is tested against: the two differ by the activation's
+//!   quantization error, `|Σ_j w_j (x_j − x̂_j)| ≤ Σ_j |w_j|·d_x/2` per block, plus rounding.
+
+pub(crate) mod scalar;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use tq_cache::attention::simd::Isa;
+
+use super::activation::Q8Row;
+use super::error::QuantError;
+use super::kind::QuantKind;
+
+/// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
+pub(crate) type Q8Kernel = fn(&[u8], &Q8Row<'_>) -> f32;
+
+/// `isa` if this CPU runs it, otherwise scalar: an unavailable instruction set never reaches
+/// its kernels.
+pub(crate) fn usable(isa: Isa) -> Isa {
+    if isa.is_available() { isa } else { Isa::Scalar }
+}
+
+/// The integer-path kernel for `kind` on `isa` (scalar if `isa` is unavailable), or `None` for
+/// formats without one.
+pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
+    let isa = usable(isa);
+    let kernel: Q8Kernel = match (kind, isa) {
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Isa::Avx2) => avx2::q8_0,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Isa::Avx2) => avx2::q4_0,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Isa::Avx2) => avx2::q4_1,
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q8_0, Isa::Neon) => |r, a| scalar::combine::<34, false>(r, a, neon::isum_q8_0),
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q4_0, Isa::Neon) => |r, a| scalar::combine::<18, false>(r, a, neon::isum_q4_0),
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q4_1, Isa::Neon) => |r, a| scalar::combine::<20, true>(r, a, neon::isum_q4_1),
+        (QuantKind::Q8_0, _) => scalar::dot_q8_0,
+        (QuantKind::Q4_0, _) => scalar::dot_q4_0,
+        (QuantKind::Q4_1, _) => scalar::dot_q4_1,
+        _ => return None,
+    };
+    Some(kernel)
+}
+
+/// Safe entry points to the AVX2 kernels, reachable only through [`q8_kernel`], which hands
+/// them out only when [`Isa::Avx2`] is available.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Q8Row;
+    use super::x86::{self, Q4_0, Q4_1, Q8_0};
+
+    pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: selected by `q8_kernel` only after `Isa::Avx2.is_available()` (AVX2, FMA and
+        // F16C detected at run time).
+        unsafe { x86::dot::<Q8_0>(row, act) }
+    }
+
+    pub(super) fn q4_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot::<Q4_0>(row, act) }
+    }
+
+    pub(super) fn q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot::<Q4_1>(row, act) }
+    }
+}
+
+/// Checks that `row` holds exactly `cols` values of `kind`.
+fn check_row(kind: QuantKind, row: &[u8], cols: usize) -> Result<(), QuantError> {
+    let expected = kind.row_bytes(cols)?;
+    if row.len() != expected {
+        return Err(QuantError::ByteLength {
+            what: "weight row",
+            expected,
+            actual: row.len(),
+        });
+    }
+    Ok(())
+}
+
+/// `Σ_j w_j·x_j` with the row dequantized exactly and `x` in f32 (the reference strategy).
+///
+/// `row` must hold `x.len()` values of `kind` (a whole number of blocks). Products are
+/// accumulated in eight lanes (`j mod 8`) summed in a fixed order: deterministic, and within
+/// `(cols/8 + 3)·2⁻²⁴·Σ|w_j x_j|` of the exact sum.
+pub fn dot_f32(kind: QuantKind, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    check_row(kind, row, x.len())?;
+    Ok(scalar::dot_f32(kind, row, x))
+}
+
+/// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1 or Q8_0) and a Q8-quantized activation
+/// row `x̂`, with integer block sums, on `isa` (scalar if unavailable). Every instruction set
+/// returns the same bits.
+pub fn dot_q8(kind: QuantKind, row: &[u8], act: &Q8Row<'_>, isa: Isa) -> Result<f32, QuantError> {
+    let kernel = q8_kernel(kind, isa).ok_or(QuantError::NoQ8Dot { kind })?;
+    check_row(kind, row, act.len())?;
+    Ok(kernel(row, act))
+}

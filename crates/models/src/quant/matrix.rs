@@ -1,0 +1,315 @@
+//! A quantized weight matrix and its matrix–vector products.
+
+use rayon::prelude::*;
+use tq_cache::attention::simd::Isa;
+
+use super::activation::Q8Activation;
+use super::dequant::dequantize_unchecked;
+use super::dot::{Q8Kernel, q8_kernel, scalar, usable};
+use super::error::QuantError;
+use super::kind::QuantKind;
+
+/// Weight bytes one parallel task handles (rounded to whole rows, at least one row): large
+/// enough to amortize scheduling, small enough to balance a 576-row matrix over a few cores.
+const TASK_BYTES: usize = 32 * 1024;
+
+/// A `rows × cols` weight matrix in a ggml format, row-major: row `r` is bytes
+/// `r·row_bytes .. (r+1)·row_bytes`, exactly as a GGUF tensor of shape `[cols, rows]` stores it
+/// (GGUF lists the contiguous dimension first).
+///
+/// The bytes are any `B: AsRef<[u8]>`: a `Vec<u8>` (tests), a borrowed `&[u8]`, or a cheap
+/// handle into a memory-mapped model file (an `Arc` of the map plus a byte range, implementing
+/// `AsRef<[u8]>`), so weights are never copied and the model struct needs no lifetime tied to
+/// the map. A generic, rather than a fixed `&'a [u8]` or `Arc<[u8]>`, leaves that choice to the
+/// loader: an `Arc<[u8]>` cannot point into a map without copying, and a lifetime would make
+/// the model borrow from its own file handle.
+#[derive(Clone, Debug)]
+pub struct QuantMatrix<B = Vec<u8>> {
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    bytes: B,
+}
+
+/// Reusable buffers of [`QuantMatrix::matvec`] / [`QuantMatrix::matmul`], and the instruction
+/// set they run on. After the first call of a given shape, calls allocate nothing.
+#[derive(Clone, Debug)]
+pub struct MatvecScratch {
+    isa: Isa,
+    act: Q8Activation,
+    out: Vec<f32>,
+}
+
+impl Default for MatvecScratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MatvecScratch {
+    /// Scratch running on [`Isa::detect`] (the best available, or `TQ_SIMD`).
+    pub fn new() -> Self {
+        Self::with_isa(Isa::detect())
+    }
+
+    /// Scratch running on `isa`, or scalar if this CPU lacks it.
+    pub fn with_isa(isa: Isa) -> Self {
+        Self {
+            isa: usable(isa),
+            act: Q8Activation::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// The instruction set the products run on.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The activation rows the last integer-path product quantized.
+    pub fn activation(&self) -> &Q8Activation {
+        &self.act
+    }
+}
+
+impl<B: AsRef<[u8]>> QuantMatrix<B> {
+    /// A matrix over `bytes`, which must hold exactly `rows` rows of `cols` values of `kind`
+    /// (`cols` a multiple of the block size).
+    pub fn new(kind: QuantKind, rows: usize, cols: usize, bytes: B) -> Result<Self, QuantError> {
+        let row_bytes = kind.row_bytes(cols)?;
+        let expected = rows
+            .checked_mul(row_bytes)
+            .ok_or(QuantError::SizeOverflow { kind, rows, cols })?;
+        let actual = bytes.as_ref().len();
+        if actual != expected {
+            return Err(QuantError::ByteLength {
+                what: "matrix",
+                expected,
+                actual,
+            });
+        }
+        Ok(Self {
+            kind,
+            rows,
+            cols,
+            row_bytes,
+            bytes,
+        })
+    }
+
+    /// The storage format.
+    pub fn kind(&self) -> QuantKind {
+        self.kind
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns (values per row).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &B {
+        &self.bytes
+    }
+
+    /// The raw bytes, checked again against the shape (an `AsRef` is not bound to return the
+    /// same slice every time).
+    fn data(&self) -> Result<&[u8], QuantError> {
+        let data = self.bytes.as_ref();
+        let expected = self.rows * self.row_bytes;
+        if data.len() != expected {
+            return Err(QuantError::ByteLength {
+                what: "matrix",
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(data)
+    }
+
+    /// The bytes of row `index`.
+    pub fn row(&self, index: usize) -> Result<&[u8], QuantError> {
+        if index >= self.rows {
+            return Err(QuantError::RowOutOfRange {
+                index,
+                rows: self.rows,
+            });
+        }
+        let rb = self.row_bytes;
+        Ok(&self.data()?[index * rb..(index + 1) * rb])
+    }
+
+    /// Dequantizes row `index` into `out` (`cols` values): a token embedding lookup.
+    pub fn embedding_row(&self, index: usize, out: &mut [f32]) -> Result<(), QuantError> {
+        let row = self.row(index)?;
+        check_len("embedding output", self.cols, out.len())?;
+        dequantize_unchecked(self.kind, row, out);
+        Ok(())
+    }
+
+    /// Rows per parallel task.
+    fn task_rows(&self) -> usize {
+        (TASK_BYTES / self.row_bytes.max(1)).max(1)
+    }
+}
+
+impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
+    /// `y = W·x`: `x` has `cols` values, `y` gets `rows`.
+    ///
+    /// Q4_0, Q4_1 and Q8_0 quantize `x` to Q8 blocks once (into `scratch`) and take integer
+    /// dot products on `scratch.isa()`; the other formats multiply dequantized weights by `x`
+    /// in f32 (scalar). Output rows are split over the current rayon pool in fixed chunks, and
+    /// each `y[r]` is computed by one kernel call in a fixed order, so the result is the same
+    /// bits whatever the number of threads. `x` must be finite.
+    pub fn matvec(
+        &self,
+        x: &[f32],
+        y: &mut [f32],
+        scratch: &mut MatvecScratch,
+    ) -> Result<(), QuantError> {
+        self.matmul(x, 1, y, scratch)
+    }
+
+    /// `Y = X·Wᵀ` for `n` activation rows at once: `x` is `[n, cols]` row-major, `y` gets
+    /// `[n, rows]`. Row `i` of `y` is bit-identical to `matvec` of row `i` of `x`; the
+    /// activations are quantized once and every weight row is read once for all `n`.
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        scratch: &mut MatvecScratch,
+    ) -> Result<(), QuantError> {
+        let overflow = QuantError::SizeOverflow {
+            kind: self.kind,
+            rows: n,
+            cols: self.cols.max(self.rows),
+        };
+        let x_len = n.checked_mul(self.cols).ok_or(overflow.clone())?;
+        let y_len = n.checked_mul(self.rows).ok_or(overflow)?;
+        check_len("matmul input", x_len, x.len())?;
+        check_len("matmul output", y_len, y.len())?;
+        let data = self.data()?;
+        let kernel = q8_kernel(self.kind, scratch.isa);
+        match kernel {
+            Some(_) => scratch.act.quantize(x, n, self.cols)?,
+            None => check_finite(x)?,
+        }
+        if n == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        if self.cols == 0 {
+            y.fill(0.0);
+            return Ok(());
+        }
+        let rows = Rows {
+            data,
+            row_bytes: self.row_bytes,
+            task_rows: self.task_rows(),
+        };
+        let dot = RowDot {
+            kind: self.kind,
+            kernel,
+            act: &scratch.act,
+            x,
+            cols: self.cols,
+        };
+        if n == 1 {
+            rows.for_each_chunk(y, 1, &|w, i| dot.eval(w, i));
+            return Ok(());
+        }
+        // Each task writes its rows' outputs for all n activations contiguously (`out[r·n + i]`),
+        // then one pass transposes into `y[i·rows + r]`.
+        let out = &mut scratch.out;
+        out.clear();
+        out.resize(y_len, 0.0);
+        rows.for_each_chunk(out, n, &|w, i| dot.eval(w, i));
+        for (r, outs) in out.chunks_exact(n).enumerate() {
+            for (i, &v) in outs.iter().enumerate() {
+                y[i * self.rows + r] = v;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rows of a matrix, split into tasks of `task_rows` rows.
+struct Rows<'a> {
+    data: &'a [u8],
+    row_bytes: usize,
+    task_rows: usize,
+}
+
+impl Rows<'_> {
+    /// For every row `r` and `i < n`: `out[r·n + i] = f(row r, i)`, rows in parallel over the
+    /// current rayon pool (serially when there is a single task).
+    fn for_each_chunk(&self, out: &mut [f32], n: usize, f: &(dyn Fn(&[u8], usize) -> f32 + Sync)) {
+        let run = |w: &[u8], o: &mut [f32]| {
+            for (w, o) in w.chunks_exact(self.row_bytes).zip(o.chunks_exact_mut(n)) {
+                for (i, o) in o.iter_mut().enumerate() {
+                    *o = f(w, i);
+                }
+            }
+        };
+        let (w_task, o_task) = (self.task_rows * self.row_bytes, self.task_rows * n);
+        if self.data.len() <= w_task {
+            run(self.data, out);
+        } else {
+            self.data
+                .par_chunks(w_task)
+                .zip(out.par_chunks_mut(o_task))
+                .for_each(|(w, o)| run(w, o));
+        }
+    }
+}
+
+/// One weight row times activation row `i`, by the strategy of the format.
+struct RowDot<'a> {
+    kind: QuantKind,
+    kernel: Option<Q8Kernel>,
+    act: &'a Q8Activation,
+    x: &'a [f32],
+    cols: usize,
+}
+
+impl RowDot<'_> {
+    #[inline]
+    fn eval(&self, w: &[u8], i: usize) -> f32 {
+        match self.kernel {
+            Some(kernel) => kernel(w, &self.act.row_unchecked(i)),
+            None => scalar::dot_f32(self.kind, w, &self.x[i * self.cols..(i + 1) * self.cols]),
+        }
+    }
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), QuantError> {
+    if expected != actual {
+        return Err(QuantError::ShapeMismatch {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn check_finite(x: &[f32]) -> Result<(), QuantError> {
+    match x.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(QuantError::NonFiniteActivation {
+            index,
+            value: x[index],
+        }),
+        None => Ok(()),
+    }
+}

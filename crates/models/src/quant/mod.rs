@@ -1,0 +1,47 @@
+//! Quantized weights: ggml block formats kept quantized in memory, dequantized exactly, and
+//! multiplied by activations fast on the CPU.
+//!
+//! - [`QuantKind`]: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K with ggml's block layouts and type
+//!   ids; [`dequantize_row`] decodes any of them bit-exactly as ggml does
+//!   ([`unpack_q4k_scales`] is the Q4_K scale/min unpacking).
+//! - [`QuantMatrix`]: a `rows × cols` matrix over borrowed or owned bytes (raw bytes, a format
+//!   and a shape: no dependency on the GGUF reader), with [`matvec`](QuantMatrix::matvec),
+//!   [`matmul`](QuantMatrix::matmul) for a chunk of activation rows, and
+//!   [`embedding_row`](QuantMatrix::embedding_row); [`MatvecScratch`] holds what they reuse.
+//! - [`dot_q8`] / [`dot_f32`]: the row kernels, public so they can be tested and compared.
+//!
+//! **Activation strategy.** Q4_0, Q4_1 and Q8_0 — the formats of the reference model (210
+//! Q4_1 matrices; the Q8_0 token embedding, which is also the tied output head) — quantize the
+//! activation to Q8 blocks once per product ([`Q8Activation`], llama.cpp's `q8_0`/`q8_1`) and
+//! take integer block dot products, as llama.cpp does: its numerics are what the reference
+//! greedy continuations came from, the integer kernels do 32 multiply-adds per two
+//! instructions, and the activation is read at a quarter of its f32 size. The f32 strategy
+//! (dequantize, multiply by f32 activations) serves the other formats and is the reference the
+//! integer path is tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
+//!
+//! **Instruction sets.** AVX2+F16C (runtime-detected) and NEON (aarch64) kernels compute the
+//! integer path; the scalar kernels are the reference and the fallback. All three produce the
+//! same bits: the block sums are exact integers and the f32 combination order is fixed
+//! (eight lanes by block index modulo 8, then a fixed horizontal order). The instruction set is
+//! [`Isa`] (shared with `tq-cache`, so `TQ_SIMD=scalar|avx2|neon` selects it process-wide).
+//!
+//! **Determinism.** Output rows are split over the current rayon pool; every output value is
+//! computed by a single kernel call, so results never depend on the thread count.
+//!
+//! Dependencies: `half` for f16 block scales (exact conversion both ways, round-to-nearest-even
+//! like F16C) and `rayon` for the row-parallel products.
+
+mod activation;
+mod dequant;
+mod dot;
+mod error;
+mod kind;
+mod matrix;
+
+pub use activation::{Q8_BLOCK, Q8Activation, Q8Row};
+pub use dequant::{dequantize_row, unpack_q4k_scales};
+pub use dot::{dot_f32, dot_q8};
+pub use error::QuantError;
+pub use kind::QuantKind;
+pub use matrix::{MatvecScratch, QuantMatrix};
+pub use tq_cache::attention::simd::Isa;
