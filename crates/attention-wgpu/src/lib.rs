@@ -1,8 +1,49 @@
-//! # tq-attention-wgpu (planned)
+//! # tq-attention-wgpu
 //!
-//! This crate will hold the WGSL compute kernels (encode and decode attention) that run
-//! TurboQuant attention on a GPU through wgpu, reading the packed page layout of `tq-cache`
-//! directly, each kernel beside its Rust dispatch code and tested against the CPU reference.
+//! TurboQuant encode and decode attention in WGSL, run through wgpu (Vulkan on Linux — Mesa's
+//! lavapipe where there is no GPU —, Metal on macOS, DX12 on Windows), reading the packed page
+//! layout of `tq-cache` directly and tested against its CPU reference.
 //!
-//! Nothing is implemented yet: the crate exists so the workspace shows the whole pipeline
-//! (`lloyd-max` → `rotation` → `qjl` → `cache` → `attention-wgpu` → `models`).
+//! - [`GpuContext`]: adapter, device, queue, the compiled kernels, and the [`SplitLimits`]
+//!   that decide how context-sized data splits into bindings and dispatches.
+//! - [`GpuKvCache`]: the GPU copy of one layer's `KvCache`: [`upload_all`] once, then one
+//!   token's worth per decode step ([`encode_and_append`] encodes on the GPU,
+//!   [`append_encoded`] / [`sync_from`] upload records the CPU encoded), and
+//!   [`attend`] (flash-decoding over token blocks, GQA, causal and sliding masks).
+//! - [`kernels`]: each kernel is a `.wgsl` file beside the `.rs` file that dispatches it.
+//! - [`bench`](mod@bench): [`bench::decode_step_timing`], the decode-step timing `tq bench attention
+//!   --backend wgpu` and `scripts/gpu-check.sh` report.
+//!
+//! What the GPU supports: keys and values stored as f32, f16, TQ_mse (b = 1..8), debiased
+//! TQ_mse, or TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), one codec per stream
+//! (per-head rotation and sketch seeds), head dimension ≤ 512, growing or sliding layers.
+//! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs and full-precision
+//! sink / recent-window copies. All arithmetic is f32 (no `SHADER_F16` path yet).
+//!
+//! [`upload_all`]: GpuKvCache::upload_all
+//! [`encode_and_append`]: GpuKvCache::encode_and_append
+//! [`append_encoded`]: GpuKvCache::append_encoded
+//! [`sync_from`]: GpuKvCache::sync_from
+//! [`attend`]: GpuKvCache::attend
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod append;
+mod attention;
+pub mod bench;
+mod cache;
+mod context;
+mod error;
+pub mod kernels;
+mod tables;
+
+pub use append::EncodedTokens;
+pub use cache::{Downloaded, GpuKvCache, MAX_PAGE_TOKENS};
+pub use context::{ContextOptions, GpuContext, SplitLimits};
+pub use error::GpuError;
+pub use tables::StreamKind;
+
+/// The README's example, compiled as a doctest so it cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

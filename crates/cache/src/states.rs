@@ -71,6 +71,18 @@ impl StateSpec {
     }
 }
 
+/// Attention layers the states declare: the highest layer index plus one.
+pub fn layer_count(specs: &[StateSpec]) -> usize {
+    specs
+        .iter()
+        .map(|s| match s.kind {
+            StateKind::Kv { layer, .. } | StateKind::SharedKv { layer, .. } => layer + 1,
+            StateKind::Fixed { .. } => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The storage behind one state.
 #[derive(Clone, Debug)]
 enum StateStorage {
@@ -139,15 +151,7 @@ impl ModelCache {
                 },
             });
         }
-        let layers = specs
-            .iter()
-            .map(|s| match s.kind {
-                StateKind::Kv { layer, .. } | StateKind::SharedKv { layer, .. } => layer + 1,
-                StateKind::Fixed { .. } => 0,
-            })
-            .max()
-            .unwrap_or(0);
-        let mut layer_state = vec![None; layers];
+        let mut layer_state = vec![None; layer_count(&specs)];
         for (i, spec) in specs.iter().enumerate() {
             match spec.kind {
                 StateKind::Kv { layer, .. } => layer_state[layer] = Some(i),

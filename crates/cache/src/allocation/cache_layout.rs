@@ -3,7 +3,7 @@
 use super::{Allocation, AllocationError, StreamKind, StreamPlan};
 use crate::error::CacheError;
 use crate::kv_cache::{KvCache, KvKind, KvLayout};
-use crate::states::{ModelCache, StateKind, StateSpec};
+use crate::states::{ModelCache, StateSpec, layer_count};
 use crate::stream::StreamLayout;
 use crate::token_store::Growth;
 
@@ -83,14 +83,7 @@ impl ModelCache {
         specs: Vec<StateSpec>,
         allocation: &Allocation,
     ) -> Result<Self, CacheError> {
-        let num_layers = specs
-            .iter()
-            .map(|s| match s.kind {
-                StateKind::Kv { layer, .. } | StateKind::SharedKv { layer, .. } => layer + 1,
-                StateKind::Fixed { .. } => 0,
-            })
-            .max()
-            .unwrap_or(0);
+        let num_layers = layer_count(&specs);
         ModelCache::new(specs, |layer, layout| {
             Ok((
                 allocation.stream_layouts(layer, num_layers, layout, StreamKind::Key)?,

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use tq_qjl::QjlSketch;
 use tq_rotation::Rotation;
 
-use super::simd::{self, CodedRun, Isa, PlainKind, PlainRun};
+use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
@@ -186,11 +186,11 @@ struct HeadPlan<'a> {
 }
 
 /// The query heads of one GQA group prepared against one key part, `[group, ·]` row-major.
-struct PreparedPart {
-    /// `scale·q` on the part's channels (plain parts), or `scale·correction·Π_K·q` (coded).
-    queries: Vec<f32>,
-    /// `α·s·S·(scale·Π_K·q)`, for TQ_prod parts (`[group, m]`).
-    sketch: Vec<f32>,
+enum PreparedPart {
+    /// `scale·q` on the part's channels.
+    Plain(Vec<f32>),
+    /// `scale·correction·Π_K·q` and, for TQ_prod parts, `α·s·S·(scale·Π_K·q)`.
+    Coded(KeyQueries),
 }
 
 /// The query heads of one GQA group prepared against one key stream.
@@ -201,6 +201,7 @@ struct PreparedGroup {
 }
 
 fn prepare(
+    isa: Isa,
     parts: &[Part<'_>],
     queries: &[f32],
     d: usize,
@@ -223,12 +224,16 @@ fn prepare(
             }
         }
         let mut sketch_rows = Vec::new();
-        if let Body::Codes {
+        let Body::Codes {
             rotation,
             sketch,
             correction,
             ..
         } = &part.body
+        else {
+            prepared.push(PreparedPart::Plain(gathered));
+            continue;
+        };
         {
             let mut rotated = vec![0.0f32; gathered.len()];
             for (q, r) in gathered.chunks_exact(dp).zip(rotated.chunks_exact_mut(dp)) {
@@ -253,12 +258,10 @@ fn prepare(
             if *correction != 1.0 {
                 rotated.iter_mut().for_each(|v| *v *= correction);
             }
-            gathered = rotated;
+            let m = part.sketch_dim();
+            let keys = KeyQueries::new(isa, rotated, sketch_rows, dp, m, true);
+            prepared.push(PreparedPart::Coded(keys));
         }
-        prepared.push(PreparedPart {
-            queries: gathered,
-            sketch: sketch_rows,
-        });
     }
     Ok(PreparedGroup {
         plain,
@@ -353,6 +356,29 @@ impl Scales {
     }
 }
 
+/// `out[k·group + h] = weights[k·group + h]·scales[k·per_token + which]`: the token-major
+/// probabilities of a run times each token's norm (`which` = 0) or `γ` (1).
+fn scale_rows(
+    weights: &[f32],
+    scales: &[f32],
+    per_token: usize,
+    which: usize,
+    group: usize,
+    out: &mut Vec<f32>,
+) {
+    out.clear();
+    out.resize(weights.len(), 0.0);
+    for ((o, w), s) in out
+        .chunks_exact_mut(group)
+        .zip(weights.chunks_exact(group))
+        .zip(scales.iter().skip(which).step_by(per_token))
+    {
+        for (o, w) in o.iter_mut().zip(w) {
+            *o = w * s;
+        }
+    }
+}
+
 fn run_block(
     isa: Isa,
     plan: &HeadPlan<'_>,
@@ -385,8 +411,8 @@ fn run_block(
         }
         scales.load(isa, halves, n);
         for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
-            match &part.body {
-                Body::Plain(kind) => {
+            match (&part.body, pp) {
+                (Body::Plain(kind), PreparedPart::Plain(queries)) => {
                     let run = PlainRun {
                         words,
                         record_words,
@@ -394,14 +420,15 @@ fn run_block(
                         kind: *kind,
                         dim: part.dim,
                     };
-                    simd::score_plain(isa, &run, &pp.queries, out, len);
+                    simd::score_plain(isa, &run, queries, out, len);
                 }
-                Body::Codes { .. } => {
+                (Body::Codes { .. }, PreparedPart::Coded(queries)) => {
                     let part_scales = scales.of(part);
                     if let Some(run) = part.coded_run(words, record_words, part_scales) {
-                        simd::score_coded(isa, &run, &pp.queries, &pp.sketch, out, len);
+                        simd::score_coded(isa, &run, queries, out, len);
                     }
                 }
+                _ => unreachable!("queries are prepared from the same parts"),
             }
         }
     });
@@ -418,20 +445,19 @@ fn run_block(
         .iter()
         .map(|_| PartAccumulators::default())
         .collect();
-    let mut weights = Vec::new();
-    let mut sign_weights = Vec::new();
-    let probabilities = |weights: &mut Vec<f32>, i: usize, n: usize| {
-        weights.resize(n * group, 0.0);
-        for k in 0..n {
-            for h in 0..group {
-                weights[k * group + h] = scores[h * len + i + k];
-            }
+    // Token-major probabilities `[len, group]`: the value kernels' weight layout.
+    let mut probabilities = vec![0.0f32; len * group];
+    for (h, row) in scores.chunks_exact(len).enumerate() {
+        for (p, &s) in probabilities.iter_mut().skip(h).step_by(group).zip(row) {
+            *p = s;
         }
-    };
+    }
+    let mut code_weights = Vec::new();
+    let mut sign_weights = Vec::new();
     walk(plan.values, range, |t, words, halves, n, is_body| {
         let i = t - start;
         let record_words = words.len() / n;
-        probabilities(&mut weights, i, n);
+        let weights = &probabilities[i * group..(i + n) * group];
         if !is_body {
             let run = PlainRun {
                 words,
@@ -440,7 +466,7 @@ fn run_block(
                 kind: plain_kind(plan.values.fp_codec()),
                 dim: d,
             };
-            simd::accumulate_plain(isa, &run, &weights, ensure(&mut full, group * d));
+            simd::accumulate_plain(isa, &run, weights, ensure(&mut full, group * d));
             return;
         }
         scales.load(isa, halves, n);
@@ -455,7 +481,7 @@ fn run_block(
                         dim: part.dim,
                     };
                     let values = ensure(&mut acc.values, group * part.dim);
-                    simd::accumulate_plain(isa, &run, &weights, values);
+                    simd::accumulate_plain(isa, &run, weights, values);
                 }
                 Body::Codes { .. } => {
                     let part_scales = scales.of(part);
@@ -464,22 +490,9 @@ fn run_block(
                     };
                     let spt = run.scales_per_token();
                     let m = run.sketch_dim;
-                    let mut code_weights = weights.clone();
-                    for k in 0..n {
-                        let norm = part_scales[k * spt];
-                        for w in &mut code_weights[k * group..(k + 1) * group] {
-                            *w *= norm;
-                        }
-                    }
+                    scale_rows(weights, part_scales, spt, 0, group, &mut code_weights);
                     if m > 0 {
-                        sign_weights.clear();
-                        sign_weights.extend_from_slice(&weights);
-                        for k in 0..n {
-                            let gamma = part_scales[k * spt + 1];
-                            for w in &mut sign_weights[k * group..(k + 1) * group] {
-                                *w *= gamma;
-                            }
-                        }
+                        scale_rows(weights, part_scales, spt, 1, group, &mut sign_weights);
                         ensure(&mut acc.signs, group * m);
                     }
                     let values = ensure(&mut acc.values, group * part.dim);
@@ -547,6 +560,7 @@ pub(super) fn fused_attention_on(
         .map(|&(i, g)| {
             let first = (i * shape.q_heads + g * group) * d;
             prepare(
+                isa,
                 &plans[g].key_parts,
                 &queries[first..first + group * d],
                 d,

@@ -5,6 +5,7 @@
 //! debiasing factor for debiased-MSE keys), masked by positions (see [`KvCache::visible`]).
 
 mod fused;
+mod llamacpp;
 pub mod primitives;
 mod reference;
 pub mod simd;
@@ -13,6 +14,7 @@ use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 
 pub use fused::fused_attention;
+pub use llamacpp::llamacpp_f16_attention;
 pub use reference::reference_attention;
 
 /// Which implementation computes attention.
@@ -23,6 +25,9 @@ pub enum AttentionKernel {
     /// Score packed codes directly in the rotated domain; one inverse rotation per output.
     #[default]
     Fused,
+    /// The f16 arithmetic of llama.cpp's CPU flash attention (f16 caches only), to reproduce
+    /// that engine's greedy outputs exactly.
+    LlamaCppF16,
 }
 
 /// The shape of an attention call.
@@ -83,5 +88,8 @@ pub fn attend(
             reference_attention(cache, queries, query_positions, shape, out)
         }
         AttentionKernel::Fused => fused_attention(cache, queries, query_positions, shape, out),
+        AttentionKernel::LlamaCppF16 => {
+            llamacpp_f16_attention(cache, queries, query_positions, shape, out)
+        }
     }
 }

@@ -176,7 +176,7 @@ pub const EXP_POLY: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5,
 ];
 
 /// `exp(x)` by the vector paths' algorithm in scalar form: `n = round(x·log2 e)`,

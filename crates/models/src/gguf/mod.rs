@@ -35,6 +35,7 @@
 
 mod error;
 mod metadata;
+mod metadata_reader;
 mod parse;
 mod reader;
 mod storage;
@@ -56,7 +57,7 @@ use storage::Storage;
 /// use tq_models::gguf::Gguf;
 ///
 /// let gguf = Gguf::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
-/// let layers = gguf.metadata().u32("llama.block_count")?;
+/// let layers = gguf.metadata_u32("llama.block_count")?;
 /// let embedding = gguf.tensor_data("token_embd.weight")?;
 /// println!("{layers} layers; embedding {:?} {} ({} bytes)",
 ///     embedding.dims(), embedding.ggml_type(), embedding.data.len());
@@ -98,6 +99,41 @@ impl Gguf {
         &self.header.metadata
     }
 
+    /// `metadata().u32(key)`: an integer value that fits in `u32`, or an error naming the key.
+    pub fn metadata_u32(&self, key: &str) -> Result<u32> {
+        self.metadata().u32(key)
+    }
+
+    /// `metadata().u64(key)`: an integer value that fits in `u64`.
+    pub fn metadata_u64(&self, key: &str) -> Result<u64> {
+        self.metadata().u64(key)
+    }
+
+    /// `metadata().f32(key)`: an f32 value.
+    pub fn metadata_f32(&self, key: &str) -> Result<f32> {
+        self.metadata().f32(key)
+    }
+
+    /// `metadata().bool(key)`: a boolean value.
+    pub fn metadata_bool(&self, key: &str) -> Result<bool> {
+        self.metadata().bool(key)
+    }
+
+    /// `metadata().str(key)`: a string value.
+    pub fn metadata_str(&self, key: &str) -> Result<&str> {
+        self.metadata().str(key)
+    }
+
+    /// `metadata().array_str(key)`: an array of strings.
+    pub fn metadata_array_str(&self, key: &str) -> Result<&[String]> {
+        self.metadata().array_str(key)
+    }
+
+    /// `metadata().array_i32(key)`: an array of i32.
+    pub fn metadata_array_i32(&self, key: &str) -> Result<&[i32]> {
+        self.metadata().array_i32(key)
+    }
+
     /// The alignment of tensor data (`general.alignment`, default 32).
     pub fn alignment(&self) -> u64 {
         self.header.alignment
@@ -106,6 +142,11 @@ impl Gguf {
     /// The absolute offset of the tensor data section in the file.
     pub fn data_offset(&self) -> u64 {
         self.header.data_offset
+    }
+
+    /// The whole file's bytes (tensor views borrow from these).
+    pub fn bytes(&self) -> &[u8] {
+        &self.storage
     }
 
     /// The file length in bytes.

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use super::error::{GgufError, Result};
-use super::metadata::{Metadata, read_value, read_value_type};
+use super::metadata::Metadata;
+use super::metadata_reader::{read_value, read_value_type};
 use super::reader::Reader;
 use super::tensor::{GgmlType, MAX_DIMS, TensorInfo};
 

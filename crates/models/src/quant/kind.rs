@@ -17,8 +17,8 @@ use super::error::QuantError;
 /// | `Q6_K` | 256 | 210 | 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales, f16 `d` |
 ///
 /// In the 32-value nibble formats byte `j` holds element `j` in its low nibble and element
-/// `j + 16` in its high nibble. The K formats are described in [`dequantize_row`]
-/// (super::dequantize_row).
+/// `j + 16` in its high nibble. The K formats are described in
+/// [`dequantize_row`](super::dequantize_row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QuantKind {
     /// 32-bit float.

@@ -5,7 +5,9 @@ use tq_cache::attention::simd::Isa;
 
 use super::activation::Q8Activation;
 use super::dequant::dequantize_unchecked;
-use super::dot::{Q8Kernel, q8_kernel, scalar, usable};
+use super::dot::{
+    Q8Kernel, Q8TileKernel, TILE, TileBuf, q8_kernel, q8_tile_kernel, scalar, usable,
+};
 use super::error::QuantError;
 use super::kind::QuantKind;
 
@@ -221,12 +223,13 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         let dot = RowDot {
             kind: self.kind,
             kernel,
+            tile: q8_tile_kernel(self.kind, scratch.isa),
             act: &scratch.act,
             x,
             cols: self.cols,
         };
         if n == 1 {
-            rows.for_each_chunk(y, 1, &|w, i| dot.eval(w, i));
+            rows.for_each_chunk(y, 1, &dot);
             return Ok(());
         }
         // Each task writes its rows' outputs for all n activations contiguously (`out[r·n + i]`),
@@ -234,7 +237,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         let out = &mut scratch.out;
         out.clear();
         out.resize(y_len, 0.0);
-        rows.for_each_chunk(out, n, &|w, i| dot.eval(w, i));
+        rows.for_each_chunk(out, n, &dot);
         for (r, outs) in out.chunks_exact(n).enumerate() {
             for (i, &v) in outs.iter().enumerate() {
                 y[i * self.rows + r] = v;
@@ -252,14 +255,15 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    /// For every row `r` and `i < n`: `out[r·n + i] = f(row r, i)`, rows in parallel over the
-    /// current rayon pool (serially when there is a single task).
-    fn for_each_chunk(&self, out: &mut [f32], n: usize, f: &(dyn Fn(&[u8], usize) -> f32 + Sync)) {
+    /// For every row `r`: `out[r·n .. (r+1)·n]` = row `r` against the `n` activation rows,
+    /// rows in parallel over the current rayon pool (serially when there is a single task).
+    fn for_each_chunk(&self, out: &mut [f32], n: usize, dot: &RowDot<'_>) {
         let run = |w: &[u8], o: &mut [f32]| {
+            // Unpacking space of the tile kernel, made on first use (only products of several
+            // activation rows on AVX2 need it).
+            let mut buf = None;
             for (w, o) in w.chunks_exact(self.row_bytes).zip(o.chunks_exact_mut(n)) {
-                for (i, o) in o.iter_mut().enumerate() {
-                    *o = f(w, i);
-                }
+                dot.eval_row(w, o, &mut buf);
             }
         };
         let (w_task, o_task) = (self.task_rows * self.row_bytes, self.task_rows * n);
@@ -274,21 +278,41 @@ impl Rows<'_> {
     }
 }
 
-/// One weight row times activation row `i`, by the strategy of the format.
+/// One weight row times the activation rows, by the strategy of the format.
 struct RowDot<'a> {
     kind: QuantKind,
     kernel: Option<Q8Kernel>,
+    tile: Option<Q8TileKernel>,
     act: &'a Q8Activation,
     x: &'a [f32],
     cols: usize,
 }
 
 impl RowDot<'_> {
-    #[inline]
-    fn eval(&self, w: &[u8], i: usize) -> f32 {
-        match self.kernel {
-            Some(kernel) => kernel(w, &self.act.row_unchecked(i)),
-            None => scalar::dot_f32(self.kind, w, &self.x[i * self.cols..(i + 1) * self.cols]),
+    /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`.
+    fn eval_row(&self, w: &[u8], out: &mut [f32], buf: &mut Option<TileBuf>) {
+        match (self.tile, self.kernel) {
+            (Some(tile), _) if out.len() > 1 => {
+                let buf = buf.get_or_insert_with(TileBuf::new);
+                for (t, out) in out.chunks_mut(TILE).enumerate() {
+                    let first = t * TILE;
+                    let mut acts = [self.act.row_unchecked(first); TILE];
+                    for (j, act) in acts.iter_mut().enumerate().take(out.len()) {
+                        *act = self.act.row_unchecked(first + j);
+                    }
+                    tile(w, &acts[..out.len()], out, buf);
+                }
+            }
+            (_, Some(kernel)) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = kernel(w, &self.act.row_unchecked(i));
+                }
+            }
+            (_, None) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = scalar::dot_f32(self.kind, w, &self.x[i * self.cols..(i + 1) * self.cols]);
+                }
+            }
         }
     }
 }

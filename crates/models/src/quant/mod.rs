@@ -19,11 +19,16 @@
 //! (dequantize, multiply by f32 activations) serves the other formats and is the reference the
 //! integer path is tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
 //!
-//! **Instruction sets.** AVX2+F16C (runtime-detected) and NEON (aarch64) kernels compute the
-//! integer path; the scalar kernels are the reference and the fallback. All three produce the
-//! same bits: the block sums are exact integers and the f32 combination order is fixed
-//! (eight lanes by block index modulo 8, then a fixed horizontal order). The instruction set is
-//! [`Isa`] (shared with `tq-cache`, so `TQ_SIMD=scalar|avx2|neon` selects it process-wide).
+//! **Instruction sets.** AVX2+FMA+F16C (runtime-detected; also used under [`Isa::Avx512`]) and
+//! NEON (aarch64) kernels compute the integer path; the scalar kernels are the reference and
+//! the fallback. All of them produce the same bits: each block's eight lane sums (four
+//! products each) are exact integers, and the f32 combination is fixed — per block
+//! `acc[l] = fma(d_w·d_x, lane_l, acc[l])`, the Q4_1 minimum term in one FMA chain, then a fixed
+//! horizontal order — and is exactly that of llama.cpp's x86 AVX2 `ggml_vec_dot_*` kernels, so
+//! a row product equals llama.cpp's bit for bit given the same quantized activation. The
+//! instruction set is [`Isa`] (shared with `tq-cache`, so `TQ_SIMD=scalar|avx2|avx512|neon`
+//! selects it process-wide). The scalar path's FMAs are software calls on x86 CPUs without
+//! FMA, so it is slow there; it exists as the reference.
 //!
 //! **Determinism.** Output rows are split over the current rayon pool; every output value is
 //! computed by a single kernel call, so results never depend on the thread count.

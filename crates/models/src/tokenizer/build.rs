@@ -9,9 +9,7 @@
 //! 3. each word is merged by BPE rank — the `BPE` model with the file's merges, no unknown
 //!    token and no merge-skipping (llama.cpp skips merges only for Llama 3).
 
-use std::collections::HashMap;
-
-use tokenizers::models::bpe::BPE;
+use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
@@ -24,7 +22,7 @@ use super::vocab::{BpeVocab, PreTokenizerKind, TokenType};
 /// Builds the `tokenizers` pipeline for `vocab` (already validated).
 pub(crate) fn build_pipeline(vocab: &BpeVocab) -> Result<HfTokenizer> {
     // With repeated token strings the last id wins, as in llama.cpp's token-to-id map.
-    let ids: HashMap<String, u32> = vocab
+    let ids: Vocab = vocab
         .tokens
         .iter()
         .enumerate()

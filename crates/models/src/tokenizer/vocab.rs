@@ -123,10 +123,11 @@ impl BpeVocab {
             });
         }
         let pre = metadata.str(PRE_KEY)?;
-        let pre_tokenizer =
-            PreTokenizerKind::from_gguf_name(pre).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer {
+        let pre_tokenizer = PreTokenizerKind::from_gguf_name(pre).ok_or_else(|| {
+            TokenizerError::UnsupportedPreTokenizer {
                 pre: pre.to_owned(),
-            })?;
+            }
+        })?;
         let tokens = metadata.array_str(TOKENS_KEY)?.to_vec();
         let token_types = if metadata.contains_key(TYPES_KEY) {
             metadata

@@ -1,7 +1,11 @@
 //! Vectorized inner loops of the fused attention kernel, with runtime dispatch.
 //!
-//! Three instruction sets are supported, chosen once per call through [`Isa`]:
+//! Four instruction sets are supported, chosen once per call through [`Isa`]:
 //!
+//! - [`Isa::Avx512`] (x86-64 with AVX-512 F/BW/VL/VBMI besides AVX2/FMA/F16C, detected at run
+//!   time): the run kernels sixteen coordinates at a time; sixteen 4-bit codes unpack with one
+//!   `vpmultishiftqb` and one 16-entry `vpermps`, as cheap as converting sixteen f16 values,
+//!   and the f16/f32 baselines get the same 16-wide treatment. The primitives are AVX2's.
 //! - [`Isa::Avx2`] (x86-64 with AVX2, FMA and F16C, detected at run time): hand-fused block
 //!   kernels. A compressed key's codes are unpacked eight at a time (one broadcast, one variable
 //!   shift, one `vpermps` from an 8-entry centroid table, two tables and a blend for 4 bits, a
@@ -19,9 +23,11 @@
 //! (tests compare them within a tolerance derived from the f32 rounding bound); each path alone
 //! is deterministic: a result depends only on its inputs, never on timing or thread count.
 //!
-//! The environment variable `TQ_SIMD` (`scalar`, `avx2`, `neon`) overrides the detected
+//! The environment variable `TQ_SIMD` (`scalar`, `avx2`, `avx512`, `neon`) overrides the detected
 //! instruction set for [`Isa::detect`] (an unavailable choice falls back to scalar).
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod composed;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -44,6 +50,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX-512 F + BW + VL + VBMI (with AVX2 + FMA + F16C).
+    Avx512,
     /// aarch64 NEON.
     Neon,
 }
@@ -59,6 +67,7 @@ impl Isa {
                 .and_then(|v| match v.as_str() {
                     "scalar" => Some(Isa::Scalar),
                     "avx2" => Some(Isa::Avx2),
+                    "avx512" => Some(Isa::Avx512),
                     "neon" => Some(Isa::Neon),
                     _ => None,
                 });
@@ -72,7 +81,9 @@ impl Isa {
 
     /// The best instruction set this CPU supports (ignores `TQ_SIMD`).
     pub fn best() -> Isa {
-        if Isa::Avx2.is_available() {
+        if Isa::Avx512.is_available() {
+            Isa::Avx512
+        } else if Isa::Avx2.is_available() {
             Isa::Avx2
         } else if Isa::Neon.is_available() {
             Isa::Neon
@@ -86,23 +97,25 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
+            Isa::Avx512 => avx512_available(),
             Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
     /// Every instruction set this CPU can run, scalar first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Neon]
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
             .into_iter()
             .filter(|isa| isa.is_available())
             .collect()
     }
 
-    /// Lower-case name (`scalar`, `avx2`, `neon`).
+    /// Lower-case name (`scalar`, `avx2`, `avx512`, `neon`).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
         }
     }
@@ -125,8 +138,22 @@ fn avx2_available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    avx2_available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_available() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_available() -> bool {
     false
 }
 
@@ -275,8 +302,8 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     let (a, b) = (&a[..n], &b[..n]);
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2, so the CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { x86::dot(a, b) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C), so the CPU has AVX2, FMA and F16C.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::dot(a, b) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::dot(a, b),
         _ => primitives::dot(a, b),
@@ -289,8 +316,8 @@ pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     let (x, y) = (&x[..n], &mut y[..n]);
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2, so the CPU has AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { x86::axpy(alpha, x, y) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C), so the CPU has AVX2, FMA and F16C.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::axpy(alpha, x, y) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::axpy(alpha, x, y),
         _ => primitives::axpy(alpha, x, y),
@@ -315,8 +342,8 @@ pub fn dequantize(isa: Isa, words: &[u32], bits: u8, centroids: &[f32], out: &mu
     );
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2; the lengths were checked above.
-        Isa::Avx2 => unsafe { x86::dequantize(words, bits, centroids, out) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C); the lengths were checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::dequantize(words, bits, centroids, out) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::dequantize(words, bits, centroids, out),
         _ => primitives::dequantize_codes(words, bits, centroids, out),
@@ -329,8 +356,8 @@ pub fn f16_to_f32(isa: Isa, halves: &[f16], out: &mut [f32]) {
     let (halves, out) = (&halves[..n], &mut out[..n]);
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2, so the CPU has F16C.
-        Isa::Avx2 => unsafe { x86::f16_to_f32(halves, out) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C), so the CPU has F16C.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::f16_to_f32(halves, out) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::f16_to_f32(halves, out),
         _ => primitives::f16_to_f32(halves, out),
@@ -348,8 +375,8 @@ pub fn decode_f16_pairs(isa: Isa, words: &[u32], out: &mut [f32]) {
     );
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2; the length was checked above.
-        Isa::Avx2 => unsafe { x86::decode_f16_pairs(words, out) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C); the length was checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::decode_f16_pairs(words, out) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::decode_f16_pairs(words, out),
         _ => primitives::decode_f16_pairs(words, out),
@@ -367,8 +394,8 @@ pub fn signed_dot(isa: Isa, w: &[f32], signs: &[u32]) -> f32 {
     );
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2; the length was checked above.
-        Isa::Avx2 => unsafe { x86::signed_dot(w, signs) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C); the length was checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::signed_dot(w, signs) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::signed_dot(w, signs),
         _ => primitives::signed_dot(w, signs),
@@ -386,8 +413,8 @@ pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
     );
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2; the length was checked above.
-        Isa::Avx2 => unsafe { x86::accumulate_signs(alpha, signs, acc) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C); the length was checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::accumulate_signs(alpha, signs, acc) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::accumulate_signs(alpha, signs, acc),
         _ => primitives::accumulate_signs(alpha, signs, acc),
@@ -398,8 +425,8 @@ pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
 pub fn max(isa: Isa, values: &[f32]) -> f32 {
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2.
-        Isa::Avx2 => unsafe { x86::max(values) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C).
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::max(values) },
         _ => primitives::max(values),
     }
 }
@@ -414,8 +441,8 @@ pub fn max(isa: Isa, values: &[f32]) -> f32 {
 pub fn exp_shifted_sum(isa: Isa, values: &mut [f32], shift: f32) -> f32 {
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2.
-        Isa::Avx2 => unsafe { x86::exp_shifted_sum(values, shift) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both imply AVX2, FMA and F16C).
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::exp_shifted_sum(values, shift) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::exp_shifted_sum(values, shift),
         _ => primitives::exp_shifted_sum(values, shift),
@@ -435,6 +462,130 @@ pub fn f16_bits_to_f32(bits: u16) -> f32 {
     primitives::f16_bits_to_f32(bits)
 }
 
+/// Query heads prepared for scoring coded keys: the rotated queries `[G, d]`, the sketch
+/// queries `[G, m]` and, for the AVX2 path, the QJL sign tables built from them.
+///
+/// The sign term `⟨w, z⟩` of a key is a sum of `±w_i`. With tables, the heads are taken in
+/// tiles of up to four and each tile gets, per sign byte `k` of a record, 256 entries of four
+/// floats: entry `[k][b]` holds `Σ_{i<8} ±w_h[8k+i]` (signs from the bits of `b`) for the
+/// tile's heads. A key's sign term for all heads of a tile then costs `m/8` 16-byte loads and
+/// adds instead of `m/8` sign expansions and `m/8·H` multiply-adds. The tables take
+/// `4·m·256/8·4 = 512·m` bytes per tile (64 KiB at m = 128) and are built once per
+/// (query, KV head).
+#[derive(Clone, Debug)]
+pub struct KeyQueries {
+    dim: usize,
+    sketch_dim: usize,
+    queries: Vec<f32>,
+    sketch: Vec<f32>,
+    tables: Vec<f32>,
+}
+
+impl KeyQueries {
+    /// Prepares `queries` (`[G, dim]`) and `sketch` (`[G, sketch_dim]`, empty when
+    /// `sketch_dim` is 0) for scoring on `isa`; `sign_tables` chooses whether the AVX2 path
+    /// scores the sign term through byte tables (faster) or multiply-adds.
+    ///
+    /// # Panics
+    /// If the lengths are not whole rows of the same `G`.
+    pub fn new(
+        isa: Isa,
+        queries: Vec<f32>,
+        sketch: Vec<f32>,
+        dim: usize,
+        sketch_dim: usize,
+        sign_tables: bool,
+    ) -> Self {
+        let heads = check_tile(queries.len(), dim, "key queries");
+        if sketch_dim > 0 {
+            assert_eq!(
+                sketch.len(),
+                heads * sketch_dim,
+                "key queries: sketch is not [G, m]"
+            );
+        }
+        let tables =
+            if sign_tables && sketch_dim > 0 && matches!(isa.usable(), Isa::Avx2 | Isa::Avx512) {
+                build_sign_tables(&sketch, heads, sketch_dim)
+            } else {
+                Vec::new()
+            };
+        Self {
+            dim,
+            sketch_dim,
+            queries,
+            sketch,
+            tables,
+        }
+    }
+
+    /// Query heads `G`.
+    pub fn heads(&self) -> usize {
+        self.queries.len() / self.dim.max(1)
+    }
+
+    /// The rotated queries, `[G, d]`.
+    pub fn queries(&self) -> &[f32] {
+        &self.queries
+    }
+
+    /// The sketch queries, `[G, m]`.
+    pub fn sketch(&self) -> &[f32] {
+        &self.sketch
+    }
+
+    /// Whether sign tables were built.
+    pub fn has_sign_tables(&self) -> bool {
+        !self.tables.is_empty()
+    }
+}
+
+/// Tiles of at most four heads, balanced: `heads` split into `ceil(heads/4)` near-equal parts,
+/// as `(first head, heads)`. Every path tiles the same way.
+pub(crate) fn tiles(heads: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = heads.div_ceil(4).max(1);
+    let (base, extra) = (heads / count, heads % count);
+    (0..count).scan(0usize, move |first, k| {
+        let size = base + usize::from(k < extra);
+        let tile = (*first, size);
+        *first += size;
+        Some(tile)
+    })
+}
+
+/// Floats of one tile's sign tables for sketch dimension `m`.
+pub(crate) fn sign_table_len(m: usize) -> usize {
+    m.div_ceil(8) * 256 * 4
+}
+
+/// The sign tables of every tile, tile after tile (see [`KeyQueries`]). Entry `b` is built from
+/// entry `b` without its lowest set bit by adding `2·w` of that bit, starting from `−Σ w`; bits
+/// past `m` in the last byte are ignored.
+fn build_sign_tables(sketch: &[f32], heads: usize, m: usize) -> Vec<f32> {
+    let per_tile = sign_table_len(m);
+    let mut tables = vec![0.0f32; tiles(heads).count() * per_tile];
+    for (t, (first, size)) in tiles(heads).enumerate() {
+        let tile = &mut tables[t * per_tile..(t + 1) * per_tile];
+        for (k, table) in tile.chunks_exact_mut(256 * 4).enumerate() {
+            let valid = (m - 8 * k).min(8);
+            for h in 0..size {
+                let w = &sketch[(first + h) * m + 8 * k..(first + h) * m + 8 * k + valid];
+                table[h] = -w.iter().sum::<f32>();
+                for b in 1..256usize {
+                    let low = b.trailing_zeros() as usize;
+                    let rest = b & (b - 1);
+                    table[4 * b + h] = if low < valid {
+                        table[4 * rest + h] + 2.0 * w[low]
+                    } else {
+                        table[4 * rest + h]
+                    };
+                }
+            }
+        }
+    }
+    tables
+}
+
 fn check_tile(len: usize, width: usize, what: &str) -> usize {
     assert!(width > 0 && len % width == 0, "{what}: not whole rows");
     len / width
@@ -444,26 +595,28 @@ fn check_tile(len: usize, width: usize, what: &str) -> usize {
 /// `out[h·stride + i] += norm_i·⟨queries_h, c[idx_i]⟩ + γ_i·⟨sketch_queries_h, z_i⟩`
 /// (adding lets the tiers of a two-tier record score into one row).
 ///
-/// `queries` is `[G, d]` (rotated, scaled queries), `sketch_queries` is `[G, m]` (the rotated
-/// query projected by the sketch, times its gain; empty without signs).
+/// `queries` holds the rotated, scaled queries `[G, d]` and, with signs, the sketch queries
+/// `[G, m]` (the rotated query projected by the sketch, times its gain).
 ///
 /// # Panics
 /// On inconsistent lengths (see [`CodedRun`]), or if `out` is too short.
 pub fn score_coded(
     isa: Isa,
     run: &CodedRun<'_>,
-    queries: &[f32],
-    sketch_queries: &[f32],
+    queries: &KeyQueries,
     out: &mut [f32],
     stride: usize,
 ) {
     run.check();
-    let heads = check_tile(queries.len(), run.dim, "score_coded queries");
+    assert_eq!(
+        queries.dim, run.dim,
+        "score_coded: query dimension differs from the run's"
+    );
+    let heads = queries.heads();
     if run.sketch_dim > 0 {
         assert_eq!(
-            sketch_queries.len(),
-            heads * run.sketch_dim,
-            "score_coded: sketch queries are not [G, m]"
+            queries.sketch_dim, run.sketch_dim,
+            "score_coded: sketch dimension differs from the run's"
         );
     }
     let n = run.len();
@@ -477,10 +630,21 @@ pub fn score_coded(
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `usable` returned Avx2; every length was checked above.
-        Isa::Avx2 => unsafe { x86::score_coded(run, queries, sketch_queries, out, stride) },
+        Isa::Avx2 => unsafe { x86::score_coded(run, queries, out, stride) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx512; every length was checked above.
+        Isa::Avx512 => unsafe { avx512::score_coded(run, queries, out, stride) },
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => composed::score_coded::<neon::Neon>(run, queries, sketch_queries, out, stride),
-        _ => composed::score_coded::<composed::Scalar>(run, queries, sketch_queries, out, stride),
+        Isa::Neon => {
+            composed::score_coded::<neon::Neon>(run, &queries.queries, &queries.sketch, out, stride)
+        }
+        _ => composed::score_coded::<composed::Scalar>(
+            run,
+            &queries.queries,
+            &queries.sketch,
+            out,
+            stride,
+        ),
     }
 }
 
@@ -504,6 +668,9 @@ pub fn score_plain(isa: Isa, run: &PlainRun<'_>, queries: &[f32], out: &mut [f32
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `usable` returned Avx2; every length was checked above.
         Isa::Avx2 => unsafe { x86::score_plain(run, queries, out, stride) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx512; every length was checked above.
+        Isa::Avx512 => unsafe { avx512::score_plain(run, queries, out, stride) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => composed::score_plain::<neon::Neon>(run, queries, out, stride),
         _ => composed::score_plain::<composed::Scalar>(run, queries, out, stride),
@@ -556,6 +723,11 @@ pub fn accumulate_coded(
         Isa::Avx2 => unsafe {
             x86::accumulate_coded(run, code_weights, sign_weights, acc, sign_acc)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx512; every length was checked above.
+        Isa::Avx512 => unsafe {
+            avx512::accumulate_coded(run, code_weights, sign_weights, acc, sign_acc)
+        },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => {
             composed::accumulate_coded::<neon::Neon>(run, code_weights, sign_weights, acc, sign_acc)
@@ -591,6 +763,9 @@ pub fn accumulate_plain(isa: Isa, run: &PlainRun<'_>, weights: &[f32], acc: &mut
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `usable` returned Avx2; every length was checked above.
         Isa::Avx2 => unsafe { x86::accumulate_plain(run, weights, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `usable` returned Avx512; every length was checked above.
+        Isa::Avx512 => unsafe { avx512::accumulate_plain(run, weights, acc) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => composed::accumulate_plain::<neon::Neon>(run, weights, acc),
         _ => composed::accumulate_plain::<composed::Scalar>(run, weights, acc),

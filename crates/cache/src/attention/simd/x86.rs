@@ -20,10 +20,10 @@ use half::f16;
 use super::super::primitives::{
     EXP_HIGH, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_LOW, EXP_POLY, exp_poly,
 };
-use super::{CodedRun, PlainKind, PlainRun};
+use super::{CodedRun, KeyQueries, PlainKind, PlainRun, sign_table_len, tiles};
 
 /// Bytes of a token sub-block whose records stay in L1 while value chunks sweep over it.
-const L1_BYTES: usize = 24 * 1024;
+pub(super) const L1_BYTES: usize = 24 * 1024;
 
 /// Sums the eight lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
 #[inline]
@@ -37,7 +37,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum4(v: &[__m256; 4]) -> __m128 {
+pub(super) unsafe fn hsum4(v: &[__m256; 4]) -> __m128 {
     let ab = _mm256_hadd_ps(v[0], v[1]);
     let cd = _mm256_hadd_ps(v[2], v[3]);
     let abcd = _mm256_hadd_ps(ab, cd);
@@ -56,6 +56,36 @@ unsafe fn sign_vector(word: __m256i, shifts: __m256i) -> __m256 {
     _mm256_xor_ps(_mm256_set1_ps(1.0), _mm256_castsi256_ps(negative))
 }
 
+/// `[Σ_k table[k][signs[k]]]` for the (up to) four heads of a tile: `bytes` 16-byte loads from
+/// sign tables laid out `[k][256][4]` (see `KeyQueries`), four partial sums in a fixed order.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `signs` points to `bytes` readable bytes and `tables` holds `bytes·256·4`
+/// floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn sign_table_sum(tables: &[f32], signs: *const u8, bytes: usize) -> __m128 {
+    // SAFETY: caller contract; entry `[k][b]` ends at `4·(256·k + b) + 4 ≤ tables.len()`.
+    unsafe {
+        let tp = tables.as_ptr();
+        let entry = |k: usize| _mm_loadu_ps(tp.add(4 * (256 * k + usize::from(*signs.add(k)))));
+        let mut s = [_mm_setzero_ps(); 4];
+        let mut k = 0;
+        while k + 4 <= bytes {
+            s[0] = _mm_add_ps(s[0], entry(k));
+            s[1] = _mm_add_ps(s[1], entry(k + 1));
+            s[2] = _mm_add_ps(s[2], entry(k + 2));
+            s[3] = _mm_add_ps(s[3], entry(k + 3));
+            k += 4;
+        }
+        while k < bytes {
+            s[0] = _mm_add_ps(s[0], entry(k));
+            k += 1;
+        }
+        _mm_add_ps(_mm_add_ps(s[0], s[1]), _mm_add_ps(s[2], s[3]))
+    }
+}
+
 /// Shift vectors moving bit `8k + l` of a word to bit 31 of lane `l`, for byte `k` = 0..4.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -69,7 +99,7 @@ unsafe fn sign_shifts() -> [__m256i; 4] {
 
 /// Code `j` (b bits, `b ≤ 8`) of a packed record.
 #[inline]
-fn code_at(words: &[u32], b: usize, j: usize) -> usize {
+pub(super) fn code_at(words: &[u32], b: usize, j: usize) -> usize {
     let bit = j * b;
     let (w, s) = (bit / 32, bit % 32);
     let mut x = u64::from(words[w]) >> s;
@@ -81,7 +111,7 @@ fn code_at(words: &[u32], b: usize, j: usize) -> usize {
 
 /// Sign `j` (±1) of packed sign words.
 #[inline]
-fn sign_at(words: &[u32], j: usize) -> f32 {
+pub(super) fn sign_at(words: &[u32], j: usize) -> f32 {
     if (words[j / 32] >> (j % 32)) & 1 == 1 {
         1.0
     } else {
@@ -114,12 +144,40 @@ fn fast_chunks(full: usize, b: u32, bytes: usize) -> usize {
     }
 }
 
-/// Reads up to `width` bytes at `offset` of a `bytes`-byte record, zero padded.
+/// Reads up to `width` (≤ 8) bytes at `offset` of a `bytes`-byte record, little-endian, zero
+/// padded past the record's end. When the record holds at least `width` bytes this is one
+/// unaligned load of the last `width` bytes, shifted; otherwise byte by byte.
 ///
 /// # Safety
 /// `record` must point to `bytes` readable bytes and `offset ≤ bytes`.
 #[inline]
-unsafe fn read_padded(record: *const u8, bytes: usize, offset: usize, width: usize) -> u64 {
+pub(super) unsafe fn read_padded(
+    record: *const u8,
+    bytes: usize,
+    offset: usize,
+    width: usize,
+) -> u64 {
+    if offset >= bytes {
+        return 0;
+    }
+    if bytes >= width {
+        let base = offset.min(bytes - width);
+        // SAFETY: `base + width ≤ bytes`; unaligned reads are fine.
+        let x = unsafe {
+            if width == 4 {
+                u64::from((record.add(base) as *const u32).read_unaligned())
+            } else {
+                (record.add(base) as *const u64).read_unaligned()
+            }
+        };
+        // `offset − base < width`; the bytes past the record shift in as zeros.
+        let shifted = x >> (8 * (offset - base));
+        return if width == 8 {
+            shifted
+        } else {
+            shifted & ((1u64 << (8 * width)) - 1)
+        };
+    }
     let mut x = 0u64;
     for k in 0..width.min(bytes - offset) {
         // SAFETY: offset + k < bytes (caller's contract).
@@ -224,18 +282,6 @@ unsafe fn chunk_padded<const B: u32>(
         let x = read_padded(record, bytes, B as usize * j, read_width(B));
         lookup::<B>(lut, x)
     }
-}
-
-/// Balanced tiles of at most four heads: `heads` split into `ceil(heads/4)` near-equal parts.
-fn tiles(heads: usize) -> impl Iterator<Item = (usize, usize)> {
-    let count = heads.div_ceil(4).max(1);
-    let (base, extra) = (heads / count, heads % count);
-    (0..count).scan(0usize, move |first, k| {
-        let size = base + usize::from(k < extra);
-        let tile = (*first, size);
-        *first += size;
-        Some(tile)
-    })
 }
 
 macro_rules! by_heads {
@@ -440,8 +486,8 @@ pub(super) unsafe fn accumulate_signs(alpha: f32, signs: &[u32], acc: &mut [f32]
             _mm256_storeu_ps(pa.add(8 * j), v);
         }
     }
-    for j in 8 * chunks..n {
-        acc[j] += alpha * sign_at(signs, j);
+    for (j, a) in acc.iter_mut().enumerate().skip(8 * chunks) {
+        *a += alpha * sign_at(signs, j);
     }
 }
 
@@ -530,22 +576,43 @@ pub(super) unsafe fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn score_coded(
     run: &CodedRun<'_>,
-    queries: &[f32],
-    sketch_queries: &[f32],
+    queries: &KeyQueries,
     out: &mut [f32],
     stride: usize,
 ) {
     let (d, m) = (run.dim, run.sketch_dim);
-    for (first, size) in tiles(queries.len() / d) {
-        let q = &queries[first * d..(first + size) * d];
+    let per_tile = sign_table_len(m);
+    for (t, (first, size)) in tiles(queries.heads()).enumerate() {
+        let q = &queries.queries[first * d..(first + size) * d];
         let w = if m > 0 {
-            &sketch_queries[first * m..(first + size) * m]
+            &queries.sketch[first * m..(first + size) * m]
+        } else {
+            &[][..]
+        };
+        let tables = if m > 0 && queries.has_sign_tables() {
+            &queries.tables[t * per_tile..(t + 1) * per_tile]
         } else {
             &[][..]
         };
         let o = &mut out[first * stride..];
         // SAFETY: forwarded contract; the tile's slices hold `size` rows.
-        unsafe { by_bits_heads!(run.bits, size, score_coded_tile(run, q, w, o, stride)) }
+        unsafe {
+            by_bits_heads!(
+                run.bits,
+                size,
+                score_coded_tile(run, q, w, tables, o, stride)
+            )
+        }
+    }
+}
+
+/// Chunks a value pass accumulates at once for `heads` heads (about eight chains in flight
+/// while everything stays in the 16 registers).
+const fn value_sets(heads: usize) -> usize {
+    match heads {
+        1 => 4,
+        2 => 3,
+        _ => 2,
     }
 }
 
@@ -554,6 +621,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     run: &CodedRun<'_>,
     q: &[f32],
     w: &[f32],
+    tables: &[f32],
     out: &mut [f32],
     stride: usize,
 ) {
@@ -563,13 +631,16 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     let fast = fast_chunks(full, B, bytes);
     let sign_chunks = m / 8;
     let sign_words = sign_chunks / 4;
+    let sign_bytes = m.div_ceil(8);
+    let use_tables = !tables.is_empty();
     let spt = run.scales_per_token();
     let b = B as usize;
     // SAFETY: record `i` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
     // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
-    // `bytes`, and `B·j ≤ 4·code words`);
-    // sign reads take words `sign_offset + j/4 < rw` for `j < m/8`; query loads read 8 floats
-    // of row `h < H` below `d` (or `m`), the tile holding `H` rows of each.
+    // `bytes`, and `B·j ≤ 4·code words`); sign reads take words `sign_offset + j/4 < rw` for
+    // `j < m/8` (bytes `< ceil(m/8)` with tables); query loads read 8 floats of row `h < H`
+    // below `d` (or `m`), the tile holding `H` rows of each; table loads read entry
+    // `[k][byte]` (4 floats) of `tables`, which holds `ceil(m/8)·256` entries.
     unsafe {
         let lut = lut::<B>(run.centroids);
         let shifts = sign_shifts();
@@ -577,6 +648,8 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
         for (i, record) in run.words.chunks_exact(rw).enumerate() {
             let codes = &record[run.code_offset..];
             let rec = codes.as_ptr() as *const u8;
+            // One accumulator per head: consecutive tokens are independent, so the out-of-order
+            // core overlaps their multiply-add chains.
             let mut a = [_mm256_setzero_ps(); 4];
             for j in 0..fast {
                 let c = chunk::<B>(&lut, rec, j);
@@ -592,7 +665,12 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
             }
             let norm = run.scales[i * spt];
             let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&a));
-            if m > 0 {
+            if m > 0 && use_tables {
+                let signs = record.as_ptr().add(run.sign_offset) as *const u8;
+                let sum = sign_table_sum(tables, signs, sign_bytes);
+                let gamma = run.scales[i * spt + 1];
+                scores = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, scores);
+            } else if m > 0 {
                 let sp = record.as_ptr().add(run.sign_offset);
                 let mut s = [_mm256_setzero_ps(); 4];
                 for g in 0..sign_words {
@@ -625,7 +703,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                     }
                     v += norm * tail;
                 }
-                if 8 * sign_chunks < m {
+                if 8 * sign_chunks < m && !use_tables {
                     let signs = &record[run.sign_offset..];
                     let mut tail = 0.0f32;
                     for j in 8 * sign_chunks..m {
@@ -679,7 +757,7 @@ unsafe fn plain_chunk<const F16: bool>(record: *const u8, j: usize) -> __m256 {
 
 /// Value `j` of a plain record.
 #[inline]
-fn plain_at<const F16: bool>(record: &[u32], j: usize) -> f32 {
+pub(super) fn plain_at<const F16: bool>(record: &[u32], j: usize) -> f32 {
     if F16 {
         let w = record[j / 2];
         let half = if j % 2 == 0 { w & 0xFFFF } else { w >> 16 };
@@ -698,8 +776,8 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
 ) {
     let d = run.dim;
     let full = d / 8;
-    // SAFETY: each record holds `d` values and chunks stay below `8·full ≤ d`; query loads
-    // read 8 floats of row `h < H` below `d`.
+    // SAFETY: each record holds `d` values from word `offset` and chunks stay below
+    // `8·full ≤ d`; query loads read 8 floats of row `h < H` below `d`.
     unsafe {
         let qp = q.as_ptr();
         for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
@@ -747,6 +825,115 @@ pub(super) unsafe fn accumulate_coded(
     }
 }
 
+/// Where a value pass reads and writes.
+struct Pass {
+    /// First byte of record 0's vector (codes or plain values).
+    base: *const u8,
+    /// Bytes between records.
+    stride: usize,
+    /// Readable bytes from a record's vector start to the record's end.
+    bytes: usize,
+    /// Weights `[n, heads]`, offset to the tile's first head.
+    weights: *const f32,
+    heads: usize,
+    /// Accumulator row of the tile's first head (`d` floats per head).
+    acc: *mut f32,
+    d: usize,
+}
+
+/// Accumulates chunks `j..j + C` of tokens `start..end` into the tile's accumulators (`C`
+/// chunks at once, so `C·H` multiply-add chains are independent); `PADDED` reads the chunks
+/// byte by byte.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `p` describes `end` records, `H` heads and accumulator rows holding chunks
+/// `j..j + C`; without `PADDED`, chunks `j..j + C` are fast (see `fast_chunks`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn coded_pass<const B: u32, const H: usize, const C: usize, const PADDED: bool>(
+    lut: &Lut,
+    p: &Pass,
+    j: usize,
+    start: usize,
+    end: usize,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        let mut r = [[_mm256_setzero_ps(); 4]; 4];
+        for (s, set) in r.iter_mut().enumerate().take(C) {
+            for (h, v) in set.iter_mut().enumerate().take(H) {
+                *v = _mm256_loadu_ps(p.acc.add(h * p.d + 8 * (j + s)));
+            }
+        }
+        for i in start..end {
+            let rec = p.base.add(i * p.stride);
+            let mut c = [_mm256_setzero_ps(); 4];
+            for (s, v) in c.iter_mut().enumerate().take(C) {
+                *v = if PADDED {
+                    chunk_padded::<B>(lut, rec, p.bytes, j + s)
+                } else {
+                    chunk::<B>(lut, rec, j + s)
+                };
+            }
+            let wi = p.weights.add(i * p.heads);
+            for h in 0..H {
+                let wv = _mm256_set1_ps(*wi.add(h));
+                for (set, &cv) in r.iter_mut().zip(&c).take(C) {
+                    set[h] = _mm256_fmadd_ps(wv, cv, set[h]);
+                }
+            }
+        }
+        for (s, set) in r.iter().enumerate().take(C) {
+            for (h, v) in set.iter().enumerate().take(H) {
+                _mm256_storeu_ps(p.acc.add(h * p.d + 8 * (j + s)), *v);
+            }
+        }
+    }
+}
+
+/// The plain-record counterpart of [`coded_pass`].
+///
+/// # Safety
+/// AVX2/FMA/F16C; `p` describes `end` records holding `d` values, `H` heads and accumulator
+/// rows holding chunks `j..j + C`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn plain_pass<const F16: bool, const H: usize, const C: usize>(
+    p: &Pass,
+    j: usize,
+    start: usize,
+    end: usize,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        let mut r = [[_mm256_setzero_ps(); 4]; 4];
+        for (s, set) in r.iter_mut().enumerate().take(C) {
+            for (h, v) in set.iter_mut().enumerate().take(H) {
+                *v = _mm256_loadu_ps(p.acc.add(h * p.d + 8 * (j + s)));
+            }
+        }
+        for i in start..end {
+            let rec = p.base.add(i * p.stride);
+            let mut x = [_mm256_setzero_ps(); 4];
+            for (s, v) in x.iter_mut().enumerate().take(C) {
+                *v = plain_chunk::<F16>(rec, j + s);
+            }
+            let wi = p.weights.add(i * p.heads);
+            for h in 0..H {
+                let wv = _mm256_set1_ps(*wi.add(h));
+                for (set, &xv) in r.iter_mut().zip(&x).take(C) {
+                    set[h] = _mm256_fmadd_ps(wv, xv, set[h]);
+                }
+            }
+        }
+        for (s, set) in r.iter().enumerate().take(C) {
+            for (h, v) in set.iter().enumerate().take(H) {
+                _mm256_storeu_ps(p.acc.add(h * p.d + 8 * (j + s)), *v);
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
     run: &CodedRun<'_>,
@@ -766,48 +953,45 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
     let sign_chunks = m / 8;
     let b = B as usize;
     let sub = (L1_BYTES / stride).max(1);
+    let sets = value_sets(H);
     // SAFETY: record `i < n` starts at byte `i·stride` of the run and its codes `4·code_offset`
     // bytes later; code reads stay inside the record (fast chunks by `fast_chunks`, the others
     // byte by byte below `bytes`); sign reads take words `i·rw + sign_offset + j/4`, inside
-    // record `i`; weights are read at `i·heads + first + h < n·heads`;
-    // accumulator rows `first + h < heads` hold `d` (or `m`) floats and chunk accesses stay
-    // below `8·full ≤ d` (or `8·sign_chunks ≤ m`).
+    // record `i`; weights are read at `i·heads + first + h < n·heads`; accumulator rows
+    // `first + h < heads` hold `d` (or `m`) floats and chunk accesses stay below `8·full ≤ d`
+    // (or `8·sign_chunks ≤ m`).
     unsafe {
         let lut = lut::<B>(run.centroids);
         let shifts = sign_shifts();
         let words = run.words.as_ptr();
-        let base = words.add(run.code_offset) as *const u8;
-        let cw = code_weights.as_ptr();
+        let pass = Pass {
+            base: words.add(run.code_offset) as *const u8,
+            stride,
+            bytes,
+            weights: code_weights.as_ptr().add(first),
+            heads,
+            acc: acc.as_mut_ptr().add(first * d),
+            d,
+        };
         let sw = sign_weights.as_ptr();
-        let pa = acc.as_mut_ptr().add(first * d);
         let ps = sign_acc.as_mut_ptr().add(first * m);
         let mut start = 0;
         while start < n {
             let end = n.min(start + sub);
-            for j in 0..full {
-                let mut r = [_mm256_setzero_ps(); 4];
-                for (h, v) in r.iter_mut().enumerate().take(H) {
-                    *v = _mm256_loadu_ps(pa.add(h * d + 8 * j));
+            let mut j = 0;
+            while j + sets <= fast {
+                match sets {
+                    2 => coded_pass::<B, H, 2, false>(&lut, &pass, j, start, end),
+                    3 => coded_pass::<B, H, 3, false>(&lut, &pass, j, start, end),
+                    _ => coded_pass::<B, H, 4, false>(&lut, &pass, j, start, end),
                 }
+                j += sets;
+            }
+            for j in j..full {
                 if j < fast {
-                    for i in start..end {
-                        let c = chunk::<B>(&lut, base.add(i * stride), j);
-                        let wi = cw.add(i * heads + first);
-                        for (h, v) in r.iter_mut().enumerate().take(H) {
-                            *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), c, *v);
-                        }
-                    }
+                    coded_pass::<B, H, 1, false>(&lut, &pass, j, start, end);
                 } else {
-                    for i in start..end {
-                        let c = chunk_padded::<B>(&lut, base.add(i * stride), bytes, j);
-                        let wi = cw.add(i * heads + first);
-                        for (h, v) in r.iter_mut().enumerate().take(H) {
-                            *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), c, *v);
-                        }
-                    }
-                }
-                for (h, v) in r.iter().enumerate().take(H) {
-                    _mm256_storeu_ps(pa.add(h * d + 8 * j), *v);
+                    coded_pass::<B, H, 1, true>(&lut, &pass, j, start, end);
                 }
             }
             for j in 0..sign_chunks {
@@ -883,36 +1067,38 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
 ) {
     let d = run.dim;
     let rw = run.record_words;
-    let bytes = 4 * rw;
+    let stride = 4 * rw;
     let n = run.len();
     let full = d / 8;
-    let sub = (L1_BYTES / bytes).max(1);
-    // SAFETY: record `i < n` starts at byte `i·bytes`, its vector `4·offset` bytes later and
-    // holds `d` values, chunks stay below
-    // `8·full ≤ d`; weights are read at `i·heads + first + h < n·heads`; accumulator rows
-    // `first + h < heads` hold `d` floats.
+    let sub = (L1_BYTES / stride).max(1);
+    let sets = value_sets(H);
+    // SAFETY: record `i < n` starts at byte `i·stride`, its vector `4·offset` bytes later and
+    // holds `d` values, chunks stay below `8·full ≤ d`; weights are read at
+    // `i·heads + first + h < n·heads`; accumulator rows `first + h < heads` hold `d` floats.
     unsafe {
-        let base = run.words.as_ptr().add(run.offset) as *const u8;
-        let wp = weights.as_ptr();
-        let pa = acc.as_mut_ptr().add(first * d);
+        let pass = Pass {
+            base: run.words.as_ptr().add(run.offset) as *const u8,
+            stride,
+            bytes: 4 * (rw - run.offset),
+            weights: weights.as_ptr().add(first),
+            heads,
+            acc: acc.as_mut_ptr().add(first * d),
+            d,
+        };
         let mut start = 0;
         while start < n {
             let end = n.min(start + sub);
-            for j in 0..full {
-                let mut r = [_mm256_setzero_ps(); 4];
-                for (h, v) in r.iter_mut().enumerate().take(H) {
-                    *v = _mm256_loadu_ps(pa.add(h * d + 8 * j));
+            let mut j = 0;
+            while j + sets <= full {
+                match sets {
+                    2 => plain_pass::<F16, H, 2>(&pass, j, start, end),
+                    3 => plain_pass::<F16, H, 3>(&pass, j, start, end),
+                    _ => plain_pass::<F16, H, 4>(&pass, j, start, end),
                 }
-                for i in start..end {
-                    let x = plain_chunk::<F16>(base.add(i * bytes), j);
-                    let wi = wp.add(i * heads + first);
-                    for (h, v) in r.iter_mut().enumerate().take(H) {
-                        *v = _mm256_fmadd_ps(_mm256_set1_ps(*wi.add(h)), x, *v);
-                    }
-                }
-                for (h, v) in r.iter().enumerate().take(H) {
-                    _mm256_storeu_ps(pa.add(h * d + 8 * j), *v);
-                }
+                j += sets;
+            }
+            for j in j..full {
+                plain_pass::<F16, H, 1>(&pass, j, start, end);
             }
             start = end;
         }

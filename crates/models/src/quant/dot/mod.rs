@@ -4,12 +4,13 @@
 //!
 //! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q8_0): the activation is
 //!   quantized once per matvec to Q8 blocks ([`Q8Activation`](super::Q8Activation)), each
-//!   block's `Σ q_w·q_x` is an exact integer sum, and the blocks are combined in f32 in one fixed
-//!   order ([`scalar::combine`]). This is what llama.cpp does (`vec_dot_q4_1_q8_1`,
-//!   `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`), so a forward pass sees the same activation
-//!   rounding as the engine behind the reference outputs, and it reads a quarter of the bytes
-//!   an f32 activation would and multiplies 32 byte pairs per instruction pair. The AVX2,
-//!   NEON and scalar kernels produce the same integer sums and the same f32 result bit for bit.
+//!   block's products are summed exactly in eight integer lanes, and the lanes are combined in
+//!   f32 in one fixed order ([`scalar::combine`]). This is what llama.cpp does
+//!   (`vec_dot_q4_1_q8_1`, `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`), with the same
+//!   combination as its AVX2 kernels, so a forward pass sees the same numerics as the engine
+//!   behind the reference outputs; it also reads a quarter of the bytes an f32 activation
+//!   would and multiplies 32 byte pairs per two instructions. The AVX2, NEON and scalar kernels
+//!   produce the same integer sums and the same f32 result bit for bit.
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
 //!   activation. Used by the matvec for F32, F16, Q4_K and Q6_K (scalar), and as the
 //!   reference the integer path is tested against: the two differ by the activation's
@@ -31,6 +32,58 @@ use super::kind::QuantKind;
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
 pub(crate) type Q8Kernel = fn(&[u8], &Q8Row<'_>) -> f32;
 
+/// A tile kernel of the integer path: one weight row against up to [`TILE`] activation rows,
+/// `out[a]` bit-identical to the row kernel on `acts[a]`; `buf` is its unpacking space.
+pub(crate) type Q8TileKernel = fn(&[u8], &[Q8Row<'_>], &mut [f32], &mut TileBuf);
+
+/// Activation rows a tile kernel takes at once.
+pub(crate) const TILE: usize = 8;
+
+/// Weight blocks a tile kernel unpacks at once (a multiple of 8: segments are whole groups).
+pub(crate) const SEG_BLOCKS: usize = 128;
+
+/// 32 bytes aligned to 32 (one unpacked block).
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Block32(pub(crate) [u8; 32]);
+
+/// Unpacking space of a tile kernel: [`SEG_BLOCKS`] blocks as unsigned multiplicands, signed
+/// weights, and f32 scales and minima (9 KiB, on the stack of each parallel task). Only the x86
+/// tile kernels read it; elsewhere it is never built.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct TileBuf {
+    pub(crate) mag: [Block32; SEG_BLOCKS],
+    pub(crate) sign: [Block32; SEG_BLOCKS],
+    pub(crate) d: [f32; SEG_BLOCKS],
+    pub(crate) m: [f32; SEG_BLOCKS],
+}
+
+impl TileBuf {
+    /// Zeroed space.
+    pub(crate) fn new() -> Self {
+        Self {
+            mag: [Block32([0; 32]); SEG_BLOCKS],
+            sign: [Block32([0; 32]); SEG_BLOCKS],
+            d: [0.0; SEG_BLOCKS],
+            m: [0.0; SEG_BLOCKS],
+        }
+    }
+}
+
+/// The tile kernel for `kind` on `isa`, where one exists (AVX2); elsewhere products of several
+/// activation rows call the row kernel per row.
+pub(crate) fn q8_tile_kernel(kind: QuantKind, isa: Isa) -> Option<Q8TileKernel> {
+    match (kind, usable(isa)) {
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_tile),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_tile),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_tile),
+        _ => None,
+    }
+}
+
 /// `isa` if this CPU runs it, otherwise scalar: an unavailable instruction set never reaches
 /// its kernels.
 pub(crate) fn usable(isa: Isa) -> Isa {
@@ -43,17 +96,17 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
     let isa = usable(isa);
     let kernel: Q8Kernel = match (kind, isa) {
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q8_0, Isa::Avx2) => avx2::q8_0,
+        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => avx2::q8_0,
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_0, Isa::Avx2) => avx2::q4_0,
+        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => avx2::q4_0,
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_1, Isa::Avx2) => avx2::q4_1,
+        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => avx2::q4_1,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q8_0, Isa::Neon) => |r, a| scalar::combine::<34, false>(r, a, neon::isum_q8_0),
+        (QuantKind::Q8_0, Isa::Neon) => neon_rows::q8_0,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q4_0, Isa::Neon) => |r, a| scalar::combine::<18, false>(r, a, neon::isum_q4_0),
+        (QuantKind::Q4_0, Isa::Neon) => neon_rows::q4_0,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q4_1, Isa::Neon) => |r, a| scalar::combine::<20, true>(r, a, neon::isum_q4_1),
+        (QuantKind::Q4_1, Isa::Neon) => neon_rows::q4_1,
         (QuantKind::Q8_0, _) => scalar::dot_q8_0,
         (QuantKind::Q4_0, _) => scalar::dot_q4_0,
         (QuantKind::Q4_1, _) => scalar::dot_q4_1,
@@ -62,16 +115,19 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
     Some(kernel)
 }
 
-/// Safe entry points to the AVX2 kernels, reachable only through [`q8_kernel`], which hands
-/// them out only when [`Isa::Avx2`] is available.
+/// Safe entry points to the AVX2 kernels, reachable only through [`q8_kernel`] and
+/// [`q8_tile_kernel`], which hand them out only when [`Isa::Avx2`] or [`Isa::Avx512`] (a
+/// superset: AVX-512 besides AVX2, FMA and F16C) is available. There is no separate AVX-512
+/// kernel: the 256-bit integer kernels are what llama.cpp's numerics are defined by, and the
+/// products are bound by memory (one row) or by the multiply ports (several rows), not width.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::Q8Row;
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
+    use super::{Q8Row, TileBuf};
 
     pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
-        // SAFETY: selected by `q8_kernel` only after `Isa::Avx2.is_available()` (AVX2, FMA and
-        // F16C detected at run time).
+        // SAFETY: selected only after `Isa::Avx2` or `Isa::Avx512` was found available (both
+        // detect AVX2, FMA and F16C at run time).
         unsafe { x86::dot::<Q8_0>(row, act) }
     }
 
@@ -83,6 +139,48 @@ mod avx2 {
     pub(super) fn q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
         // SAFETY: as `q8_0`.
         unsafe { x86::dot::<Q4_1>(row, act) }
+    }
+
+    pub(super) fn q8_0_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile::<Q8_0>(row, acts, out, buf) }
+    }
+
+    pub(super) fn q4_0_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile::<Q4_0>(row, acts, out, buf) }
+    }
+
+    pub(super) fn q4_1_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile::<Q4_1>(row, acts, out, buf) }
+    }
+}
+
+/// The NEON row kernels: NEON block sums in the scalar combination.
+#[cfg(target_arch = "aarch64")]
+mod neon_rows {
+    use super::{Q8Row, neon, scalar};
+
+    pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine::<34, false>(row, act, |w, y| {
+            // SAFETY: NEON is part of every aarch64 target (its baseline ABI).
+            unsafe { neon::lanes_q8_0(w, y) }
+        })
+    }
+
+    pub(super) fn q4_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine::<18, false>(row, act, |w, y| {
+            // SAFETY: as `q8_0`.
+            unsafe { neon::lanes_q4_0(w, y) }
+        })
+    }
+
+    pub(super) fn q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine::<20, true>(row, act, |w, y| {
+            // SAFETY: as `q8_0`.
+            unsafe { neon::lanes_q4_1(w, y) }
+        })
     }
 }
 

@@ -1,5 +1,5 @@
-//! Portable kernels: the integer block sums, the fixed-order f32 combination every instruction
-//! set reproduces, and the f32-activation reference dot product.
+//! Portable kernels: the integer lane sums of a block, the fixed-order f32 combination every
+//! instruction set reproduces, and the f32-activation reference dot product.
 
 use super::super::activation::{Q8_BLOCK, Q8Row};
 use super::super::dequant::{dequantize_unchecked, f16_at};
@@ -12,45 +12,56 @@ pub(crate) fn hsum8(a: &[f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// `Σ q_w·q_x` of a Q8_0 block (34 bytes) and 32 activation bytes.
+/// The eight lane sums of a block's products `q_w,j·q_x,j`: lane `l` holds `j = 4l..4l+4`
+/// (what `vpmaddubsw` + `vpmaddwd` leave in lane `l`). Exact integers.
+pub(crate) type Lanes = [i32; 8];
+
+/// Lane sums of a Q8_0 block (34 bytes) against 32 activation bytes.
 #[inline]
-pub(crate) fn isum_q8_0(w: &[u8], y: &[i8]) -> i32 {
-    w[2..34]
-        .iter()
-        .zip(y)
-        .map(|(&q, &y)| q as i8 as i32 * y as i32)
-        .sum()
+pub(crate) fn lanes_q8_0(w: &[u8], y: &[i8]) -> Lanes {
+    lanes(|j| w[2 + j] as i8 as i32, y)
 }
 
-/// `Σ (q_w − 8)·q_x` of a Q4_0 block (18 bytes) and 32 activation bytes.
+/// Lane sums of a Q4_0 block (18 bytes: values `(q − 8)`, low nibbles first) against 32
+/// activation bytes.
 #[inline]
-pub(crate) fn isum_q4_0(w: &[u8], y: &[i8]) -> i32 {
-    let (lo, hi) = y.split_at(16);
-    w[2..18]
-        .iter()
-        .zip(lo.iter().zip(hi))
-        .map(|(&q, (&a, &b))| ((q & 0xF) as i32 - 8) * a as i32 + ((q >> 4) as i32 - 8) * b as i32)
-        .sum()
+pub(crate) fn lanes_q4_0(w: &[u8], y: &[i8]) -> Lanes {
+    lanes(|j| nibble(&w[2..18], j) - 8, y)
 }
 
-/// `Σ q_w·q_x` of a Q4_1 block (20 bytes, unsigned nibbles) and 32 activation bytes.
+/// Lane sums of a Q4_1 block (20 bytes: unsigned nibbles, low first) against 32 activation
+/// bytes.
 #[inline]
-pub(crate) fn isum_q4_1(w: &[u8], y: &[i8]) -> i32 {
-    let (lo, hi) = y.split_at(16);
-    w[4..20]
-        .iter()
-        .zip(lo.iter().zip(hi))
-        .map(|(&q, (&a, &b))| (q & 0xF) as i32 * a as i32 + (q >> 4) as i32 * b as i32)
-        .sum()
+pub(crate) fn lanes_q4_1(w: &[u8], y: &[i8]) -> Lanes {
+    lanes(|j| nibble(&w[4..20], j), y)
 }
 
-/// The fixed f32 combination of per-block integer sums, shared by the scalar and NEON paths
-/// and mirrored lane for lane by AVX2:
+/// Nibble value `j` of 16 bytes: low nibbles are values 0..16, high nibbles 16..32.
+#[inline]
+fn nibble(qs: &[u8], j: usize) -> i32 {
+    let byte = qs[j % 16];
+    (if j < 16 { byte & 0xF } else { byte >> 4 }) as i32
+}
+
+#[inline]
+fn lanes(w: impl Fn(usize) -> i32, y: &[i8]) -> Lanes {
+    let mut p = [0i32; 8];
+    for (l, p) in p.iter_mut().enumerate() {
+        *p = (4 * l..4 * l + 4).map(|j| w(j) * y[j] as i32).sum();
+    }
+    p
+}
+
+/// The fixed f32 combination of the lane sums, shared by the scalar and NEON paths and
+/// reproduced by AVX2 — the combination of llama.cpp's x86 AVX2 `ggml_vec_dot_q8_0_q8_0`,
+/// `_q4_0_q8_0` and `_q4_1_q8_1`:
 ///
 /// ```text
-/// acc[b mod 8]   += (d_w[b] · d_x[b]) · isum[b]        (two roundings: product, then product)
-/// acc_m[b mod 8] += m_w[b] · s_x[b]                    (Q4_1 only)
-/// result = hsum8(acc) + hsum8(acc_m)                    (hsum8: the fixed lane order)
+/// for each block b, in order:
+///     dd = d_w[b] · d_x[b]                                  (one rounding)
+///     acc[l] = fma(dd, lane_l[b], acc[l])   for l = 0..8    (one rounding each)
+///     summs  = fma(m_w[b], s_x[b], summs)                   (Q4_1 only)
+/// result = hsum8(acc) (+ summs)
 /// ```
 ///
 /// `BB` is the block's byte size; `MIN` says the block stores an f16 minimum at bytes 2..4.
@@ -58,20 +69,23 @@ pub(crate) fn isum_q4_1(w: &[u8], y: &[i8]) -> i32 {
 pub(crate) fn combine<const BB: usize, const MIN: bool>(
     row: &[u8],
     act: &Q8Row<'_>,
-    isum: impl Fn(&[u8], &[i8]) -> i32,
+    lanes: impl Fn(&[u8], &[i8]) -> Lanes,
 ) -> f32 {
     let mut acc = [0.0f32; 8];
-    let mut acc_m = [0.0f32; 8];
+    let mut summs = 0.0f32;
     let blocks = row.chunks_exact(BB).zip(act.qs.chunks_exact(Q8_BLOCK));
     for (b, (w, y)) in blocks.enumerate() {
-        let lane = b % 8;
-        acc[lane] += (f16_at(w, 0) * act.d[b]) * isum(w, y) as f32;
+        let dd = f16_at(w, 0) * act.d[b];
+        let p = lanes(w, y);
+        for (acc, &p) in acc.iter_mut().zip(&p) {
+            *acc = dd.mul_add(p as f32, *acc);
+        }
         if MIN {
-            acc_m[lane] += f16_at(w, 2) * act.s[b];
+            summs = f16_at(w, 2).mul_add(act.s[b], summs);
         }
     }
     if MIN {
-        hsum8(&acc) + hsum8(&acc_m)
+        hsum8(&acc) + summs
     } else {
         hsum8(&acc)
     }
@@ -79,17 +93,17 @@ pub(crate) fn combine<const BB: usize, const MIN: bool>(
 
 /// Scalar Q8_0 · Q8 activation.
 pub(crate) fn dot_q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
-    combine::<34, false>(row, act, isum_q8_0)
+    combine::<34, false>(row, act, lanes_q8_0)
 }
 
 /// Scalar Q4_0 · Q8 activation.
 pub(crate) fn dot_q4_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
-    combine::<18, false>(row, act, isum_q4_0)
+    combine::<18, false>(row, act, lanes_q4_0)
 }
 
 /// Scalar Q4_1 · Q8 activation (q8_1: with the block sums).
 pub(crate) fn dot_q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
-    combine::<20, true>(row, act, isum_q4_1)
+    combine::<20, true>(row, act, lanes_q4_1)
 }
 
 /// The f32-activation dot product `Σ_j w_j·x_j` of a row with dequantized weights `w`

@@ -1,27 +1,28 @@
-//! AVX2 (+ F16C) kernels: a weight row against a Q8 activation row, with integer arithmetic.
+//! AVX2 (+ FMA, F16C) kernels: a weight row against Q8 activation rows, with integer products.
 //!
-//! Per block of 32: the weight bytes become 32 signed or unsigned bytes (Q8_0 as stored;
-//! Q4_0/Q4_1 nibbles split into the low 16 and high 16 values, Q4_0 minus 8), multiplied by the
-//! activation bytes with `vpmaddubsw` (unsigned × signed pairs to i16; for signed weights the
-//! sign is moved onto the activation first, `|w|·sign(w)·x`) and `vpmaddwd` by ones (i16 pairs to
-//! i32). No step saturates: a pair is at most `2·128·127 = 32512 < 2¹⁵` because activations lie
-//! in −127..=127, so the integer sum of each block is exact.
+//! Per block of 32: the weight bytes become 32 bytes in register order = value order (Q8_0 as
+//! stored; Q4_0/Q4_1 nibbles: the low nibbles are values 0..16, the high ones 16..32; Q4_0
+//! minus 8), multiplied by the activation bytes with `vpmaddubsw` (unsigned × signed pairs to
+//! i16; for signed weights the sign is moved onto the activation first, `|w|·sign(w)·x`) and
+//! `vpmaddwd` by ones (i16 pairs to i32), leaving in lane `l` the sum of products `4l..4l+4`.
+//! No step saturates: a pair is at most `2·128·127 = 32512 < 2¹⁵` because activations lie in
+//! −127..=127, so the lane sums are exact — the scalar [`Lanes`](super::scalar::Lanes).
 //!
-//! Eight blocks are then reduced together (an `hadd` tree, exact in i32) so lane `k` holds the
-//! sum of block `8g + k`, converted to f32 (exact: below 2²⁴) and combined exactly as the
-//! scalar reference does ([`combine`](super::scalar::combine)): `acc += (d_w·d_x)·isum`,
-//! `acc_m += m_w·s_x`, without FMA, then the same horizontal order. Missing blocks of the last
-//! group have zero scales and sums and add `+0.0`, which changes no lane (a lane is never
-//! `−0.0`: it starts at `+0.0` and a round-to-nearest sum is `−0.0` only if both terms are).
-//! The result is therefore bit-identical to the scalar kernel.
+//! The lanes are converted to f32 (exact) and accumulated as llama.cpp's AVX2 kernels do and
+//! as the scalar [`combine`](super::scalar::combine) specifies:
+//! `acc = fma(broadcast(d_w·d_x), lanes, acc)` per block, the Q4_1 minimum term
+//! `summs = fma(m_w, s_x, summs)` in block order, then `hsum(acc) (+ summs)`. Same operations,
+//! same order: the result is bit-identical to the scalar kernel.
 //!
-//! Every function is `unsafe` only because it needs AVX2/F16C: the dispatcher selects them
-//! after runtime detection. Memory is read through raw pointers only inside bounds clamped at
-//! the top of [`dot`].
+//! Register-only helpers are safe `#[target_feature]` functions (callable only from code with
+//! the same features); the entry points are `unsafe` because they need AVX2/FMA/F16C, and the
+//! dispatcher calls them only after runtime detection. Memory is read through raw pointers only
+//! inside bounds clamped at the top of each entry point.
 
 use core::arch::x86_64::*;
 
-use super::super::activation::{Q8_BLOCK, Q8Row, SCALE_LANES};
+use super::super::activation::{Q8_BLOCK, Q8Row};
+use super::{SEG_BLOCKS, TILE, TileBuf};
 
 /// Q8_0 weights.
 pub(crate) const Q8_0: u8 = 0;
@@ -39,48 +40,50 @@ const fn block_bytes(k: u8) -> usize {
     }
 }
 
-/// Sums the eight lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, as `hsum8`.
+/// Sums the eight lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, as `hsum8` (and as
+/// llama.cpp's `hsum_float_8`).
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+    _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
 }
 
-/// Lane `k` of the result is the sum of the eight i32 lanes of `v[k]` (exact).
+/// Sixteen bytes of nibbles to 32 bytes: the low nibbles (values 0..16), then the high ones.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // 128-bit halves: low = [Σv0.lo, Σv1.lo, Σv2.lo, Σv3.lo], high = the same for .hi.
-    let h0123 = _mm256_hadd_epi32(h01, h23);
-    let h4567 = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
-    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-    _mm256_add_epi32(lo, hi)
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles(raw: __m128i) -> __m256i {
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw);
+    _mm256_and_si256(both, _mm256_set1_epi8(0xF))
 }
 
-/// The eight i32 partial sums of one block's `Σ q_w·q_x`.
+/// The f16 at `w` as f32.
 ///
 /// # Safety
-/// AVX2; `w` points to a whole block of format `K`, `y` to 32 readable bytes.
+/// F16C; two readable bytes at `w`.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn block_sums<const K: u8>(w: *const u8, y: *const i8) -> __m256i {
-    let ones = _mm256_set1_epi16(1);
-    // SAFETY: `y` has 32 readable bytes (caller).
-    let qy = unsafe { _mm256_loadu_si256(y.cast()) };
-    let products = if K == Q4_1 {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(w: *const u8) -> f32 {
+    // SAFETY: two readable bytes (caller).
+    let bits = unsafe { u16::from_le_bytes([*w, *w.add(1)]) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// A block's 32 weights as `(unsigned multiplicand, sign source)`: `(|q|, q)` for the signed
+/// formats, `(q, unused)` for Q4_1.
+///
+/// # Safety
+/// AVX2; `w` points to a whole block of format `K`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
+    if K == Q4_1 {
         // SAFETY: a Q4_1 block is 20 bytes; its nibbles are bytes 4..20.
         let raw = unsafe { _mm_loadu_si128(w.add(4).cast()) };
-        let qx = nibbles(raw);
-        _mm256_maddubs_epi16(qx, qy)
+        (nibbles(raw), _mm256_setzero_si256())
     } else {
-        let qx = if K == Q8_0 {
+        let q = if K == Q8_0 {
             // SAFETY: a Q8_0 block is 34 bytes; its values are bytes 2..34.
             unsafe { _mm256_loadu_si256(w.add(2).cast()) }
         } else {
@@ -88,26 +91,27 @@ unsafe fn block_sums<const K: u8>(w: *const u8, y: *const i8) -> __m256i {
             let raw = unsafe { _mm_loadu_si128(w.add(2).cast()) };
             _mm256_sub_epi8(nibbles(raw), _mm256_set1_epi8(8))
         };
-        let ax = _mm256_sign_epi8(qx, qx);
-        let sy = _mm256_sign_epi8(qy, qx);
-        _mm256_maddubs_epi16(ax, sy)
-    };
-    _mm256_madd_epi16(products, ones)
+        (_mm256_sign_epi8(q, q), q)
+    }
 }
 
-/// Sixteen bytes of nibbles to 32 bytes: the low nibbles (values 0..16), then the high ones.
+/// The eight exact lane sums of a block's products, as f32.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn nibbles(raw: __m128i) -> __m256i {
-    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw);
-    _mm256_and_si256(both, _mm256_set1_epi8(0xF))
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256 {
+    let products = if K == Q4_1 {
+        _mm256_maddubs_epi16(mag, qy)
+    } else {
+        _mm256_maddubs_epi16(mag, _mm256_sign_epi8(qy, sign))
+    };
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)))
 }
 
 /// `Σ_j w_j·x̂_j` of a weight row of format `K` and a quantized activation row.
 ///
 /// # Safety
-/// The CPU supports AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot<const K: u8>(row: &[u8], act: &Q8Row<'_>) -> f32 {
     let bb = block_bytes(K);
     // Clamp to what every buffer holds, so no read below can leave them.
@@ -115,55 +119,169 @@ pub(crate) unsafe fn dot<const K: u8>(row: &[u8], act: &Q8Row<'_>) -> f32 {
         .blocks()
         .min(row.len() / bb)
         .min(act.qs.len() / Q8_BLOCK)
-        .min(act.d.len() / SCALE_LANES * SCALE_LANES)
-        .min(act.s.len() / SCALE_LANES * SCALE_LANES);
+        .min(act.d.len())
+        .min(act.s.len());
     let (w0, y0) = (row.as_ptr(), act.qs.as_ptr());
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm256_setzero_ps();
-    let mut g = 0;
-    while g < nb {
-        let count = (nb - g).min(8);
-        let mut sums = [_mm256_setzero_si256(); 8];
-        let mut dbits = [0u16; 8];
-        let mut mbits = [0u16; 8];
-        for k in 0..count {
-            let b = g + k;
-            // SAFETY: b < nb ≤ row.len()/bb and ≤ qs.len()/32: the block and its 32
-            // activation bytes are in bounds.
-            unsafe {
-                let w = w0.add(b * bb);
-                dbits[k] = u16::from_le_bytes([*w, *w.add(1)]);
-                if K == Q4_1 {
-                    mbits[k] = u16::from_le_bytes([*w.add(2), *w.add(3)]);
-                }
-                sums[k] = block_sums::<K>(w, y0.add(b * Q8_BLOCK));
-            }
-        }
-        let isum = _mm256_cvtepi32_ps(reduce8(&sums));
-        // SAFETY: `dbits` is 8 u16; g + 8 ≤ d.len() because nb ≤ d.len() rounded down to a
-        // multiple of 8 and g < nb is a multiple of 8.
-        let (dw, dx) = unsafe {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(dbits.as_ptr().cast())),
-                _mm256_loadu_ps(act.d.as_ptr().add(g)),
-            )
+    let mut summs = 0.0f32;
+    for b in 0..nb {
+        // SAFETY: b < nb: the block, its 32 activation bytes and its scales are in bounds.
+        let (mag, sign, qy, dw, dx) = unsafe {
+            let w = w0.add(b * bb);
+            let (mag, sign) = weights::<K>(w);
+            let qy = _mm256_loadu_si256(y0.add(b * Q8_BLOCK).cast());
+            (mag, sign, qy, f16_at(w), *act.d.as_ptr().add(b))
         };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        let dd = _mm256_set1_ps(dw * dx);
+        acc = _mm256_fmadd_ps(dd, lane_sums::<K>(mag, sign, qy), acc);
         if K == Q4_1 {
-            // SAFETY: as for `dbits` and `act.d`.
-            let (mw, sx) = unsafe {
-                (
-                    _mm256_cvtph_ps(_mm_loadu_si128(mbits.as_ptr().cast())),
-                    _mm256_loadu_ps(act.s.as_ptr().add(g)),
-                )
-            };
-            acc_m = _mm256_add_ps(acc_m, _mm256_mul_ps(mw, sx));
+            // SAFETY: as above.
+            let (mw, sx) = unsafe { (f16_at(w0.add(b * bb + 2)), *act.s.as_ptr().add(b)) };
+            summs = mw.mul_add(sx, summs);
         }
-        g += 8;
     }
     if K == Q4_1 {
-        hsum(acc) + hsum(acc_m)
+        hsum(acc) + summs
     } else {
         hsum(acc)
+    }
+}
+
+/// `out[a] = dot::<K>(row, &acts[a])` for up to [`TILE`] activation rows at once (products of
+/// several activation rows).
+///
+/// The row is unpacked once per segment of [`SEG_BLOCKS`] blocks into `buf` (the unsigned
+/// multiplicands, the signed weights, the scales and minima as f32), then each block is
+/// multiplied by every activation of the tile while its unpacked weights are in registers; the
+/// tile's accumulators are independent FMA chains, so they overlap. Per activation, the
+/// operations and their order are exactly those of [`dot`].
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_tile<const K: u8>(
+    row: &[u8],
+    acts: &[Q8Row<'_>],
+    out: &mut [f32],
+    buf: &mut TileBuf,
+) {
+    let bb = block_bytes(K);
+    let tile = acts.len().min(out.len()).min(TILE);
+    let acts = &acts[..tile];
+    // Clamp to what every buffer holds, so no read below can leave them.
+    let mut nb = row.len() / bb;
+    for act in acts {
+        nb = nb
+            .min(act.blocks())
+            .min(act.qs.len() / Q8_BLOCK)
+            .min(act.d.len())
+            .min(act.s.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); TILE];
+    let mut summs = [0.0f32; TILE];
+    let mut s0 = 0;
+    while s0 < nb {
+        let sn = (nb - s0).min(SEG_BLOCKS);
+        unpack::<K>(&row[s0 * bb..(s0 + sn) * bb], buf);
+        let mut a0 = 0;
+        while a0 < tile {
+            let step = match tile - a0 {
+                8.. => 8,
+                4..=7 => 4,
+                2..=3 => 2,
+                _ => 1,
+            };
+            let (a, r) = (a0..a0 + step, &acts[a0..a0 + step]);
+            // SAFETY: blocks s0..s0 + sn are below nb (in every activation) and sn ≤ SEG_BLOCKS
+            // (in `buf`); the slices hold exactly `step` activations and accumulators.
+            unsafe {
+                match step {
+                    8 => accumulate::<K, 8>(buf, s0, sn, r, &mut acc[a.clone()], &mut summs[a]),
+                    4 => accumulate::<K, 4>(buf, s0, sn, r, &mut acc[a.clone()], &mut summs[a]),
+                    2 => accumulate::<K, 2>(buf, s0, sn, r, &mut acc[a.clone()], &mut summs[a]),
+                    _ => accumulate::<K, 1>(buf, s0, sn, r, &mut acc[a.clone()], &mut summs[a]),
+                }
+            }
+            a0 += step;
+        }
+        s0 += sn;
+    }
+    for (a, o) in out[..tile].iter_mut().enumerate() {
+        *o = if K == Q4_1 {
+            hsum(acc[a]) + summs[a]
+        } else {
+            hsum(acc[a])
+        };
+    }
+}
+
+/// Adds blocks `s0 .. s0 + sn` (unpacked in `buf`) of `T` activations to their accumulators.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `acts`, `acc` and `summs` hold `T` entries; `sn ≤ SEG_BLOCKS` and blocks
+/// `s0 .. s0 + sn` are within every activation's `qs`, `d` and `s`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate<const K: u8, const T: usize>(
+    buf: &TileBuf,
+    s0: usize,
+    sn: usize,
+    acts: &[Q8Row<'_>],
+    acc: &mut [__m256],
+    summs: &mut [f32],
+) {
+    let mut a = [_mm256_setzero_ps(); T];
+    let mut sm = [0.0f32; T];
+    a.copy_from_slice(&acc[..T]);
+    sm.copy_from_slice(&summs[..T]);
+    let y: [*const i8; T] = core::array::from_fn(|j| acts[j].qs.as_ptr());
+    let d: [*const f32; T] = core::array::from_fn(|j| acts[j].d.as_ptr());
+    let s: [*const f32; T] = core::array::from_fn(|j| acts[j].s.as_ptr());
+    for k in 0..sn {
+        let b = s0 + k;
+        // SAFETY: k < sn ≤ SEG_BLOCKS; the buffer's blocks are 32-byte aligned.
+        let (mag, sign) = unsafe {
+            (
+                _mm256_load_si256(buf.mag[k].0.as_ptr().cast()),
+                _mm256_load_si256(buf.sign[k].0.as_ptr().cast()),
+            )
+        };
+        let (dw, mw) = (buf.d[k], buf.m[k]);
+        for j in 0..T {
+            // SAFETY: block b is within activation j (caller).
+            let (qy, dx) = unsafe {
+                (
+                    _mm256_loadu_si256(y[j].add(b * Q8_BLOCK).cast()),
+                    *d[j].add(b),
+                )
+            };
+            let dd = _mm256_set1_ps(dw * dx);
+            a[j] = _mm256_fmadd_ps(dd, lane_sums::<K>(mag, sign, qy), a[j]);
+            if K == Q4_1 {
+                // SAFETY: as above.
+                sm[j] = mw.mul_add(unsafe { *s[j].add(b) }, sm[j]);
+            }
+        }
+    }
+    acc[..T].copy_from_slice(&a);
+    summs[..T].copy_from_slice(&sm);
+}
+
+/// Unpacks whole blocks of format `K` (at most [`SEG_BLOCKS`]) into `buf`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack<const K: u8>(blocks: &[u8], buf: &mut TileBuf) {
+    let bb = block_bytes(K);
+    for (k, w) in blocks.chunks_exact(bb).take(SEG_BLOCKS).enumerate() {
+        // SAFETY: `w` is one whole block; each destination is a 32-byte-aligned 32-byte array.
+        unsafe {
+            let (mag, sign) = weights::<K>(w.as_ptr());
+            buf.d[k] = f16_at(w.as_ptr());
+            if K == Q4_1 {
+                buf.m[k] = f16_at(w.as_ptr().add(2));
+            }
+            _mm256_store_si256(buf.mag[k].0.as_mut_ptr().cast(), mag);
+            _mm256_store_si256(buf.sign[k].0.as_mut_ptr().cast(), sign);
+        }
     }
 }

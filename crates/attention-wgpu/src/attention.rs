@@ -1,0 +1,464 @@
+//! Decode attention on a [`GpuKvCache`]: prepare → pass 1 per page → merge per window →
+//! finish, in one submit per call (see `kernels/` for each kernel's layout).
+//!
+//! Shapes follow `tq_cache::attention`: queries and outputs `[query_len, q_heads, head_dim]`,
+//! query head `h` reads KV head `h / (q_heads / kv_heads)` (GQA), scores `scale·⟨q, k⟩`
+//! (times the debiasing factor for debiased-MSE keys), causal and window masks from positions.
+//! Calls with many query tokens run in chunks so that one page's partials fit one binding and
+//! all partials fit one buffer.
+
+use std::sync::Arc;
+
+use tq_cache::attention::AttentionShape;
+
+use crate::cache::GpuKvCache;
+use crate::error::GpuError;
+use crate::kernels::attend::{self, AttnParams, LaunchParams};
+use crate::kernels::{Grid, KIND_PROD, Kernel, MAX_GROUP, finish, merge, prepare, scores};
+
+/// Partials of one call never exceed this many bytes (nor the device's largest buffer).
+const PARTIALS_BUDGET: u64 = 256 << 20;
+
+/// What one call needs to know about its shape.
+struct CallPlan {
+    params: AttnParams,
+    rows: usize,
+    /// f32 per partial record.
+    rec: usize,
+    /// f32 per block of partials (aligned).
+    block_stride: usize,
+    /// Pages holding written slots (a prefix of the page list).
+    pages: usize,
+    /// Blocks of those pages.
+    blocks: usize,
+}
+
+/// A dispatch to record: kernel, grid, launch parameters, and what to bind.
+struct Launch {
+    kernel: Kernel,
+    pipeline: wgpu::ComputePipeline,
+    grid: Grid,
+    params: LaunchParams,
+    /// Page index (attend, scores) or partials window in blocks (merge).
+    page: usize,
+    window: (usize, usize),
+}
+
+impl GpuKvCache {
+    fn check_attention(
+        &self,
+        queries: &[f32],
+        query_positions: &[u32],
+        shape: AttentionShape,
+        out_len: usize,
+    ) -> Result<usize, GpuError> {
+        if shape.q_heads == 0 || shape.q_heads % self.kv_heads != 0 {
+            return Err(tq_cache::CacheError::InvalidConfig(format!(
+                "{} query heads cannot share {} KV heads evenly",
+                shape.q_heads, self.kv_heads
+            ))
+            .into());
+        }
+        let n = query_positions.len();
+        let width = shape.q_heads * self.head_dim;
+        for (what, len) in [("queries", queries.len()), ("attention output", out_len)] {
+            if len != n * width {
+                return Err(GpuError::Shape {
+                    what,
+                    expected: n * width,
+                    actual: len,
+                });
+            }
+        }
+        if let Some((index, &value)) = queries.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(tq_cache::codec::CodecError::NonFinite { index, value }.into());
+        }
+        Ok(n)
+    }
+
+    fn plan(&self, queries: usize, shape: AttentionShape) -> CallPlan {
+        let group = shape.q_heads / self.kv_heads;
+        // The largest divisor of the group that one workgroup can score: every chunk is full,
+        // so the kernel's head loops have the constant trip count CHUNK.
+        let chunk_heads = (1..=group.min(MAX_GROUP))
+            .rev()
+            .find(|c| group % c == 0)
+            .unwrap_or(1);
+        let rows = queries * shape.q_heads;
+        let rec = 2 + self.value.dim + self.value.sketch_dim;
+        let align = (self.ctx.storage_alignment() / 4).max(1) as usize;
+        let block_stride = (rows * rec).next_multiple_of(align);
+        let written = self.written_slots();
+        let pages = self
+            .pages
+            .iter()
+            .take_while(|p| p.first_slot < written)
+            .count();
+        let blocks = self.pages[..pages]
+            .iter()
+            .map(|p| p.tokens / self.block_tokens)
+            .sum();
+        let qstride = self.key.dim
+            + if self.key.desc.kind == KIND_PROD {
+                self.key.sketch_dim
+            } else {
+                0
+            };
+        let params = AttnParams {
+            key: self.key.desc,
+            value: self.value.desc,
+            queries: queries as u32,
+            q_heads: shape.q_heads as u32,
+            kv_heads: self.kv_heads as u32,
+            group: group as u32,
+            chunk_heads: chunk_heads as u32,
+            chunks: group.div_ceil(chunk_heads) as u32,
+            qstride: qstride as u32,
+            positions_offset: (rows * qstride) as u32,
+            scale: shape.scale,
+            len: self.len as u32,
+            first_stored: self.first_stored as u32,
+            ring_slots: self.ring_slots.unwrap_or(0) as u32,
+            window: self.window.unwrap_or(0) as u32,
+            block_tokens: self.block_tokens as u32,
+            rec: rec as u32,
+            block_stride: block_stride as u32,
+            rows: rows as u32,
+            score_stride: written as u32,
+            ..AttnParams::default()
+        };
+        CallPlan {
+            params,
+            rows,
+            rec,
+            block_stride,
+            pages,
+            blocks,
+        }
+    }
+
+    /// The most query tokens one call may take: a page's partials fit one binding and all
+    /// partials fit [`PARTIALS_BUDGET`] and the device's largest buffer.
+    fn queries_per_call(&self, shape: AttentionShape, total: usize) -> Result<usize, GpuError> {
+        let limit = self.ctx.split_limits().max_binding_bytes;
+        let budget = PARTIALS_BUDGET.min(self.ctx.device_limits().max_buffer_size);
+        let largest = self.pages.iter().map(|p| p.tokens).max().unwrap_or(0) / self.block_tokens;
+        let fits = |nq: usize| {
+            let plan = self.plan(nq, shape);
+            let stride = 4 * plan.block_stride as u64;
+            stride * largest as u64 <= limit
+                && stride * plan.blocks as u64 <= budget
+                && stride <= limit
+        };
+        if !fits(1) {
+            let plan = self.plan(1, shape);
+            return Err(GpuError::TooLarge {
+                what: "attention partials of one query token per page",
+                needed: 4 * (plan.block_stride * largest.max(1)) as u64,
+                limit,
+            });
+        }
+        let mut n = 1;
+        while n < total && fits(2 * n) {
+            n *= 2;
+        }
+        Ok(n.min(total))
+    }
+
+    /// Attention of `query_positions.len()` query tokens against the stored tokens (causal and
+    /// window masks from positions), like `tq_cache::attention::attend`: queries and `out`
+    /// `[query_len, q_heads, head_dim]`. A query that sees no token outputs zeros.
+    pub fn attend(
+        &mut self,
+        queries: &[f32],
+        query_positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let n = self.check_attention(queries, query_positions, shape, out.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let per_call = self.queries_per_call(shape, n)?;
+        let width = shape.q_heads * self.head_dim;
+        let mut start = 0;
+        while start < n {
+            let end = (start + per_call).min(n);
+            self.attend_chunk(
+                &queries[start * width..end * width],
+                &query_positions[start..end],
+                shape,
+                &mut out[start * width..end * width],
+            )?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Appends the new tokens (GPU encode), then attends: the decode step of a layer, like
+    /// `KvCache::forward` with `new_positions` the positions of the new tokens.
+    pub fn forward(
+        &mut self,
+        queries: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        new_positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        self.encode_and_append(keys, values, new_positions)?;
+        self.attend(queries, new_positions, shape, out)
+    }
+
+    /// Uploads the queries and positions and returns the prepared-query buffer plus the
+    /// uniform parameters of the call.
+    fn upload_queries(
+        &mut self,
+        queries: &[f32],
+        positions: &[u32],
+        plan: &CallPlan,
+    ) -> (wgpu::Buffer, wgpu::Buffer, wgpu::Buffer) {
+        let ctx = Arc::clone(&self.ctx);
+        let qin = self.scratch.get(&ctx, "queries", 4 * queries.len() as u64);
+        let prepared_len = plan.params.positions_offset as usize + positions.len();
+        let prepared = self
+            .scratch
+            .get(&ctx, "prepared queries", 4 * prepared_len as u64);
+        ctx.write(&qin, 0, bytemuck::cast_slice(queries));
+        ctx.write(
+            &prepared,
+            4 * u64::from(plan.params.positions_offset),
+            bytemuck::cast_slice(positions),
+        );
+        let params = ctx.uniform_init("attention params", bytemuck::bytes_of(&plan.params));
+        (qin, prepared, params)
+    }
+
+    fn page_launch(
+        &self,
+        kernel: Kernel,
+        chunk: u32,
+        index: usize,
+        total: usize,
+        blocks: usize,
+    ) -> Result<Launch, GpuError> {
+        let page = &self.pages[index];
+        let grid = self.ctx.grid(total)?;
+        Ok(Launch {
+            kernel,
+            pipeline: self.ctx.pipeline(kernel, chunk)?,
+            grid,
+            params: LaunchParams {
+                grid_x: grid.x,
+                grid_y: grid.y,
+                total: total as u32,
+                first_slot: page.first_slot as u32,
+                blocks: blocks as u32,
+                init: 0,
+                page_tokens: page.tokens as u32,
+                k_scales_offset: page.layout.k_scales_offset as u32,
+                k_positions_offset: page.layout.k_positions_offset as u32,
+                v_scales_offset: page.layout.v_scales_offset as u32,
+                _pad: [0; 2],
+            },
+            page: index,
+            window: (0, 0),
+        })
+    }
+
+    fn row_launch(&self, kernel: Kernel, rows: usize) -> Result<Launch, GpuError> {
+        let grid = self.ctx.grid(rows)?;
+        Ok(Launch {
+            kernel,
+            pipeline: self.ctx.pipeline(kernel, 0)?,
+            grid,
+            params: LaunchParams {
+                grid_x: grid.x,
+                grid_y: grid.y,
+                total: rows as u32,
+                ..LaunchParams::default()
+            },
+            page: 0,
+            window: (0, 0),
+        })
+    }
+
+    /// One uniform buffer with every launch's parameters at the uniform offset alignment.
+    fn launch_buffer(&self, launches: &[Launch]) -> (wgpu::Buffer, u64) {
+        let align = attend::LAUNCH_BYTES.next_multiple_of(self.ctx.uniform_alignment());
+        let mut bytes = vec![0u8; align as usize * launches.len().max(1)];
+        for (i, l) in launches.iter().enumerate() {
+            let at = i * align as usize;
+            bytes[at..at + attend::LAUNCH_BYTES as usize]
+                .copy_from_slice(bytemuck::bytes_of(&l.params));
+        }
+        (self.ctx.uniform_init("launch params", &bytes), align)
+    }
+
+    fn attend_chunk(
+        &mut self,
+        queries: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let plan = self.plan(positions.len(), shape);
+        if plan.pages == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let (qin, prepared, params) = self.upload_queries(queries, positions, &plan);
+        let stride_bytes = 4 * plan.block_stride as u64;
+        let partials = self.scratch.get(
+            &ctx,
+            "attention partials",
+            stride_bytes * plan.blocks as u64,
+        );
+        let state = self
+            .scratch
+            .get(&ctx, "attention state", 4 * (plan.rows * plan.rec) as u64);
+        let dv = self.value.dim;
+        let output = self
+            .scratch
+            .get(&ctx, "attention output", 4 * (plan.rows * dv) as u64);
+
+        let mut launches = vec![self.row_launch(Kernel::Prepare, plan.rows)?];
+        let per_block = self.kv_heads * plan.params.chunks as usize * positions.len();
+        let mut first_block = 0;
+        for i in 0..plan.pages {
+            let blocks = self.pages[i].tokens / self.block_tokens;
+            let total = blocks * per_block;
+            let mut launch =
+                self.page_launch(Kernel::Attend, plan.params.chunk_heads, i, total, blocks)?;
+            launch.window = (first_block, blocks);
+            launches.push(launch);
+            first_block += blocks;
+        }
+        let window = ((ctx.split_limits().max_binding_bytes / stride_bytes) as usize).max(1);
+        let mut start = 0;
+        while start < plan.blocks {
+            let blocks = window.min(plan.blocks - start);
+            let mut launch = self.row_launch(Kernel::Merge, plan.rows)?;
+            launch.params.blocks = blocks as u32;
+            launch.params.init = u32::from(start == 0);
+            launch.window = (start, blocks);
+            launches.push(launch);
+            start += blocks;
+        }
+        launches.push(self.row_launch(Kernel::Finish, plan.rows)?);
+        let (launch_buffer, align) = self.launch_buffer(&launches);
+
+        ctx.submit("attention", |encoder| {
+            let groups: Vec<wgpu::BindGroup> = launches
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let at = (&launch_buffer, i as u64 * align);
+                    let window = (
+                        &partials,
+                        l.window.0 as u64 * stride_bytes,
+                        l.window.1 as u64 * stride_bytes,
+                    );
+                    match l.kernel {
+                        Kernel::Prepare => {
+                            prepare::bind_group(&ctx, &params, at, &qin, &self.tables, &prepared)
+                        }
+                        Kernel::Attend => {
+                            let page = &self.pages[l.page];
+                            attend::bind_group(
+                                &ctx,
+                                &params,
+                                at,
+                                &prepared,
+                                &self.tables,
+                                &page.keys,
+                                &page.values,
+                                window,
+                            )
+                        }
+                        Kernel::Merge => merge::bind_group(&ctx, &params, at, window, &state),
+                        _ => finish::bind_group(&ctx, &params, at, &state, &self.tables, &output),
+                    }
+                })
+                .collect();
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("attention"),
+                timestamp_writes: None,
+            });
+            for (l, group) in launches.iter().zip(&groups) {
+                ctx.dispatch(&mut pass, &l.pipeline, group, l.grid);
+            }
+            Ok(())
+        })?;
+        let bytes = ctx.read(&output, 0, 4 * out.len() as u64)?;
+        out.copy_from_slice(bytemuck::cast_slice(&bytes));
+        Ok(())
+    }
+
+    /// Raw scores `scale·⟨q, k̃⟩` of every written slot: `[query_len, q_heads, slots]` with
+    /// `−∞` where the mask hides the slot (map tokens to slots with
+    /// [`slot_of`](Self::slot_of)). For tests and inspection; attention never stores them.
+    pub fn scores(
+        &mut self,
+        queries: &[f32],
+        query_positions: &[u32],
+        shape: AttentionShape,
+    ) -> Result<Vec<f32>, GpuError> {
+        let n = query_positions.len();
+        let width = shape.q_heads * self.head_dim;
+        self.check_attention(queries, query_positions, shape, n * width)?;
+        let plan = self.plan(n, shape);
+        let stride = plan.params.score_stride as usize;
+        let len = plan.rows * stride;
+        if len == 0 || plan.pages == 0 {
+            return Ok(vec![f32::NEG_INFINITY; len]);
+        }
+        let ctx = Arc::clone(&self.ctx);
+        ctx.check_binding("scores", 4 * len as u64)?;
+        let (qin, prepared, params) = self.upload_queries(queries, query_positions, &plan);
+        let output = self.scratch.get(&ctx, "scores", 4 * len as u64);
+        let mut launches = vec![self.row_launch(Kernel::Prepare, plan.rows)?];
+        for i in 0..plan.pages {
+            let tiles = self.pages[i]
+                .tokens
+                .div_ceil(crate::kernels::WORKGROUP_SIZE as usize);
+            let total = tiles * plan.rows;
+            launches.push(self.page_launch(Kernel::Scores, 1, i, total, tiles)?);
+        }
+        let (launch_buffer, align) = self.launch_buffer(&launches);
+        ctx.submit("scores", |encoder| {
+            let groups: Vec<wgpu::BindGroup> = launches
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let at = (&launch_buffer, i as u64 * align);
+                    match l.kernel {
+                        Kernel::Prepare => {
+                            prepare::bind_group(&ctx, &params, at, &qin, &self.tables, &prepared)
+                        }
+                        _ => scores::bind_group(
+                            &ctx,
+                            &params,
+                            at,
+                            &prepared,
+                            &self.tables,
+                            &self.pages[l.page].keys,
+                            &output,
+                        ),
+                    }
+                })
+                .collect();
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("scores"),
+                timestamp_writes: None,
+            });
+            for (l, group) in launches.iter().zip(&groups) {
+                ctx.dispatch(&mut pass, &l.pipeline, group, l.grid);
+            }
+            Ok(())
+        })?;
+        let bytes = ctx.read(&output, 0, 4 * len as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

@@ -1,0 +1,199 @@
+// attend.wgsl — decode attention, pass 1 (flash-decoding): one token block of one page against
+// the query heads of one GQA chunk: block max, block sum of exp(score − max), and the
+// exp-weighted value sums in the value codec's rotated domain (and sketch domain for TQ_prod
+// values; the original domain for f32 / f16 values).
+//
+// Workgroup: WG = 64 threads, one workgroup per (block, kv head, head chunk, query), flattened
+// as id = block + blocks·(chunk + chunks·(kv_head + kv_heads·query)) over a 2-D/3-D grid; a
+// head chunk is CHUNK consecutive query heads of one GQA group (CHUNK divides the group).
+//
+// Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
+// 4 kpage):
+//   5 vpage     storage r   u32, one value page: words [kv_heads, page_tokens, record_words],
+//                           scales (binary16 pairs) at v_scales_offset
+//   6 partials  storage rw  f32 [blocks of this page, block_stride]: per block, rows·rec
+//                           records (max, sum, value accumulators), row = query·q_heads + head
+//
+// Token blocks never straddle pages (block_tokens divides page_tokens), so a page binds alone.
+
+@group(0) @binding(5) var<storage, read> vpage: array<u32>;
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+
+var<workgroup> cv: array<f32, MAX_LEVELS>;
+/// Scores, then weights exp(score − max): [MAX_GROUP, MAX_BLOCK].
+var<workgroup> p_sh: array<f32, 2048>;
+var<workgroup> live_sh: array<u32, MAX_BLOCK>;
+/// Value norm and γ per token of the block: [MAX_BLOCK, 2].
+var<workgroup> vscale: array<f32, 512>;
+/// Reduction scratch [MAX_GROUP, WG].
+var<workgroup> red: array<f32, 512>;
+var<workgroup> wg_any: u32;
+
+fn value_scale(kvh: u32, local: u32, k: u32) -> f32 {
+    let i = (kvh * launch.page_tokens + local) * params.value.scales + k;
+    let w = vpage[launch.v_scales_offset + i / 2u];
+    return f16_value((w >> (16u * (i % 2u))) & 0xffffu);
+}
+
+/// Coordinate `c` of the value at (`kvh`, `local`) in its accumulation domain, without the
+/// softmax weight: rotated-domain `norm·c[idx_c]` for c < dim, sketch-domain `γ·z` beyond.
+fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32) -> f32 {
+    let value = params.value;
+    let rb = (kvh * launch.page_tokens + local) * value.record_words;
+    if (value.kind == KIND_F32) {
+        return bitcast<f32>(vpage[rb + c]);
+    }
+    if (value.kind == KIND_F16) {
+        return f16_value((vpage[rb + c / 2u] >> (16u * (c % 2u))) & 0xffffu);
+    }
+    if (c < value.dim) {
+        let bit = c * value.bits;
+        let w = bit / 32u;
+        let shift = bit % 32u;
+        var hi = 0u;
+        if (shift + value.bits > 32u) {
+            hi = vpage[rb + w + 1u];
+        }
+        return vscale[2u * k] * cv[code_from(vpage[rb + w], hi, shift, value.bits)];
+    }
+    let i = c - value.dim;
+    let z = select(-1.0, 1.0, ((vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u) == 1u);
+    return vscale[2u * k + 1u] * z;
+}
+
+/// Tree reduction of red[g·WG + lid] over lid for g < CHUNK (max or sum); result in red[g·WG].
+fn reduce(lid: u32, take_max: bool) {
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        if (lid < s) {
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                let a = red[g * WG + lid];
+                let b = red[g * WG + lid + s];
+                red[g * WG + lid] = select(a + b, max(a, b), take_max);
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_workgroup(wid, launch.grid_x, launch.grid_y);
+    if (id >= launch.total) {
+        return;
+    }
+    let blk = id % launch.blocks;
+    var r = id / launch.blocks;
+    let chunk = r % params.chunks;
+    r = r / params.chunks;
+    let kvh = r % params.kv_heads;
+    let qi = r / params.kv_heads;
+    let first_head = chunk * CHUNK;
+    let row0 = qi * params.q_heads + kvh * params.group + first_head;
+    let qpos = bitcast<u32>(prepared[params.positions_offset + qi]);
+    let bt = params.block_tokens;
+    let value = params.value;
+    let coded_values = value.kind == KIND_MSE || value.kind == KIND_PROD;
+
+    load_key_centroids(lid);
+    if (coded_values) {
+        for (var i = lid; i < value.levels; i += WG) {
+            cv[i] = tables[value.centroid_offset + i];
+        }
+    }
+    workgroupBarrier();
+
+    // Scores of the block's visible tokens; local maxima per head.
+    var local_max: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        local_max[g] = NEG;
+    }
+    for (var k = lid; k < bt; k += WG) {
+        let local = blk * bt + k;
+        let visible = slot_visible(launch.first_slot + local, local, qpos);
+        live_sh[k] = select(0u, 1u, visible);
+        if (visible) {
+            let s = key_scores(row0, kvh, local);
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                p_sh[g * MAX_BLOCK + k] = s[g];
+                local_max[g] = max(local_max[g], s[g]);
+            }
+            if (coded_values) {
+                vscale[2u * k] = value_scale(kvh, local, 0u);
+                if (value.kind == KIND_PROD) {
+                    vscale[2u * k + 1u] = value_scale(kvh, local, 1u);
+                }
+            }
+        }
+    }
+    for (var g = 0u; g < CHUNK; g += 1u) {
+        red[g * WG + lid] = local_max[g];
+    }
+    workgroupBarrier();
+    reduce(lid, true);
+    if (lid == 0u) {
+        wg_any = select(0u, 1u, red[0] > NEG);
+    }
+    let any_visible = workgroupUniformLoad(&wg_any);
+    let stride = params.rec;
+    let base = blk * params.block_stride;
+    if (any_visible == 0u) {
+        if (lid < CHUNK) {
+            partials[base + (row0 + lid) * stride] = NEG;
+            partials[base + (row0 + lid) * stride + 1u] = 0.0;
+        }
+        return;
+    }
+    var block_max: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < CHUNK; g += 1u) {
+        block_max[g] = red[g * WG];
+    }
+    workgroupBarrier();
+
+    // Weights exp(score − max) in place; their sums per head.
+    var local_sum: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        local_sum[g] = 0.0;
+    }
+    for (var k = lid; k < bt; k += WG) {
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            var p = 0.0;
+            if (live_sh[k] != 0u) {
+                p = exp(p_sh[g * MAX_BLOCK + k] - block_max[g]);
+            }
+            p_sh[g * MAX_BLOCK + k] = p;
+            local_sum[g] += p;
+        }
+    }
+    for (var g = 0u; g < CHUNK; g += 1u) {
+        red[g * WG + lid] = local_sum[g];
+    }
+    workgroupBarrier();
+    reduce(lid, false);
+    if (lid < CHUNK) {
+        partials[base + (row0 + lid) * stride] = block_max[lid];
+        partials[base + (row0 + lid) * stride + 1u] = red[lid * WG];
+    }
+
+    // Weighted value sums, one coordinate per thread at a time, tokens in order.
+    var coords = value.dim;
+    if (value.kind == KIND_PROD) {
+        coords = 2u * value.dim;
+    }
+    for (var c = lid; c < coords; c += WG) {
+        var acc: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < MAX_GROUP; g += 1u) {
+            acc[g] = 0.0;
+        }
+        for (var k = 0u; k < bt; k += 1u) {
+            if (live_sh[k] != 0u) {
+                let x = value_coordinate(kvh, blk * bt + k, k, c);
+                for (var g = 0u; g < CHUNK; g += 1u) {
+                    acc[g] += p_sh[g * MAX_BLOCK + k] * x;
+                }
+            }
+        }
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            partials[base + (row0 + g) * stride + 2u + c] = acc[g];
+        }
+    }
+}

@@ -1,0 +1,77 @@
+// attn_params.wgsl — the parameters every attention kernel reads (prepended after common.wgsl).
+//
+// Bindings (group 0), shared by prepare / attend / scores / merge / finish:
+//   0 params    uniform  AttnParams      one call (a chunk of query tokens, all heads)
+//   1 launch    uniform  DispatchParams  one dispatch (its grid, page or window)
+
+/// Largest number of query heads one workgroup scores together (GQA heads of one KV head).
+const MAX_GROUP: u32 = 8u;
+/// Largest token block of pass 1 (workgroup arrays are sized by it).
+const MAX_BLOCK: u32 = 256u;
+/// Stands for −∞ in maxima (WGSL has no infinite constants); real scores are finite.
+const NEG: f32 = -3.0e38;
+
+struct AttnParams {
+    key: StreamDesc,
+    value: StreamDesc,
+    /// Query tokens in this call.
+    queries: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    /// Query heads per KV head (GQA).
+    group: u32,
+    /// Query heads per pass-1 workgroup (≤ MAX_GROUP) and the chunks a group splits into.
+    chunk_heads: u32,
+    chunks: u32,
+    /// f32 per prepared query row: key dim, then the key sketch dim for TQ_prod keys.
+    qstride: u32,
+    /// Index in `prepared` where the query positions (u32 bits) start.
+    positions_offset: u32,
+    /// Softmax temperature (usually 1/√d).
+    scale: f32,
+    /// Tokens appended so far, the oldest still stored, ring size (0: growing), window (0: none).
+    len: u32,
+    first_stored: u32,
+    ring_slots: u32,
+    window: u32,
+    /// Tokens per pass-1 block (divides every page's token count).
+    block_tokens: u32,
+    /// f32 per partial record: max, sum, value dim accumulators, value sketch accumulators.
+    rec: u32,
+    /// f32 per block in the partials (≥ rows·rec, padded to the storage offset alignment).
+    block_stride: u32,
+    /// queries · q_heads.
+    rows: u32,
+    /// f32 per row of the scores output (slots).
+    score_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+    _pad4: u32,
+    _pad5: u32,
+}
+
+struct DispatchParams {
+    grid_x: u32,
+    grid_y: u32,
+    /// Workgroups that do work (the grid may have a few more).
+    total: u32,
+    /// First slot of the bound page (pass 1, scores).
+    first_slot: u32,
+    /// Blocks in the bound page or partials window; tiles for the scores kernel.
+    blocks: u32,
+    /// Merge: 1 for the first window (ignore the state buffer's old contents).
+    init: u32,
+    /// Token slots of the bound page, and the u32 index of the key scales, the key positions
+    /// and the value scales inside its key and value pages.
+    page_tokens: u32,
+    k_scales_offset: u32,
+    k_positions_offset: u32,
+    v_scales_offset: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: AttnParams;
+@group(0) @binding(1) var<uniform> launch: DispatchParams;

@@ -1,0 +1,78 @@
+// finish.wgsl — decode attention, pass 2b: divides each row's accumulators by its softmax sum
+// and maps them back once: out = Π_Vᵀ·(acc + α·s·S_Vᵀ·sketch_acc) / sum for coded values,
+// acc / sum for f32 / f16 values. A row that saw no token outputs zeros.
+//
+// Workgroup: WG = 64 threads, one workgroup per row (row = query·q_heads + head).
+//
+// Bindings (group 0), after attn_params.wgsl (0 params, 1 launch):
+//   2 state   storage r   f32 [rows, rec] (merge output)
+//   3 tables  storage r   f32 value tables (Π_V, S_V column-major, gains)
+//   4 out     storage rw  f32 [rows, value dim]
+
+@group(0) @binding(2) var<storage, read> state: array<f32>;
+@group(0) @binding(3) var<storage, read> tables: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> a_sh: array<f32, MAX_DIM>;
+var<workgroup> t_sh: array<f32, MAX_DIM>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = flat_workgroup(wid, launch.grid_x, launch.grid_y);
+    if (row >= launch.total) {
+        return;
+    }
+    let value = params.value;
+    let d = value.dim;
+    let own = row * params.rec;
+    let sum = state[own + 1u];
+    var inv = 0.0;
+    if (sum > 0.0) {
+        inv = 1.0 / sum;
+    }
+    if (value.kind == KIND_F32 || value.kind == KIND_F16) {
+        for (var j = lid; j < d; j += WG) {
+            out[row * d + j] = state[own + 2u + j] * inv;
+        }
+        return;
+    }
+    let kvh = (row % params.q_heads) / params.group;
+    for (var j = lid; j < d; j += WG) {
+        a_sh[j] = state[own + 2u + j] * inv;
+        if (value.kind == KIND_PROD) {
+            t_sh[j] = state[own + 2u + d + j] * inv;
+        }
+    }
+    workgroupBarrier();
+    if (value.kind == KIND_PROD) {
+        // a += α·s·Sᵀ·t, with S column-major: column j of S is contiguous.
+        let s = value.s_offset + kvh * d * d;
+        let gain = tables[value.gain_offset + kvh];
+        var sums: array<f32, 8>;
+        var n = 0u;
+        for (var j = lid; j < d; j += WG) {
+            var acc = 0.0;
+            for (var i = 0u; i < d; i += 1u) {
+                acc += tables[s + j * d + i] * t_sh[i];
+            }
+            sums[n] = acc;
+            n += 1u;
+        }
+        workgroupBarrier();
+        n = 0u;
+        for (var j = lid; j < d; j += WG) {
+            a_sh[j] += gain * sums[n];
+            n += 1u;
+        }
+        workgroupBarrier();
+    }
+    // out = Πᵀ·a: entry (j, k) of Π is at k·d + j, so thread k reads a contiguous column.
+    let pi = value.pi_offset + kvh * d * d;
+    for (var k = lid; k < d; k += WG) {
+        var acc = 0.0;
+        for (var j = 0u; j < d; j += 1u) {
+            acc += tables[pi + k * d + j] * a_sh[j];
+        }
+        out[row * d + k] = acc;
+    }
+}

@@ -1,0 +1,64 @@
+// prepare.wgsl — prepares every query row once per call: rotate (and project) it for coded keys.
+//
+// Workgroup: WG = 64 threads, one workgroup per row (row = query·q_heads + head), flattened grid.
+//
+// Bindings (group 0), after attn_params.wgsl's 0 params and 1 launch:
+//   2 queries   storage r   f32 [rows, key dim]     raw queries
+//   3 tables    storage r   f32                     key tables (Π_K, S_K column-major, gains)
+//   4 prepared  storage rw  f32 [rows, qstride]     output (positions after it are the host's)
+//
+// Coded keys: q̃ = correction·Π_K·(scale·q) and s̃ = α·s·S_K·(Π_K·(scale·q)), the CPU fused
+// kernel's order. f32 / f16 keys: scale·q.
+
+@group(0) @binding(2) var<storage, read> queries: array<f32>;
+@group(0) @binding(3) var<storage, read> tables: array<f32>;
+@group(0) @binding(4) var<storage, read_write> prepared: array<f32>;
+
+var<workgroup> q_sh: array<f32, MAX_DIM>;
+var<workgroup> r_sh: array<f32, MAX_DIM>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = flat_workgroup(wid, launch.grid_x, launch.grid_y);
+    if (row >= launch.total) {
+        return;
+    }
+    let key = params.key;
+    let d = key.dim;
+    let kvh = (row % params.q_heads) / params.group;
+    let out = row * params.qstride;
+    for (var j = lid; j < d; j += WG) {
+        q_sh[j] = queries[row * d + j] * params.scale;
+    }
+    workgroupBarrier();
+    if (key.kind == KIND_F32 || key.kind == KIND_F16) {
+        for (var j = lid; j < d; j += WG) {
+            prepared[out + j] = q_sh[j];
+        }
+        return;
+    }
+    let pi = key.pi_offset + kvh * d * d;
+    for (var j = lid; j < d; j += WG) {
+        var acc = 0.0;
+        for (var i = 0u; i < d; i += 1u) {
+            acc += tables[pi + i * d + j] * q_sh[i];
+        }
+        r_sh[j] = acc;
+    }
+    workgroupBarrier();
+    let correction = tables[key.correction_offset + kvh];
+    for (var j = lid; j < d; j += WG) {
+        prepared[out + j] = r_sh[j] * correction;
+    }
+    if (key.kind == KIND_PROD) {
+        let s = key.s_offset + kvh * d * d;
+        let gain = tables[key.gain_offset + kvh];
+        for (var j = lid; j < d; j += WG) {
+            var acc = 0.0;
+            for (var i = 0u; i < d; i += 1u) {
+                acc += tables[s + i * d + j] * r_sh[i];
+            }
+            prepared[out + d + j] = gain * acc;
+        }
+    }
+}

@@ -1,0 +1,141 @@
+// score.wgsl — scoring one key record against prepared queries, and the position masks
+// (prepended to attend.wgsl and scores.wgsl, after attn_params.wgsl).
+//
+// Bindings (group 0):
+//   2 prepared  storage r  f32 [rows, qstride] prepared queries, then the query positions:
+//                          coded keys: scale·correction·Π_K·q and α·s·S·(scale·Π_K·q);
+//                          plain keys: scale·q
+//   3 tables    storage r  f32, key and value tables (StreamDesc offsets)
+//   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words],
+//                          scales (binary16 pairs) at k_scales_offset, positions at
+//                          k_positions_offset
+//
+// A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
+// `⟨scale·q, k⟩` for f32 / f16 keys.
+
+/// Query heads scored per workgroup (pipeline constant; divides the GQA group, ≤ MAX_GROUP).
+/// A constant trip count lets the driver unroll the head loops and keep the per-head
+/// accumulators in registers.
+override CHUNK: u32 = 8u;
+
+@group(0) @binding(2) var<storage, read> prepared: array<f32>;
+@group(0) @binding(3) var<storage, read> tables: array<f32>;
+@group(0) @binding(4) var<storage, read> kpage: array<u32>;
+
+/// Key centroids, loaded once per workgroup.
+var<workgroup> ck: array<f32, MAX_LEVELS>;
+
+/// Loads the key centroids into `ck` (all threads; a barrier must follow).
+fn load_key_centroids(lid: u32) {
+    if (params.key.kind == KIND_MSE || params.key.kind == KIND_PROD) {
+        for (var i = lid; i < params.key.levels; i += WG) {
+            ck[i] = tables[params.key.centroid_offset + i];
+        }
+    }
+}
+
+/// Scale `k` (0: norm, 1: γ) of the key at (`kvh`, `local`) in the bound page.
+fn key_scale(kvh: u32, local: u32, k: u32) -> f32 {
+    let i = (kvh * launch.page_tokens + local) * params.key.scales + k;
+    let w = kpage[launch.k_scales_offset + i / 2u];
+    return f16_value((w >> (16u * (i % 2u))) & 0xffffu);
+}
+
+/// Whether the token in slot `slot` (`local` within the bound page) is stored and visible to a
+/// query at position `qpos`: causal (position ≤ qpos) and, with a window W, position > qpos − W.
+fn slot_visible(slot: u32, local: u32, qpos: u32) -> bool {
+    if (slot >= params.len) {
+        return false;
+    }
+    var t = slot;
+    if (params.ring_slots != 0u) {
+        if (slot >= params.ring_slots) {
+            return false;
+        }
+        // The newest token living in this slot of the ring.
+        t = slot + params.ring_slots * ((params.len - 1u - slot) / params.ring_slots);
+    }
+    if (t < params.first_stored) {
+        return false;
+    }
+    let p = kpage[launch.k_positions_offset + local];
+    if (p > qpos) {
+        return false;
+    }
+    if (params.window != 0u && p + params.window <= qpos) {
+        return false;
+    }
+    return true;
+}
+
+/// Scores of the key at (`kvh`, `local`) against prepared rows `row0 .. row0 + CHUNK`.
+fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
+    var out: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        out[g] = 0.0;
+    }
+    let key = params.key;
+    let d = key.dim;
+    let qs = params.qstride;
+    let rb = (kvh * launch.page_tokens + local) * key.record_words;
+    if (key.kind == KIND_F32 || key.kind == KIND_F16) {
+        for (var j = 0u; j < d; j += 1u) {
+            var x: f32;
+            if (key.kind == KIND_F32) {
+                x = bitcast<f32>(kpage[rb + j]);
+            } else {
+                x = f16_value((kpage[rb + j / 2u] >> (16u * (j % 2u))) & 0xffffu);
+            }
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                out[g] += prepared[(row0 + g) * qs + j] * x;
+            }
+        }
+        return out;
+    }
+    let bits = key.bits;
+    let mask = (1u << bits) - 1u;
+    var cur = kpage[rb];
+    var next_word = 1u;
+    var used = 0u;
+    for (var j = 0u; j < d; j += 1u) {
+        var code = cur >> used;
+        if (used + bits > 32u) {
+            code = code | (kpage[rb + next_word] << (32u - used));
+        }
+        code = code & mask;
+        used += bits;
+        if (used >= 32u) {
+            used -= 32u;
+            if (j + 1u < d) {
+                cur = kpage[rb + next_word];
+                next_word += 1u;
+            }
+        }
+        let c = ck[code];
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += prepared[(row0 + g) * qs + j] * c;
+        }
+    }
+    let norm = key_scale(kvh, local, 0u);
+    for (var g = 0u; g < CHUNK; g += 1u) {
+        out[g] = norm * out[g];
+    }
+    if (key.kind == KIND_PROD) {
+        let gamma = key_scale(kvh, local, 1u);
+        let sb = rb + key.code_words;
+        var sign_sum: array<f32, MAX_GROUP>;
+        for (var g = 0u; g < MAX_GROUP; g += 1u) {
+            sign_sum[g] = 0.0;
+        }
+        for (var i = 0u; i < d; i += 1u) {
+            let z = select(-1.0, 1.0, ((kpage[sb + i / 32u] >> (i % 32u)) & 1u) == 1u);
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                sign_sum[g] += prepared[(row0 + g) * qs + d + i] * z;
+            }
+        }
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += gamma * sign_sum[g];
+        }
+    }
+    return out;
+}

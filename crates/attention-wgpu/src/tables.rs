@@ -1,0 +1,324 @@
+//! The codec parameters of a layer as the kernels read them: one [`StreamDesc`] per stream
+//! (keys, values) and one f32 table buffer holding, per KV head, Π and S (column-major), the
+//! Hadamard factors where the encode kernel runs the fast transform, and the shared codebook.
+//!
+//! Everything is read from the CPU codecs (`TokenCodec`), so the GPU uses exactly the
+//! matrices, codebooks, gains and corrections the CPU cache encodes and scores with.
+
+use tq_cache::TokenCodec;
+use tq_qjl::{QjlSketch, SketchKind};
+use tq_rotation::{Rotation, RotationKind};
+
+use crate::error::GpuError;
+use crate::kernels::{
+    KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MODE_DENSE, MODE_DENSE_LANES, MODE_FWHT,
+    StreamDesc,
+};
+
+/// Which stream of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The keys.
+    Keys,
+    /// The values.
+    Values,
+}
+
+/// The parts of one head's codec the kernels need.
+struct HeadCodec<'a> {
+    kind: u32,
+    dim: usize,
+    bits: u8,
+    record_words: usize,
+    scales: usize,
+    norm_correction: bool,
+    rotation: Option<&'a Rotation>,
+    sketch: Option<&'a QjlSketch>,
+    centroids: &'a [f32],
+    thresholds: &'a [f32],
+    correction: f32,
+}
+
+fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
+    let plain = |kind| HeadCodec {
+        kind,
+        dim: codec.dim(),
+        bits: 0,
+        record_words: codec.record_words(),
+        scales: codec.scales_per_token(),
+        norm_correction: false,
+        rotation: None,
+        sketch: None,
+        centroids: &[],
+        thresholds: &[],
+        correction: 1.0,
+    };
+    fn coded<'a>(
+        codec: &TokenCodec,
+        kind: u32,
+        mse: &'a tq_cache::codec::TqMse,
+        sketch: Option<&'a QjlSketch>,
+        correction: f32,
+    ) -> HeadCodec<'a> {
+        HeadCodec {
+            kind,
+            dim: codec.dim(),
+            bits: mse.spec().bits,
+            record_words: codec.record_words(),
+            scales: codec.scales_per_token(),
+            norm_correction: mse.spec().norm_correction,
+            rotation: Some(mse.rotation()),
+            sketch,
+            centroids: mse.codebook().centroids_f32(),
+            thresholds: mse.codebook().thresholds_f32(),
+            correction,
+        }
+    }
+    Ok(match codec {
+        TokenCodec::F32 { .. } => plain(KIND_F32),
+        TokenCodec::F16 { .. } => plain(KIND_F16),
+        TokenCodec::Mse(c) => coded(codec, KIND_MSE, c, None, 1.0),
+        TokenCodec::DebiasedMse(c) => coded(codec, KIND_MSE, c.codec(), None, c.correction()),
+        TokenCodec::Prod(c) => coded(codec, KIND_PROD, c.mse(), Some(c.sketch()), 1.0),
+        TokenCodec::TwoTier(_) => {
+            return Err(GpuError::Unsupported(
+                "two-tier (outlier channel) codecs".into(),
+            ));
+        }
+    })
+}
+
+/// Π (d×d, row-major f64) as f32 column-major: entry (i, j) at `j·d + i`.
+fn column_major(dense: &[f64], d: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; d * d];
+    for i in 0..d {
+        for j in 0..d {
+            out[j * d + i] = dense[i * d + j] as f32;
+        }
+    }
+    out
+}
+
+/// The entry signs and exit factors of a power-of-two randomized Hadamard matrix
+/// `Π = diag(s₂/√d)·H·diag(s₁)`, recovered from its dense form and checked entry by entry.
+///
+/// `(s₁, s₂)` and `(−s₁, −s₂)` give the same Π and, because negation is exact in IEEE
+/// arithmetic, the same f32 results up to the sign of an exact zero, so fixing `s₁[0] = +1`
+/// loses nothing the encoder can see (codes and QJL signs treat −0 as +0). A public accessor
+/// for the signs in `tq-rotation` would remove this recovery.
+/// The exit factors are computed as `tq-rotation` computes them: `(s₂ᵢ·(1/√d)) as f32`.
+pub(crate) fn hadamard_factors(dense: &[f64], d: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+    if !d.is_power_of_two() || dense.len() != d * d {
+        return None;
+    }
+    let scale = 1.0 / (d as f64).sqrt();
+    let sign = |v: f64| if v < 0.0 { -1.0f64 } else { 1.0 };
+    let exit_signs: Vec<f64> = (0..d).map(|i| sign(dense[i * d])).collect();
+    let entry_signs: Vec<f64> = (0..d).map(|j| sign(dense[j]) * exit_signs[0]).collect();
+    for i in 0..d {
+        for j in 0..d {
+            let h = if (i & j).count_ones() % 2 == 0 {
+                1.0
+            } else {
+                -1.0
+            };
+            let expected = exit_signs[i] * scale * h * entry_signs[j];
+            if (dense[i * d + j] - expected).abs() > 1e-12 {
+                return None;
+            }
+        }
+    }
+    let entry = entry_signs.iter().map(|&s| s as f32).collect();
+    let exit = exit_signs.iter().map(|&s| (s * scale) as f32).collect();
+    Some((entry, exit))
+}
+
+/// One stream's descriptor plus the host facts the dispatch code needs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamLayoutGpu {
+    pub desc: StreamDesc,
+    pub dim: usize,
+    pub record_words: usize,
+    pub scales: usize,
+    /// Sketch dimension of TQ_prod (0 otherwise): accumulators beyond the value dimension.
+    pub sketch_dim: usize,
+}
+
+/// Appends one stream's tables (all heads) to `data`; returns its layout.
+pub(crate) fn build_stream(
+    codecs: &[&TokenCodec],
+    data: &mut Vec<f32>,
+) -> Result<StreamLayoutGpu, GpuError> {
+    let heads: Vec<HeadCodec<'_>> = codecs
+        .iter()
+        .map(|c| head_codec(c))
+        .collect::<Result<_, _>>()?;
+    let first = heads
+        .first()
+        .ok_or_else(|| GpuError::Unsupported("a layer without KV heads".into()))?;
+    let d = first.dim;
+    if d == 0 || d > MAX_DIM {
+        return Err(GpuError::Unsupported(format!(
+            "head dimension {d} (the kernels take 1..={MAX_DIM})"
+        )));
+    }
+    let rotation_kind = |h: &HeadCodec<'_>| h.rotation.map(Rotation::kind);
+    let sketch_kind = |h: &HeadCodec<'_>| h.sketch.map(|s| s.spec().kind);
+    for h in &heads[1..] {
+        if h.kind != first.kind
+            || h.dim != d
+            || h.bits != first.bits
+            || h.norm_correction != first.norm_correction
+            || rotation_kind(h) != rotation_kind(first)
+            || sketch_kind(h) != sketch_kind(first)
+            || h.centroids != first.centroids
+        {
+            return Err(GpuError::Unsupported(
+                "KV heads of one stream with different codecs (the kernels take one codec per \
+                 stream; rotation and sketch seeds may differ)"
+                    .into(),
+            ));
+        }
+    }
+    let n_heads = heads.len();
+    let mut desc = StreamDesc {
+        kind: first.kind,
+        dim: d as u32,
+        bits: u32::from(first.bits),
+        record_words: first.record_words as u32,
+        scales: first.scales as u32,
+        levels: first.centroids.len() as u32,
+        norm_correction: u32::from(first.norm_correction),
+        ..StreamDesc::default()
+    };
+    let mut sketch_dim = 0;
+    if matches!(first.kind, KIND_MSE | KIND_PROD) {
+        desc.code_words = tq_cache::codec::packing::words_for(d, first.bits) as u32;
+        let offset = |data: &Vec<f32>| data.len() as u32;
+        let dense_pi: Vec<Vec<f64>> = heads
+            .iter()
+            .map(|h| h.rotation.map_or_else(Vec::new, Rotation::to_dense_f64))
+            .collect();
+        desc.pi_offset = offset(data);
+        for dense in &dense_pi {
+            data.extend(column_major(dense, d));
+        }
+        let dense_s: Vec<Vec<f64>> = heads
+            .iter()
+            .map(|h| h.sketch.map_or_else(Vec::new, QjlSketch::to_dense_f64))
+            .collect();
+        if first.kind == KIND_PROD {
+            if first.sketch.is_some_and(|s| s.rows() != d) {
+                return Err(GpuError::Unsupported("a non-square QJL sketch".into()));
+            }
+            sketch_dim = d;
+            desc.s_offset = offset(data);
+            for dense in &dense_s {
+                data.extend(column_major(dense, d));
+            }
+        }
+        // The encode kernel runs the fast transform where the CPU does (power-of-two d).
+        let factors = |dense: &[Vec<f64>]| -> Option<Vec<f32>> {
+            let mut all = Vec::with_capacity(dense.len() * 2 * d);
+            for m in dense {
+                let (entry, exit) = hadamard_factors(m, d)?;
+                all.extend(entry);
+                all.extend(exit);
+            }
+            Some(all)
+        };
+        desc.pi_mode = MODE_DENSE;
+        if rotation_kind(first) == Some(RotationKind::Hadamard) {
+            if let Some(all) = factors(&dense_pi) {
+                desc.pi_mode = MODE_FWHT;
+                desc.fwht_pi_offset = offset(data);
+                data.extend(all);
+            }
+        }
+        desc.s_mode = match sketch_kind(first) {
+            Some(SketchKind::Gaussian) => MODE_DENSE_LANES,
+            _ => MODE_DENSE,
+        };
+        if sketch_kind(first) == Some(SketchKind::Hadamard) {
+            if let Some(all) = factors(&dense_s) {
+                desc.s_mode = MODE_FWHT;
+                desc.fwht_s_offset = offset(data);
+                data.extend(all);
+            }
+        }
+        desc.centroid_offset = offset(data);
+        data.extend_from_slice(first.centroids);
+        desc.threshold_offset = offset(data);
+        data.extend_from_slice(first.thresholds);
+        desc.gain_offset = offset(data);
+        data.extend(
+            heads
+                .iter()
+                .map(|h| h.sketch.map_or(0.0, |s| s.gain() as f32)),
+        );
+        desc.correction_offset = offset(data);
+        data.extend(heads.iter().map(|h| h.correction));
+    }
+    debug_assert!(n_heads > 0);
+    Ok(StreamLayoutGpu {
+        desc,
+        dim: d,
+        record_words: first.record_words,
+        scales: first.scales,
+        sketch_dim,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recovered factors rebuild Π exactly, for every power-of-two size the kernels use.
+    #[test]
+    fn hadamard_factors_rebuild_the_matrix() {
+        for d in [1usize, 2, 8, 64, 128] {
+            for seed in [0u64, 7, 12345] {
+                let rotation = Rotation::new(RotationKind::Hadamard, d, seed).unwrap();
+                let dense = rotation.to_dense_f64();
+                let (entry, exit) = hadamard_factors(&dense, d).expect("power of two");
+                // Apply the factors in f32 like the kernel and compare with the CPU rotation.
+                let x: Vec<f32> = (0..d).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+                let mut y: Vec<f32> = x.iter().zip(&entry).map(|(a, s)| a * s).collect();
+                let mut h = 1;
+                while h < d {
+                    for p in 0..d / 2 {
+                        let i = (p / h) * 2 * h + p % h;
+                        let (a, b) = (y[i], y[i + h]);
+                        y[i] = a + b;
+                        y[i + h] = a - b;
+                    }
+                    h *= 2;
+                }
+                for (v, e) in y.iter_mut().zip(&exit) {
+                    *v *= e;
+                }
+                let mut expected = vec![0.0f32; d];
+                rotation.apply(&x, &mut expected).unwrap();
+                // Bit-identical except the sign of an exact zero, which the recovered global
+                // sign decides; codes and QJL signs cannot see it (−0 and +0 compare equal,
+                // and both count as non-negative).
+                for (a, b) in y.iter().zip(&expected) {
+                    assert!(
+                        a == b && (*a != 0.0 || *b == 0.0),
+                        "d {d} seed {seed}: {a} vs {b}"
+                    );
+                    if *a != 0.0 {
+                        assert_eq!(a.to_bits(), b.to_bits(), "d {d} seed {seed}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A non-power-of-two Hadamard rotation (three overlapping passes) has no such factors.
+    #[test]
+    fn overlapping_hadamard_is_not_factored() {
+        let rotation = Rotation::new(RotationKind::Hadamard, 96, 3).unwrap();
+        assert!(hadamard_factors(&rotation.to_dense_f64(), 96).is_none());
+    }
+}

@@ -1,0 +1,319 @@
+//! GPU decode attention against the CPU reference (`tq_cache::attention::reference_attention`:
+//! every visible key and value decoded to f32, softmax and sums in f64), and GPU scores
+//! against `scale·⟨q, decode(k)⟩` in f64.
+//!
+//! Both sides compute the same quantity from the same stored records, so they differ by f32
+//! rounding only: scores by ~√d·ε·scale·‖q‖‖k‖ (rotated-domain dot products, a d×d query
+//! rotation), outputs by ~(√d + √T)·ε·max|v|. The tolerances — 1e-4 relative to the row's
+//! largest |score|, 1e-4 relative to the largest |output| — hold with a wide margin at
+//! d ≤ 256 and T ≤ a few thousand, and any wrong code, sign, scale, rotation, mask or GQA
+//! mapping moves results by > 1e-2.
+
+mod common;
+
+use common::{CODECS, codec, context, fill, growing, sliding, vectors};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use tq_attention_wgpu::{GpuError, GpuKvCache};
+use tq_cache::CodecSpec;
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::{AttentionShape, reference_attention};
+use tq_cache::codec::CodecScratch;
+use tq_cache::kv_cache::{KvCache, KvLayout};
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(0x6B0_A77E),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// `scale·⟨q, decode(k)⟩·correction` for every visible token, as the reference scores.
+fn cpu_scores(
+    cache: &KvCache,
+    queries: &[f32],
+    positions: &[u32],
+    shape: AttentionShape,
+) -> Vec<Vec<(usize, f64)>> {
+    let d = cache.layout().head_dim;
+    let group = shape.q_heads / cache.layout().kv_heads;
+    let mut scratch = CodecScratch::new(d);
+    let mut k = vec![0.0f32; d];
+    let mut rows = Vec::new();
+    for (i, &p) in positions.iter().enumerate() {
+        for h in 0..shape.q_heads {
+            let q = &queries[(i * shape.q_heads + h) * d..][..d];
+            let keys = cache.keys(h / group);
+            let mut row = Vec::new();
+            for t in cache.visible(p) {
+                keys.decode(t, &mut scratch, &mut k).unwrap();
+                let correction = f64::from(keys.codec().score_correction());
+                let dot: f64 = q
+                    .iter()
+                    .zip(&k)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                row.push((t, f64::from(shape.scale) * dot * correction));
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+/// Compares GPU scores and outputs with the CPU reference for queries at `positions`.
+fn compare(gpu: &mut GpuKvCache, cpu: &KvCache, q_heads: usize, positions: &[u32], seed: u64) {
+    let d = cpu.layout().head_dim;
+    let queries = vectors(positions.len() * q_heads, d, seed);
+    let shape = AttentionShape {
+        q_heads,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let mut expected = vec![0.0f32; queries.len()];
+    reference_attention(cpu, &queries, positions, shape, &mut expected).unwrap();
+    let mut got = vec![0.0f32; queries.len()];
+    gpu.attend(&queries, positions, shape, &mut got).unwrap();
+    let scale = expected
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()))
+        .max(1e-3);
+    for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * scale,
+            "output {i}: gpu {a} vs reference {b} (scale {scale})"
+        );
+    }
+
+    let scores = gpu.scores(&queries, positions, shape).unwrap();
+    let slots = scores.len() / (positions.len() * q_heads);
+    for (r, row) in cpu_scores(cpu, &queries, positions, shape)
+        .iter()
+        .enumerate()
+    {
+        let gpu_row = &scores[r * slots..(r + 1) * slots];
+        let visible: Vec<usize> = row.iter().map(|&(t, _)| gpu.slot_of(t).unwrap()).collect();
+        // Exactly the visible slots carry a score.
+        let finite = gpu_row.iter().filter(|s| s.is_finite()).count();
+        assert_eq!(finite, row.len(), "row {r}: visible slots");
+        let top = row.iter().fold(1e-3f64, |m, &(_, s)| m.max(s.abs()));
+        for (&(t, s), &slot) in row.iter().zip(&visible) {
+            let g = f64::from(gpu_row[slot]);
+            assert!(
+                (g - s).abs() <= 1e-4 * top,
+                "row {r} token {t}: gpu score {g} vs reference {s} (top {top})"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(10))]
+
+    /// Decode (and a short prefill chunk) on growing caches: every codec family for keys and
+    /// values, b = 2..5, GQA 1–8, token counts that are not multiples of the block or page.
+    #[test]
+    fn gpu_attention_matches_reference(
+        dim in prop_oneof![Just(64usize), Just(128), Just(256)],
+        kv_heads in 1usize..=2,
+        ratio in 1usize..=8,
+        tokens in 1usize..400,
+        query_len in 1usize..=2,
+        key_codec in 0usize..CODECS,
+        value_codec in 0usize..CODECS,
+        bits in 2u8..=5,
+        seed in any::<u64>(),
+    ) {
+        let Some(ctx) = context() else { return Ok(()) };
+        let mut cpu = KvCache::uniform(
+            growing(kv_heads, dim),
+            codec(key_codec, dim, bits, seed),
+            codec(value_codec, dim, bits, seed ^ 1),
+        ).unwrap();
+        fill(&mut cpu, 0, tokens, seed);
+        let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        let first = tokens.saturating_sub(query_len) as u32;
+        let positions: Vec<u32> = (first..tokens as u32).collect();
+        compare(&mut gpu, &cpu, kv_heads * ratio, &positions, seed ^ 7);
+    }
+}
+
+fn preset_cache(name: &str, layout: KvLayout) -> KvCache {
+    KvCache::with_allocation(layout, &Allocation::preset(name).unwrap(), 3, 8).unwrap()
+}
+
+/// The presets the GPU must run, with per-head seeds (each KV head its own Π and S).
+#[test]
+fn presets_on_gpu_match_reference() {
+    let Some(ctx) = context() else { return };
+    for name in ["mse-k4v4", "k5v4", "f16"] {
+        for dim in [64usize, 128] {
+            let mut cpu = preset_cache(name, growing(2, dim));
+            fill(&mut cpu, 0, 333, 5);
+            let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+            compare(&mut gpu, &cpu, 8, &[332], 11);
+        }
+    }
+}
+
+/// Decode steps: the CPU cache appends (CPU encode) while the GPU copy either encodes the same
+/// vectors itself or receives the CPU's records; the GPU pages then equal the CPU records and
+/// attention matches after every step.
+#[test]
+fn decode_steps_stay_in_step_with_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    for (name, gpu_encodes) in [("k5v4", true), ("k5v4", false), ("mse-k4v4", true)] {
+        let mut cpu = preset_cache(name, growing(2, 64));
+        fill(&mut cpu, 0, 250, 21);
+        let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        for step in 0..8u32 {
+            let p = 250 + step;
+            let (k, v, pos) = fill(&mut cpu, p, 1, 100 + u64::from(step));
+            if gpu_encodes {
+                gpu.encode_and_append(&k, &v, &pos).unwrap();
+            } else {
+                gpu.sync_from(&cpu).unwrap();
+            }
+            assert_eq!(gpu.len(), cpu.len());
+            if step % 3 == 0 {
+                compare(&mut gpu, &cpu, 4, &[p], u64::from(step));
+            }
+        }
+        let down = gpu.download().unwrap();
+        let (mut kr, mut ks, mut vr, mut vs) = (vec![], vec![], vec![], vec![]);
+        for t in 0..cpu.len() {
+            for h in 0..2 {
+                let (_, r, s) = cpu.keys(h).token(t).unwrap();
+                kr.extend_from_slice(r);
+                ks.extend_from_slice(s);
+                let (_, r, s) = cpu.values(h).token(t).unwrap();
+                vr.extend_from_slice(r);
+                vs.extend_from_slice(s);
+            }
+        }
+        let expected_positions: Vec<u32> =
+            (0..cpu.len()).map(|t| cpu.position(t).unwrap()).collect();
+        assert_eq!(down.positions, expected_positions, "{name}");
+        // GPU-encoded records are bit-identical to the CPU's on IEEE hardware (see encode.rs
+        // for the tolerance); here lavapipe and real GPUs alike are held to equality.
+        assert_eq!(down.key_records, kr, "{name}");
+        assert_eq!(down.key_scales, ks, "{name}");
+        assert_eq!(down.value_records, vr, "{name}");
+        assert_eq!(down.value_scales, vs, "{name}");
+    }
+}
+
+/// Sliding layers: a ring that wrapped, the window mask, a prefill chunk, and a rewind.
+#[test]
+fn sliding_window_rings_match_reference() {
+    let Some(ctx) = context() else { return };
+    for (key, value) in [(5usize, 2usize), (2, 8), (1, 0)] {
+        let spec_k = codec(key, 64, 4, 3);
+        let spec_v = codec(value, 64, 4, 4);
+        let mut cpu = KvCache::uniform(sliding(2, 64, 50, 3), spec_k, spec_v).unwrap();
+        fill(&mut cpu, 0, 130, 9);
+        let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        compare(&mut gpu, &cpu, 4, &[129], 1);
+        // Three decode steps on both, then a rewind of two tokens and one more step.
+        for p in 130..133u32 {
+            let (k, v, pos) = fill(&mut cpu, p, 1, u64::from(p));
+            gpu.encode_and_append(&k, &v, &pos).unwrap();
+        }
+        compare(&mut gpu, &cpu, 4, &[132], 2);
+        cpu.truncate(131).unwrap();
+        gpu.truncate(131).unwrap();
+        let (k, v, pos) = fill(&mut cpu, 131, 1, 77);
+        gpu.encode_and_append(&k, &v, &pos).unwrap();
+        compare(&mut gpu, &cpu, 4, &[131], 3);
+        // One batch longer than the ring (53 slots): only its last 53 tokens stay.
+        let (k, v, pos) = fill(&mut cpu, 132, 60, 78);
+        gpu.encode_and_append(&k, &v, &pos).unwrap();
+        compare(&mut gpu, &cpu, 4, &[191], 4);
+    }
+}
+
+/// A causal prefill chunk: each query sees only the tokens up to its own position.
+#[test]
+fn prefill_chunks_are_causal() {
+    let Some(ctx) = context() else { return };
+    let mut cpu = preset_cache("k5v4", growing(1, 64));
+    fill(&mut cpu, 0, 40, 13);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    let positions: Vec<u32> = (0..40).collect();
+    compare(&mut gpu, &cpu, 2, &positions, 17);
+}
+
+/// Bad input is a typed error, never a panic.
+#[test]
+fn errors_are_typed() {
+    let Some(ctx) = context() else { return };
+    let mut cpu = preset_cache("k5v4", growing(2, 64));
+    fill(&mut cpu, 0, 10, 1);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    let mut q = vec![0.5f32; 4 * 64];
+    let mut out = vec![0.0f32; 4 * 64];
+    q[3] = f32::NAN;
+    assert!(matches!(
+        gpu.attend(&q, &[9], shape, &mut out),
+        Err(GpuError::Codec(_))
+    ));
+    q[3] = 0.5;
+    let bad = AttentionShape {
+        q_heads: 3,
+        scale: 0.125,
+    };
+    assert!(
+        gpu.attend(&q[..3 * 64], &[9], bad, &mut out[..3 * 64])
+            .is_err()
+    );
+    assert!(matches!(
+        gpu.attend(&q, &[9, 9], shape, &mut out),
+        Err(GpuError::Shape { .. })
+    ));
+    let kv = vec![0.1f32; 2 * 64];
+    assert!(matches!(
+        gpu.encode_and_append(&kv, &kv, &[3]),
+        Err(GpuError::Cache(_))
+    ));
+    let mut huge = kv.clone();
+    huge[0] = 1e6;
+    assert!(matches!(
+        gpu.encode_and_append(&huge, &kv, &[10]),
+        Err(GpuError::Codec(_))
+    ));
+    assert_eq!(gpu.len(), 10, "a rejected append changes nothing");
+    // Two-tier codecs are not implemented on the GPU.
+    let two_tier =
+        KvCache::with_allocation(growing(1, 128), &Allocation::preset("tq2.5").unwrap(), 3, 8)
+            .unwrap();
+    assert!(matches!(
+        GpuKvCache::new(&ctx, &two_tier),
+        Err(GpuError::Unsupported(_))
+    ));
+}
+
+/// GQA groups larger than one workgroup's eight heads split into equal head chunks (the
+/// largest divisor of the group up to eight).
+#[test]
+fn large_gqa_groups_split_into_head_chunks() {
+    let Some(ctx) = context() else { return };
+    let mut cpu = preset_cache("k5v4", growing(1, 64));
+    fill(&mut cpu, 0, 70, 31);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    compare(&mut gpu, &cpu, 12, &[69], 5); // chunks of 6
+    compare(&mut gpu, &cpu, 11, &[69], 7); // a prime group: chunks of 1
+    let mut cpu = KvCache::uniform(
+        growing(2, 64),
+        CodecSpec::F32 { dim: 64 },
+        CodecSpec::F16 { dim: 64 },
+    )
+    .unwrap();
+    fill(&mut cpu, 0, 70, 32);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    compare(&mut gpu, &cpu, 32, &[69], 6);
+}

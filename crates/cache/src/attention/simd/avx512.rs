@@ -1,0 +1,709 @@
+//! AVX-512 (F, BW, VL, VBMI) run kernels: sixteen coordinates per instruction.
+//!
+//! Every function here is `unsafe` only because it requires those CPU features (and AVX2, FMA,
+//! F16C, which every such CPU has): the dispatcher in `mod.rs` calls them after runtime
+//! detection, with lengths already checked. The vector primitives (dot, axpy, exp, ...) and the
+//! sign tables are shared with the AVX2 path.
+//!
+//! Packed codes: sixteen b-bit codes take exactly `2b` bytes, so chunk `j` starts at byte
+//! `2b·j`. For b ≤ 4 the chunk is one `u64`, broadcast to the eight qwords; `vpmultishiftqb`
+//! then moves code `2k` to the low byte of dword `2k` and code `2k + 1` to the low byte of
+//! dword `2k + 1` (bit offsets `2bk` and `2bk + b`), and one `vpermps` looks the low four bits
+//! up in a 16-entry table (for b < 4 the table repeats the `2^b` centroids). That is two
+//! shuffle µops per sixteen codes, as many as `vcvtph2ps` takes for sixteen f16 values. For
+//! b ≥ 5 the 16-byte chunk is first spread with `vpermb` so each qword holds the bytes of its
+//! two codes, then `vpmultishiftqb` extracts them and `vpermt2ps` (b = 5, 32 entries) or a
+//! gather (b ≥ 6) reads the codebook. A dimension that is not a multiple of 16 ends with a
+//! masked chunk.
+//!
+//! These intrinsics are stable since Rust 1.89, hence the module-wide `incompatible_msrv`
+//! allowance (see the crate's `rust-version`).
+#![allow(clippy::incompatible_msrv)]
+
+use core::arch::x86_64::*;
+
+use super::x86::{L1_BYTES, hsum4, read_padded, sign_table_sum};
+use super::{CodedRun, KeyQueries, PlainKind, PlainRun, sign_table_len, tiles};
+
+/// Bytes a chunk read takes: 8 for b ≤ 4, 16 above.
+const fn read_width(b: u32) -> usize {
+    if b <= 4 { 8 } else { 16 }
+}
+
+/// Chunks `j < chunks` whose read (`read_width` bytes at `2b·j`) stays inside a `bytes`-byte
+/// record; they come first, the rest are read byte by byte.
+fn fast_chunks(chunks: usize, b: u32, bytes: usize) -> usize {
+    let width = read_width(b);
+    if bytes < width {
+        0
+    } else {
+        chunks.min((bytes - width) / (2 * b as usize) + 1)
+    }
+}
+
+/// Centroid tables and shuffle controls for b-bit codes.
+struct Lut {
+    lo: __m512,
+    hi: __m512,
+    /// `vpmultishiftqb` control: byte 0 of dword `2k` ← code `2k`, of dword `2k+1` ← code `2k+1`.
+    control: __m512i,
+    /// `vpermb` spread for b ≥ 5: qword `k` ← chunk bytes `⌊2bk/8⌋..`.
+    spread: __m512i,
+    mask: __m512i,
+    centroids: *const f32,
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn lut<const B: u32>(centroids: &[f32]) -> Lut {
+    let b = B as usize;
+    let levels = 1usize << B;
+    let table = |first: usize| {
+        let mut t = [0.0f32; 16];
+        for (k, v) in t.iter_mut().enumerate() {
+            *v = centroids[(first + k) % levels];
+        }
+        t
+    };
+    let (lo, hi) = if B == 5 {
+        (table(0), table(16))
+    } else {
+        (table(0), table(0))
+    };
+    let mut control = [0u8; 64];
+    let mut spread = [0u8; 64];
+    for k in 0..8 {
+        let first_bit = 2 * b * k;
+        let base = if B <= 4 { 0 } else { first_bit / 8 };
+        let offset = first_bit - 8 * base;
+        control[8 * k] = offset as u8;
+        control[8 * k + 4] = (offset + b) as u8;
+        for i in 0..8 {
+            spread[8 * k + i] = ((base + i) % 16) as u8;
+        }
+    }
+    // SAFETY: the arrays hold 16 floats and 64 bytes.
+    unsafe {
+        Lut {
+            lo: _mm512_loadu_ps(lo.as_ptr()),
+            hi: _mm512_loadu_ps(hi.as_ptr()),
+            control: _mm512_loadu_si512(control.as_ptr() as *const _),
+            spread: _mm512_loadu_si512(spread.as_ptr() as *const _),
+            mask: _mm512_set1_epi32((1 << B) - 1),
+            centroids: centroids.as_ptr(),
+        }
+    }
+}
+
+/// The centroids of the sixteen codes in `chunk` (b ≤ 4: the `u64` broadcast to every qword;
+/// b ≥ 5: the 16 bytes broadcast to every 128-bit lane).
+///
+/// # Safety
+/// AVX-512 features; `lut` was built by [`lut::<B>`] from a live slice of `2^B` centroids.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn lookup<const B: u32>(lut: &Lut, chunk: __m512i) -> __m512 {
+    if B <= 4 {
+        let idx = _mm512_multishift_epi64_epi8(lut.control, chunk);
+        _mm512_permutexvar_ps(idx, lut.lo)
+    } else {
+        let spread = _mm512_permutexvar_epi8(lut.spread, chunk);
+        let idx = _mm512_multishift_epi64_epi8(lut.control, spread);
+        if B == 5 {
+            _mm512_permutex2var_ps(lut.lo, idx, lut.hi)
+        } else {
+            let idx = _mm512_and_si512(idx, lut.mask);
+            // SAFETY: every index is masked below 2^B, the length of the centroid slice.
+            unsafe { _mm512_i32gather_ps::<4>(idx, lut.centroids) }
+        }
+    }
+}
+
+/// The centroids of chunk `j` (codes `16j..16j+16`), read directly.
+///
+/// # Safety
+/// As [`lookup`]; `record` points to at least `2B·j + read_width(B)` readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn chunk<const B: u32>(lut: &Lut, record: *const u8, j: usize) -> __m512 {
+    // SAFETY: caller contract; unaligned reads are fine.
+    unsafe {
+        let p = record.add(2 * B as usize * j);
+        let bits = if B <= 4 {
+            _mm512_set1_epi64((p as *const i64).read_unaligned())
+        } else {
+            _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i))
+        };
+        lookup::<B>(lut, bits)
+    }
+}
+
+/// The centroids of chunk `j` read byte by byte, zero padded (near the end of a record).
+///
+/// # Safety
+/// As [`lookup`]; `record` points to `bytes` readable bytes and `2B·j ≤ bytes`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn chunk_padded<const B: u32>(
+    lut: &Lut,
+    record: *const u8,
+    bytes: usize,
+    j: usize,
+) -> __m512 {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        let offset = 2 * B as usize * j;
+        let low = read_padded(record, bytes, offset, 8);
+        let bits = if B <= 4 {
+            _mm512_set1_epi64(low as i64)
+        } else {
+            let high = if offset + 8 <= bytes {
+                read_padded(record, bytes, offset + 8, 8)
+            } else {
+                0
+            };
+            _mm512_broadcast_i32x4(_mm_set_epi64x(high as i64, low as i64))
+        };
+        lookup::<B>(lut, bits)
+    }
+}
+
+/// Lanes below `count` (≤ 16).
+fn lanes(count: usize) -> __mmask16 {
+    ((1u32 << count) - 1) as __mmask16
+}
+
+/// Sums the two 256-bit halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn fold(v: __m512) -> __m256 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    _mm256_add_ps(_mm512_castps512_ps256(v), high)
+}
+
+/// Per head `h < heads`, the accumulator folded to 256 bits, for [`hsum4`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn merge(a: &[__m512; 4], heads: usize) -> [__m256; 4] {
+    let mut out = [_mm256_setzero_ps(); 4];
+    for (h, o) in out.iter_mut().enumerate().take(heads) {
+        // SAFETY: same target features as this function.
+        *o = unsafe { fold(a[h]) };
+    }
+    out
+}
+
+macro_rules! by_heads {
+    ($heads:expr, $f:ident::<$($c:tt),*>($($arg:expr),* $(,)?)) => {
+        match $heads {
+            1 => $f::<$($c,)* 1>($($arg),*),
+            2 => $f::<$($c,)* 2>($($arg),*),
+            3 => $f::<$($c,)* 3>($($arg),*),
+            _ => $f::<$($c,)* 4>($($arg),*),
+        }
+    };
+}
+
+macro_rules! by_bits_heads {
+    ($bits:expr, $heads:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $bits {
+            1 => by_heads!($heads, $f::<1>($($arg),*)),
+            2 => by_heads!($heads, $f::<2>($($arg),*)),
+            3 => by_heads!($heads, $f::<3>($($arg),*)),
+            4 => by_heads!($heads, $f::<4>($($arg),*)),
+            5 => by_heads!($heads, $f::<5>($($arg),*)),
+            6 => by_heads!($heads, $f::<6>($($arg),*)),
+            7 => by_heads!($heads, $f::<7>($($arg),*)),
+            _ => by_heads!($heads, $f::<8>($($arg),*)),
+        }
+    };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn score_coded(
+    run: &CodedRun<'_>,
+    queries: &KeyQueries,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (d, m) = (run.dim, run.sketch_dim);
+    let per_tile = sign_table_len(m);
+    for (t, (first, size)) in tiles(queries.heads()).enumerate() {
+        let q = &queries.queries[first * d..(first + size) * d];
+        let w = if m > 0 {
+            &queries.sketch[first * m..(first + size) * m]
+        } else {
+            &[][..]
+        };
+        let tables = if m > 0 && queries.has_sign_tables() {
+            &queries.tables[t * per_tile..(t + 1) * per_tile]
+        } else {
+            &[][..]
+        };
+        let o = &mut out[first * stride..];
+        // SAFETY: forwarded contract; the tile's slices hold `size` rows.
+        unsafe {
+            by_bits_heads!(
+                run.bits,
+                size,
+                score_coded_tile(run, q, w, tables, o, stride)
+            )
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_coded_tile<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    q: &[f32],
+    w: &[f32],
+    tables: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
+    let bytes = 4 * (rw - run.code_offset);
+    let full = d / 16;
+    let tail = d % 16;
+    let fast = fast_chunks(full, B, bytes);
+    let spt = run.scales_per_token();
+    let sign_full = m / 16;
+    let sign_tail = m % 16;
+    // SAFETY: record `i` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
+    // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
+    // `bytes`; `2B·j ≤ 4·code words` for every chunk, the masked tail included); query loads
+    // read 16 floats of row `h < H` below `d` (masked beyond it), sketch loads likewise below
+    // `m`; sign reads take the 2-byte groups `< ceil(m/16)` of the sign words (masked ones for
+    // the tail come from the same words); table loads as in `sign_table_sum`.
+    unsafe {
+        let lut = lut::<B>(run.centroids);
+        let (qp, wp) = (q.as_ptr(), w.as_ptr());
+        let tail_mask = lanes(tail);
+        for (i, record) in run.words.chunks_exact(rw).enumerate() {
+            let rec = record[run.code_offset..].as_ptr() as *const u8;
+            // One accumulator per head: consecutive tokens are independent, so the out-of-order
+            // core overlaps their multiply-add chains.
+            let mut a = [_mm512_setzero_ps(); 4];
+            for j in 0..fast {
+                let c = chunk::<B>(&lut, rec, j);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
+                    *acc = _mm512_fmadd_ps(qv, c, *acc);
+                }
+            }
+            for j in fast..full {
+                let c = chunk_padded::<B>(&lut, rec, bytes, j);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
+                    *acc = _mm512_fmadd_ps(qv, c, *acc);
+                }
+            }
+            if tail > 0 {
+                let c = chunk_padded::<B>(&lut, rec, bytes, full);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_maskz_loadu_ps(tail_mask, qp.add(h * d + 16 * full));
+                    *acc = _mm512_fmadd_ps(qv, c, *acc);
+                }
+            }
+            let norm = run.scales[i * spt];
+            let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&merge(&a, H)));
+            if m > 0 {
+                let signs = record.as_ptr().add(run.sign_offset) as *const u8;
+                let sum = if tables.is_empty() {
+                    let mut s = [_mm512_setzero_ps(); 4];
+                    for j in 0..sign_full + usize::from(sign_tail > 0) {
+                        let bits = (signs.add(2 * j) as *const u16).read_unaligned();
+                        let z =
+                            _mm512_mask_blend_ps(bits, _mm512_set1_ps(-1.0), _mm512_set1_ps(1.0));
+                        let mask = if j < sign_full {
+                            lanes(16)
+                        } else {
+                            lanes(sign_tail)
+                        };
+                        for (h, acc) in s.iter_mut().enumerate().take(H) {
+                            let wv = _mm512_maskz_loadu_ps(mask, wp.add(h * m + 16 * j));
+                            *acc = _mm512_fmadd_ps(wv, z, *acc);
+                        }
+                    }
+                    hsum4(&merge(&s, H))
+                } else {
+                    sign_table_sum(tables, signs, m.div_ceil(8))
+                };
+                let gamma = run.scales[i * spt + 1];
+                scores = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, scores);
+            }
+            let mut t = [0.0f32; 4];
+            _mm_storeu_ps(t.as_mut_ptr(), scores);
+            for (h, &score) in t.iter().enumerate().take(H) {
+                out[h * stride + i] += score;
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn score_plain(
+    run: &PlainRun<'_>,
+    queries: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d = run.dim;
+    for (first, size) in tiles(queries.len() / d) {
+        let q = &queries[first * d..(first + size) * d];
+        let o = &mut out[first * stride..];
+        // SAFETY: forwarded contract; the tile's slices hold `size` rows.
+        unsafe {
+            match run.kind {
+                PlainKind::F16 => by_heads!(size, score_plain_tile::<true>(run, q, o, stride)),
+                PlainKind::F32 => by_heads!(size, score_plain_tile::<false>(run, q, o, stride)),
+            }
+        }
+    }
+}
+
+/// Sixteen values of chunk `j` of a plain record, lanes outside `mask` zero.
+///
+/// # Safety
+/// AVX-512 features; `record` holds the values of chunk `j` selected by `mask`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn plain_chunk<const F16: bool>(record: *const u8, j: usize, mask: __mmask16) -> __m512 {
+    // SAFETY: caller contract; masked-off lanes are not read.
+    unsafe {
+        if F16 {
+            let p = record.add(32 * j);
+            if mask == lanes(16) {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            } else {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16))
+            }
+        } else {
+            let p = record.add(64 * j) as *const f32;
+            if mask == lanes(16) {
+                _mm512_loadu_ps(p)
+            } else {
+                _mm512_maskz_loadu_ps(mask, p)
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_plain_tile<const F16: bool, const H: usize>(
+    run: &PlainRun<'_>,
+    q: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d = run.dim;
+    let full = d / 16;
+    let tail = d % 16;
+    // SAFETY: each record holds `d` values from word `offset`; chunks stay below `16·full ≤ d`
+    // and the tail chunk is masked to `d`; query loads read row `h < H` below `d`.
+    unsafe {
+        let qp = q.as_ptr();
+        let all = lanes(16);
+        for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
+            let rec = record[run.offset..].as_ptr() as *const u8;
+            let mut a = [_mm512_setzero_ps(); 4];
+            for j in 0..full {
+                let x = plain_chunk::<F16>(rec, j, all);
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
+                    *acc = _mm512_fmadd_ps(qv, x, *acc);
+                }
+            }
+            if tail > 0 {
+                let x = plain_chunk::<F16>(rec, full, lanes(tail));
+                for (h, acc) in a.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_maskz_loadu_ps(lanes(tail), qp.add(h * d + 16 * full));
+                    *acc = _mm512_fmadd_ps(qv, x, *acc);
+                }
+            }
+            let mut t = [0.0f32; 4];
+            _mm_storeu_ps(t.as_mut_ptr(), hsum4(&merge(&a, H)));
+            for (h, &score) in t.iter().enumerate().take(H) {
+                out[h * stride + i] += score;
+            }
+        }
+    }
+}
+
+/// Where a value pass reads and writes (see the AVX2 `Pass`).
+struct Pass {
+    base: *const u8,
+    stride: usize,
+    bytes: usize,
+    weights: *const f32,
+    heads: usize,
+    acc: *mut f32,
+    d: usize,
+}
+
+/// Accumulates the `C` chunks from `j` (`C ≤ 4`; with `TAIL` a single masked chunk of `count`
+/// lanes) of tokens `start..end` into the tile's accumulators.
+///
+/// # Safety
+/// AVX-512 features; `p` describes `end` records, `H` heads and accumulator rows holding those
+/// chunks (the masked lanes of a tail); without `PADDED` the chunks are fast.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn coded_pass<const B: u32, const H: usize, const C: usize, const PADDED: bool>(
+    lut: &Lut,
+    p: &Pass,
+    j: usize,
+    mask: __mmask16,
+    start: usize,
+    end: usize,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        let mut r = [[_mm512_setzero_ps(); 4]; 4];
+        for (s, set) in r.iter_mut().enumerate().take(C) {
+            for (h, v) in set.iter_mut().enumerate().take(H) {
+                *v = _mm512_maskz_loadu_ps(mask, p.acc.add(h * p.d + 16 * (j + s)));
+            }
+        }
+        for i in start..end {
+            let rec = p.base.add(i * p.stride);
+            let mut c = [_mm512_setzero_ps(); 4];
+            for (s, v) in c.iter_mut().enumerate().take(C) {
+                *v = if PADDED {
+                    chunk_padded::<B>(lut, rec, p.bytes, j + s)
+                } else {
+                    chunk::<B>(lut, rec, j + s)
+                };
+            }
+            let wi = p.weights.add(i * p.heads);
+            for h in 0..H {
+                let wv = _mm512_set1_ps(*wi.add(h));
+                for (set, &cv) in r.iter_mut().zip(&c).take(C) {
+                    set[h] = _mm512_fmadd_ps(wv, cv, set[h]);
+                }
+            }
+        }
+        for (s, set) in r.iter().enumerate().take(C) {
+            for (h, v) in set.iter().enumerate().take(H) {
+                _mm512_mask_storeu_ps(p.acc.add(h * p.d + 16 * (j + s)), mask, *v);
+            }
+        }
+    }
+}
+
+/// The plain-record counterpart of [`coded_pass`].
+///
+/// # Safety
+/// As [`coded_pass`], for plain records holding `d` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn plain_pass<const F16: bool, const H: usize, const C: usize>(
+    p: &Pass,
+    j: usize,
+    mask: __mmask16,
+    start: usize,
+    end: usize,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        let mut r = [[_mm512_setzero_ps(); 4]; 4];
+        for (s, set) in r.iter_mut().enumerate().take(C) {
+            for (h, v) in set.iter_mut().enumerate().take(H) {
+                *v = _mm512_maskz_loadu_ps(mask, p.acc.add(h * p.d + 16 * (j + s)));
+            }
+        }
+        for i in start..end {
+            let rec = p.base.add(i * p.stride);
+            let mut x = [_mm512_setzero_ps(); 4];
+            for (s, v) in x.iter_mut().enumerate().take(C) {
+                *v = plain_chunk::<F16>(rec, j + s, mask);
+            }
+            let wi = p.weights.add(i * p.heads);
+            for h in 0..H {
+                let wv = _mm512_set1_ps(*wi.add(h));
+                for (set, &xv) in r.iter_mut().zip(&x).take(C) {
+                    set[h] = _mm512_fmadd_ps(wv, xv, set[h]);
+                }
+            }
+        }
+        for (s, set) in r.iter().enumerate().take(C) {
+            for (h, v) in set.iter().enumerate().take(H) {
+                _mm512_mask_storeu_ps(p.acc.add(h * p.d + 16 * (j + s)), mask, *v);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_coded(
+    run: &CodedRun<'_>,
+    code_weights: &[f32],
+    sign_weights: &[f32],
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
+    let heads = acc.len() / run.dim;
+    for (first, size) in tiles(heads) {
+        // SAFETY: forwarded contract; the tile covers rows `first..first + size < heads`.
+        unsafe {
+            by_bits_heads!(
+                run.bits,
+                size,
+                accumulate_coded_tile(run, code_weights, sign_weights, heads, first, acc, sign_acc)
+            )
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    code_weights: &[f32],
+    sign_weights: &[f32],
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
+    let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
+    let stride = 4 * rw;
+    let bytes = 4 * (rw - run.code_offset);
+    let n = run.len();
+    let full = d / 16;
+    let tail = d % 16;
+    let fast = fast_chunks(full, B, bytes);
+    let sub = (L1_BYTES / stride).max(1);
+    let all = lanes(16);
+    // SAFETY: record `i < n` starts at byte `i·stride` of the run and its codes `4·code_offset`
+    // bytes later; code reads stay inside the record (fast chunks by `fast_chunks`, the others
+    // byte by byte below `bytes`); sign reads take 2-byte groups `< ceil(m/16)` of record `i`'s
+    // sign words; weights are read at `i·heads + first + h < n·heads`; accumulator rows
+    // `first + h < heads` hold `d` (or `m`) floats and every access is masked to them.
+    unsafe {
+        let lut = lut::<B>(run.centroids);
+        let words = run.words.as_ptr();
+        let pass = Pass {
+            base: words.add(run.code_offset) as *const u8,
+            stride,
+            bytes,
+            weights: code_weights.as_ptr().add(first),
+            heads,
+            acc: acc.as_mut_ptr().add(first * d),
+            d,
+        };
+        let sw = sign_weights.as_ptr();
+        let ps = sign_acc.as_mut_ptr().add(first * m);
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + sub);
+            let mut j = 0;
+            while j + 4 <= fast {
+                coded_pass::<B, H, 4, false>(&lut, &pass, j, all, start, end);
+                j += 4;
+            }
+            for j in j..full {
+                if j < fast {
+                    coded_pass::<B, H, 1, false>(&lut, &pass, j, all, start, end);
+                } else {
+                    coded_pass::<B, H, 1, true>(&lut, &pass, j, all, start, end);
+                }
+            }
+            if tail > 0 {
+                coded_pass::<B, H, 1, true>(&lut, &pass, full, lanes(tail), start, end);
+            }
+            for j in 0..m.div_ceil(16) {
+                let mask = if 16 * (j + 1) <= m {
+                    all
+                } else {
+                    lanes(m % 16)
+                };
+                let mut r = [_mm512_setzero_ps(); 4];
+                for (h, v) in r.iter_mut().enumerate().take(H) {
+                    *v = _mm512_maskz_loadu_ps(mask, ps.add(h * m + 16 * j));
+                }
+                for i in start..end {
+                    let signs = words.add(i * rw + run.sign_offset) as *const u8;
+                    let bits = (signs.add(2 * j) as *const u16).read_unaligned();
+                    let z = _mm512_mask_blend_ps(bits, _mm512_set1_ps(-1.0), _mm512_set1_ps(1.0));
+                    let wi = sw.add(i * heads + first);
+                    for (h, v) in r.iter_mut().enumerate().take(H) {
+                        *v = _mm512_fmadd_ps(_mm512_set1_ps(*wi.add(h)), z, *v);
+                    }
+                }
+                for (h, v) in r.iter().enumerate().take(H) {
+                    _mm512_mask_storeu_ps(ps.add(h * m + 16 * j), mask, *v);
+                }
+            }
+            start = end;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_plain(run: &PlainRun<'_>, weights: &[f32], acc: &mut [f32]) {
+    let heads = acc.len() / run.dim;
+    for (first, size) in tiles(heads) {
+        // SAFETY: forwarded contract; the tile covers rows `first..first + size < heads`.
+        unsafe {
+            match run.kind {
+                PlainKind::F16 => by_heads!(
+                    size,
+                    accumulate_plain_tile::<true>(run, weights, heads, first, acc)
+                ),
+                PlainKind::F32 => by_heads!(
+                    size,
+                    accumulate_plain_tile::<false>(run, weights, heads, first, acc)
+                ),
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
+    run: &PlainRun<'_>,
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+) {
+    let d = run.dim;
+    let rw = run.record_words;
+    let stride = 4 * rw;
+    let n = run.len();
+    let full = d / 16;
+    let tail = d % 16;
+    let sub = (L1_BYTES / stride).max(1);
+    let all = lanes(16);
+    // SAFETY: record `i < n` starts at byte `i·stride`, its vector `4·offset` bytes later and
+    // holds `d` values; chunks stay below `16·full ≤ d` and the tail is masked to `d`; weights
+    // are read at `i·heads + first + h < n·heads`; accumulator rows `first + h < heads` hold
+    // `d` floats.
+    unsafe {
+        let pass = Pass {
+            base: run.words.as_ptr().add(run.offset) as *const u8,
+            stride,
+            bytes: 4 * (rw - run.offset),
+            weights: weights.as_ptr().add(first),
+            heads,
+            acc: acc.as_mut_ptr().add(first * d),
+            d,
+        };
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + sub);
+            let mut j = 0;
+            while j + 4 <= full {
+                plain_pass::<F16, H, 4>(&pass, j, all, start, end);
+                j += 4;
+            }
+            for j in j..full {
+                plain_pass::<F16, H, 1>(&pass, j, all, start, end);
+            }
+            if tail > 0 {
+                plain_pass::<F16, H, 1>(&pass, full, lanes(tail), start, end);
+            }
+            start = end;
+        }
+    }
+}

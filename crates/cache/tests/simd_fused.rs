@@ -1,0 +1,134 @@
+//! The fused kernel on every instruction set: bit-identical whatever the rayon thread count,
+//! within rounding of the scalar path, and two-tier (allocation preset) caches against the
+//! exact reference.
+//!
+//! Tolerance against another path or the reference: 2e-4·max|out| + 1e-5, as in
+//! `attention_fused.rs` (f32 rounding of softmax-weighted sums over T ≤ 2000 tokens and d ≤ 128
+//! stays below 1e-5 relative; any wrong code, sign, scale, channel or mask moves outputs by more
+//! than 1e-2).
+
+mod common;
+
+use common::{codec, fill, growing, vectors};
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::simd::{Isa, fused_attention_on};
+use tq_cache::attention::{AttentionKernel, AttentionShape, attend};
+use tq_cache::kv_cache::KvCache;
+
+fn shape(q_heads: usize, d: usize) -> AttentionShape {
+    AttentionShape {
+        q_heads,
+        scale: 1.0 / (d as f32).sqrt(),
+    }
+}
+
+fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+        .install(f)
+}
+
+fn run(isa: Isa, cache: &KvCache, q_heads: usize, positions: &[u32], seed: u64) -> Vec<f32> {
+    let d = cache.layout().head_dim;
+    let queries = vectors(positions.len() * q_heads, d, seed);
+    let mut out = vec![0.0f32; queries.len()];
+    fused_attention_on(isa, cache, &queries, positions, shape(q_heads, d), &mut out).unwrap();
+    out
+}
+
+fn close(what: &str, got: &[f32], expected: &[f32]) {
+    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1.0);
+    for (i, (a, b)) in got.iter().zip(expected).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-4 * scale + 1e-5,
+            "{what}: output {i}: {a} vs {b} (scale {scale})"
+        );
+    }
+}
+
+/// Caches covering every body kind: f16, TQ_prod keys with TQ_mse values, debiased MSE, and
+/// the two-tier tq3.5 preset; 1300 tokens (six blocks, the last partial).
+fn caches() -> Vec<(String, KvCache, usize)> {
+    let mut out = Vec::new();
+    for (name, key, value, dim) in [
+        ("f16", 1usize, 1usize, 64usize),
+        ("prod/mse", 5, 2, 64),
+        ("debiased/prod-hadamard", 4, 7, 128),
+        ("f32/mse-haar", 0, 3, 96),
+    ] {
+        let mut cache = KvCache::uniform(
+            growing(3, dim),
+            codec(key, dim, 4, 17),
+            codec(value, dim, 3, 18),
+        )
+        .unwrap();
+        fill(&mut cache, 0, 1300, 19);
+        out.push((name.to_string(), cache, dim));
+    }
+    for preset in ["tq3.5", "k5v4"] {
+        let dim = 128;
+        let allocation = Allocation::preset(preset).unwrap();
+        let mut cache = KvCache::with_allocation(growing(2, dim), &allocation, 0, 1).unwrap();
+        fill(&mut cache, 0, 1300, 23);
+        out.push((preset.to_string(), cache, dim));
+    }
+    out
+}
+
+#[test]
+fn fused_attention_is_bit_identical_across_thread_counts() {
+    for (name, cache, _) in caches() {
+        let kv = cache.layout().kv_heads;
+        let positions = [0u32, 255, 256, 700, 1299];
+        for isa in Isa::available() {
+            let one = in_pool(1, || run(isa, &cache, 4 * kv, &positions, 5));
+            for threads in [2, 3] {
+                let many = in_pool(threads, || run(isa, &cache, 4 * kv, &positions, 5));
+                let same = one
+                    .iter()
+                    .zip(&many)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name} on {isa:?}: 1 vs {threads} threads differ");
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_paths_match_the_scalar_path() {
+    for (name, cache, _) in caches() {
+        let kv = cache.layout().kv_heads;
+        let positions = [3u32, 1000, 1299];
+        let scalar = run(Isa::Scalar, &cache, 3 * kv, &positions, 9);
+        for isa in Isa::available() {
+            let got = run(isa, &cache, 3 * kv, &positions, 9);
+            close(&format!("{name} {isa:?} vs scalar"), &got, &scalar);
+        }
+    }
+}
+
+#[test]
+fn two_tier_caches_match_the_reference() {
+    for (name, cache, d) in caches() {
+        let kv = cache.layout().kv_heads;
+        let positions = [0u32, 511, 1299];
+        let q_heads = 2 * kv;
+        let queries = vectors(positions.len() * q_heads, d, 31);
+        let mut exact = vec![0.0f32; queries.len()];
+        attend(
+            &cache,
+            &queries,
+            &positions,
+            shape(q_heads, d),
+            AttentionKernel::Reference,
+            &mut exact,
+        )
+        .unwrap();
+        for isa in Isa::available() {
+            let got = run(isa, &cache, q_heads, &positions, 31);
+            close(&format!("{name} {isa:?} vs reference"), &got, &exact);
+        }
+    }
+}

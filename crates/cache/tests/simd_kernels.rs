@@ -1,0 +1,348 @@
+//! The run kernels of `attention::simd` (scoring and accumulating runs of records) against the
+//! scalar reference, on every instruction set this CPU runs.
+//!
+//! Inputs are random: code words (so every code value and random padding bits), sign words,
+//! scales, queries, weights; dimensions that are and are not multiples of 8 (and of 16), every
+//! bit width 1..=8, 1..=9 query heads (tiles of up to four), records with codes at an offset (a
+//! second tier) and sign words after them, f16 and f32 records, with and without sign tables.
+//!
+//! Tolerance: a score is `norm·Σ q·c + γ·Σ ±w`; each path's result lies within
+//! `γ_n·(|norm|·Σ|q·c| + |γ|·Σ|w|)` of the exact value (`n` terms plus the lane reductions; the
+//! sign tables add up to 8 more roundings per entry), so two paths differ by at most twice
+//! that, with `n = d + m + 24`. Accumulators likewise per coordinate over the tokens. A wrong
+//! code, lane, head, sign or scale moves results by whole terms, far above these bounds.
+
+use half::f16;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use tq_cache::attention::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(0x51AD_0002),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+fn vector_isas() -> Vec<Isa> {
+    Isa::available()
+        .into_iter()
+        .filter(|&isa| isa != Isa::Scalar)
+        .collect()
+}
+
+fn gamma(n: usize) -> f64 {
+    let n = n as f64;
+    n * U / (1.0 - n * U)
+}
+
+fn floats(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn words(len: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 32) as u32
+        })
+        .collect()
+}
+
+fn code_at(words: &[u32], bits: usize, j: usize) -> usize {
+    let bit = j * bits;
+    let mut x = u64::from(words[bit / 32]) >> (bit % 32);
+    if bit % 32 + bits > 32 {
+        x |= u64::from(words[bit / 32 + 1]) << (32 - bit % 32);
+    }
+    (x as usize) & ((1 << bits) - 1)
+}
+
+fn sign_at(words: &[u32], j: usize) -> f64 {
+    if (words[j / 32] >> (j % 32)) & 1 == 1 {
+        1.0
+    } else {
+        -1.0
+    }
+}
+
+/// A random coded run: `n` records of `[padding][codes][signs][padding]`.
+struct Coded {
+    words: Vec<u32>,
+    record_words: usize,
+    code_offset: usize,
+    sign_offset: usize,
+    bits: u8,
+    dim: usize,
+    sketch_dim: usize,
+    centroids: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+impl Coded {
+    fn new(n: usize, dim: usize, bits: u8, sketch_dim: usize, offset: usize, seed: u64) -> Self {
+        let code_words = (dim * bits as usize).div_ceil(32);
+        let sign_offset = offset + code_words;
+        let record_words = sign_offset + sketch_dim.div_ceil(32) + (seed % 2) as usize;
+        let spt = if sketch_dim > 0 { 2 } else { 1 };
+        Self {
+            words: words(n * record_words, seed),
+            record_words,
+            code_offset: offset,
+            sign_offset,
+            bits,
+            dim,
+            sketch_dim,
+            centroids: floats(1 << bits, seed ^ 1),
+            scales: floats(n * spt, seed ^ 2).iter().map(|v| 1.5 + v).collect(),
+        }
+    }
+
+    fn run(&self) -> CodedRun<'_> {
+        CodedRun {
+            words: &self.words,
+            record_words: self.record_words,
+            code_offset: self.code_offset,
+            bits: self.bits,
+            dim: self.dim,
+            centroids: &self.centroids,
+            sign_offset: self.sign_offset,
+            sketch_dim: self.sketch_dim,
+            scales: &self.scales,
+        }
+    }
+
+    fn record(&self, i: usize) -> &[u32] {
+        &self.words[i * self.record_words..(i + 1) * self.record_words]
+    }
+
+    fn centroid(&self, i: usize, j: usize) -> f64 {
+        let codes = &self.record(i)[self.code_offset..];
+        f64::from(self.centroids[code_at(codes, self.bits as usize, j)])
+    }
+
+    fn sign(&self, i: usize, j: usize) -> f64 {
+        sign_at(&self.record(i)[self.sign_offset..], j)
+    }
+}
+
+fn check_close(isa: Isa, what: &str, got: &[f32], reference: &[f32], bounds: &[f64]) {
+    for (k, ((g, r), b)) in got.iter().zip(reference).zip(bounds).enumerate() {
+        assert!(
+            (f64::from(*g) - f64::from(*r)).abs() <= *b,
+            "{isa:?} {what}[{k}]: {g} vs scalar {r} (bound {b:e})"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(config(160))]
+
+    /// Scores of coded runs: every bit width, with and without QJL signs and sign tables.
+    #[test]
+    fn score_coded_matches_scalar(
+        dim in prop_oneof![1usize..40, Just(64), Just(96), Just(128), 120usize..200],
+        bits in 1u8..=8,
+        heads in 1usize..=9,
+        n in 1usize..24,
+        prod in any::<bool>(),
+        extra_sketch in 0usize..3,
+        offset in 0usize..3,
+        tables in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let m = if prod { dim + extra_sketch } else { 0 };
+        let coded = Coded::new(n, dim, bits, m, offset, seed);
+        let queries = floats(heads * dim, seed ^ 3);
+        let sketch = if prod { floats(heads * m, seed ^ 4) } else { Vec::new() };
+        let stride = n + (seed % 3) as usize;
+        let out0 = floats(heads * stride, seed ^ 5);
+        let scalar = KeyQueries::new(Isa::Scalar, queries.clone(), sketch.clone(), dim, m, tables);
+        let mut reference = out0.clone();
+        simd::score_coded(Isa::Scalar, &coded.run(), &scalar, &mut reference, stride);
+        let spt = if prod { 2 } else { 1 };
+        let mut bounds = vec![0.0f64; out0.len()];
+        for h in 0..heads {
+            for i in 0..n {
+                let norm = f64::from(coded.scales[i * spt]).abs();
+                let codes: f64 = (0..dim)
+                    .map(|j| (f64::from(queries[h * dim + j]) * coded.centroid(i, j)).abs())
+                    .sum();
+                let mut abs = norm * codes;
+                if prod {
+                    let g = f64::from(coded.scales[i * spt + 1]).abs();
+                    abs += g * (0..m).map(|j| f64::from(sketch[h * m + j]).abs()).sum::<f64>();
+                }
+                let k = h * stride + i;
+                bounds[k] = 2.0 * gamma(dim + m + 24) * abs + 4.0 * U * f64::from(out0[k]).abs();
+            }
+        }
+        for isa in vector_isas() {
+            let keys = KeyQueries::new(isa, queries.clone(), sketch.clone(), dim, m, tables);
+            let mut got = out0.clone();
+            simd::score_coded(isa, &coded.run(), &keys, &mut got, stride);
+            check_close(isa, "score", &got, &reference, &bounds);
+        }
+    }
+
+    /// Accumulating coded runs into the rotated and sketch domains.
+    #[test]
+    fn accumulate_coded_matches_scalar(
+        dim in prop_oneof![1usize..40, Just(64), Just(128), 120usize..200],
+        bits in 1u8..=8,
+        heads in 1usize..=9,
+        n in 1usize..40,
+        prod in any::<bool>(),
+        offset in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let m = if prod { dim } else { 0 };
+        let coded = Coded::new(n, dim, bits, m, offset, seed);
+        let weights = floats(n * heads, seed ^ 6);
+        let sign_weights = if prod { floats(n * heads, seed ^ 7) } else { Vec::new() };
+        let acc0 = floats(heads * dim, seed ^ 8);
+        let sign0 = floats(heads * m, seed ^ 9);
+        let (mut reference, mut reference_signs) = (acc0.clone(), sign0.clone());
+        simd::accumulate_coded(
+            Isa::Scalar, &coded.run(), &weights, &sign_weights, &mut reference, &mut reference_signs,
+        );
+        let mut bounds = vec![0.0f64; acc0.len()];
+        let mut sign_bounds = vec![0.0f64; sign0.len()];
+        for h in 0..heads {
+            for j in 0..dim {
+                let abs: f64 = (0..n)
+                    .map(|i| (f64::from(weights[i * heads + h]) * coded.centroid(i, j)).abs())
+                    .sum::<f64>()
+                    + f64::from(acc0[h * dim + j]).abs();
+                bounds[h * dim + j] = 2.0 * gamma(n + 2) * abs;
+            }
+            for j in 0..m {
+                let abs: f64 = (0..n)
+                    .map(|i| (f64::from(sign_weights[i * heads + h]) * coded.sign(i, j)).abs())
+                    .sum::<f64>()
+                    + f64::from(sign0[h * m + j]).abs();
+                sign_bounds[h * m + j] = 2.0 * gamma(n + 2) * abs;
+            }
+        }
+        for isa in vector_isas() {
+            let (mut got, mut got_signs) = (acc0.clone(), sign0.clone());
+            simd::accumulate_coded(isa, &coded.run(), &weights, &sign_weights, &mut got, &mut got_signs);
+            check_close(isa, "values", &got, &reference, &bounds);
+            check_close(isa, "signs", &got_signs, &reference_signs, &sign_bounds);
+        }
+    }
+
+    /// Scores and accumulators of plain f16 / f32 records at an offset within the record.
+    #[test]
+    fn plain_kernels_match_scalar(
+        dim in prop_oneof![1usize..40, Just(64), Just(128), 120usize..200],
+        f16_records in any::<bool>(),
+        heads in 1usize..=9,
+        n in 1usize..40,
+        offset in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let kind = if f16_records { PlainKind::F16 } else { PlainKind::F32 };
+        let record_words = offset + kind.record_words(dim) + (seed % 2) as usize;
+        let values = floats(n * record_words * 2, seed);
+        let mut packed = words(n * record_words, seed ^ 1);
+        for i in 0..n {
+            let record = &mut packed[i * record_words + offset..(i + 1) * record_words];
+            for j in 0..dim {
+                let v = values[i * dim + j] * 8.0;
+                match kind {
+                    PlainKind::F32 => record[j] = v.to_bits(),
+                    PlainKind::F16 => {
+                        let h = u32::from(f16::from_f32(v).to_bits());
+                        let w = &mut record[j / 2];
+                        *w = if j % 2 == 0 { (*w & 0xFFFF_0000) | h } else { (*w & 0xFFFF) | (h << 16) };
+                    }
+                }
+            }
+        }
+        let value = |i: usize, j: usize| -> f64 {
+            let record = &packed[i * record_words + offset..];
+            match kind {
+                PlainKind::F32 => f64::from(f32::from_bits(record[j])),
+                PlainKind::F16 => {
+                    let w = record[j / 2];
+                    let h = if j % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+                    f64::from(f16::from_bits(h as u16).to_f32())
+                }
+            }
+        };
+        let run = PlainRun { words: &packed, record_words, offset, kind, dim };
+        let queries = floats(heads * dim, seed ^ 2);
+        let stride = n + 1;
+        let out0 = floats(heads * stride, seed ^ 3);
+        let mut reference = out0.clone();
+        simd::score_plain(Isa::Scalar, &run, &queries, &mut reference, stride);
+        let mut bounds = vec![0.0f64; out0.len()];
+        for h in 0..heads {
+            for i in 0..n {
+                let abs: f64 = (0..dim).map(|j| (f64::from(queries[h * dim + j]) * value(i, j)).abs()).sum();
+                let k = h * stride + i;
+                bounds[k] = 2.0 * gamma(dim + 24) * abs + 4.0 * U * f64::from(out0[k]).abs();
+            }
+        }
+        let weights = floats(n * heads, seed ^ 4);
+        let acc0 = floats(heads * dim, seed ^ 5);
+        let mut reference_acc = acc0.clone();
+        simd::accumulate_plain(Isa::Scalar, &run, &weights, &mut reference_acc);
+        let mut acc_bounds = vec![0.0f64; acc0.len()];
+        for h in 0..heads {
+            for j in 0..dim {
+                let abs: f64 = (0..n).map(|i| (f64::from(weights[i * heads + h]) * value(i, j)).abs()).sum::<f64>()
+                    + f64::from(acc0[h * dim + j]).abs();
+                acc_bounds[h * dim + j] = 2.0 * gamma(n + 2) * abs;
+            }
+        }
+        for isa in vector_isas() {
+            let mut got = out0.clone();
+            simd::score_plain(isa, &run, &queries, &mut got, stride);
+            check_close(isa, "plain score", &got, &reference, &bounds);
+            let mut got_acc = acc0.clone();
+            simd::accumulate_plain(isa, &run, &weights, &mut got_acc);
+            check_close(isa, "plain values", &got_acc, &reference_acc, &acc_bounds);
+        }
+    }
+}
+
+/// Sign tables and multiply-adds give the same scores within the bound, on the same path.
+#[test]
+fn sign_tables_agree_with_multiply_adds() {
+    for isa in Isa::available() {
+        for (dim, heads) in [(64usize, 3usize), (128, 4), (100, 7)] {
+            let n = 50;
+            let coded = Coded::new(n, dim, 4, dim, 0, dim as u64);
+            let queries = floats(heads * dim, 1);
+            let sketch = floats(heads * dim, 2);
+            let with = KeyQueries::new(isa, queries.clone(), sketch.clone(), dim, dim, true);
+            let without = KeyQueries::new(isa, queries, sketch, dim, dim, false);
+            let (mut a, mut b) = (vec![0.0f32; heads * n], vec![0.0f32; heads * n]);
+            simd::score_coded(isa, &coded.run(), &with, &mut a, n);
+            simd::score_coded(isa, &coded.run(), &without, &mut b, n);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "{isa:?}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}

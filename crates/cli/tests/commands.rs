@@ -1,0 +1,122 @@
+//! The `tq` commands' JSON contracts and error behaviour, run as a user would run them.
+
+use std::process::Command;
+
+fn tq(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .expect("tq runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let (ok, stdout, stderr) = tq(args);
+    assert!(ok, "tq {args:?} failed: {stderr}");
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("tq {args:?} printed invalid JSON ({e}): {stdout}"))
+}
+
+#[test]
+fn codebook_json_has_the_contract_keys_and_values() {
+    let v = json(&["codebook", "--dim", "128", "--bits", "2", "--json"]);
+    assert_eq!(v["dim"], 128);
+    assert_eq!(v["bits"], 2);
+    assert_eq!(v["distribution"], "beta");
+    assert_eq!(v["centroids"].as_array().unwrap().len(), 4);
+    assert_eq!(v["thresholds"].as_array().unwrap().len(), 3);
+    // d·C of the exact law at d = 128, b = 2 (reference: 0.11600007).
+    assert!((v["distortion"].as_f64().unwrap() - 0.116_000_07).abs() < 1e-7);
+    let g = json(&[
+        "codebook",
+        "--dim",
+        "1",
+        "--bits",
+        "1",
+        "--distribution",
+        "gaussian",
+        "--json",
+    ]);
+    // N(0,1), one bit: ±√(2/π), distortion 1 − 2/π.
+    assert!(
+        (g["centroids"][1].as_f64().unwrap() - (2.0 / std::f64::consts::PI).sqrt()).abs() < 1e-12
+    );
+    assert!((g["distortion"].as_f64().unwrap() - (1.0 - 2.0 / std::f64::consts::PI)).abs() < 1e-12);
+}
+
+#[test]
+fn codebook_errors_are_messages_not_panics() {
+    for args in [
+        vec!["codebook", "--dim", "64", "--bits", "9"],
+        vec!["codebook", "--dim", "2", "--bits", "3"],
+    ] {
+        let (ok, _, stderr) = tq(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(stderr.starts_with("tq: error:"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn bench_codec_json_rows() {
+    let rows = json(&[
+        "bench",
+        "codec",
+        "--json",
+        "--vectors",
+        "256",
+        "--repeats",
+        "1",
+    ]);
+    let rows = rows.as_array().unwrap();
+    // d ∈ {64, 128} × rotation ∈ {haar, hadamard} × 6 codecs × 2 thread settings.
+    assert_eq!(rows.len(), 2 * 2 * 6 * 2);
+    for row in rows {
+        for key in [
+            "dim",
+            "bits",
+            "codec",
+            "rotation",
+            "threads",
+            "encode_vectors_per_s",
+            "decode_vectors_per_s",
+        ] {
+            assert!(!row[key].is_null(), "missing {key} in {row}");
+        }
+        assert!(row["encode_vectors_per_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn bench_estimators_json_rows() {
+    let rows = json(&[
+        "bench",
+        "estimators",
+        "--json",
+        "--samples",
+        "300",
+        "--dim",
+        "64",
+    ]);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4 * 4);
+    let mse_b2 = rows
+        .iter()
+        .find(|r| r["estimator"] == "mse" && r["bits"] == 2)
+        .unwrap();
+    // Plain MSE shrinks by D_mse(2) ≈ 0.1145 at d = 64: visible even with 300 samples.
+    assert!(mse_b2["bias"].as_f64().unwrap() < -0.09);
+}
+
+#[test]
+fn demo_runs_on_a_small_context() {
+    let (ok, stdout, stderr) = tq(&["demo", "--tokens", "1024", "--head-dim", "64"]);
+    assert!(ok, "{stderr}");
+    for preset in ["f16", "k5v4", "mse-k4v4", "tq3.5", "tq2.5"] {
+        assert!(stdout.contains(preset), "{stdout}");
+    }
+}

@@ -1,0 +1,23 @@
+//! The Llama architecture (SmolLM2 is one), run over any cache of `tq-cache`.
+//!
+//! Read top to bottom: [`config`] reads the hyper-parameters from GGUF metadata, [`weights`]
+//! maps every tensor without copying it, [`ops`] holds the small numeric pieces (RMSNorm,
+//! RoPE, SwiGLU), [`model`] is the forward pass, [`sampling`] picks the next token and
+//! [`generate`] loops them.
+//!
+//! One call serves prefill chunks and decode: `forward(tokens, positions, cache)` with
+//! `offset = positions.len − tokens.len` (the cache holds the first `offset` tokens).
+
+pub mod config;
+mod error;
+pub mod generate;
+pub mod model;
+pub mod ops;
+pub mod sampling;
+pub mod weights;
+
+pub use config::LlamaConfig;
+pub use error::ModelError;
+pub use generate::{Generation, GenerationOptions};
+pub use model::{ForwardScratch, Llama, Logits};
+pub use sampling::Sampler;

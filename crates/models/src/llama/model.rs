@@ -1,0 +1,251 @@
+//! The forward pass.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::{AttentionKernel, AttentionShape};
+use tq_cache::kv_cache::{KvKind, KvLayout};
+use tq_cache::states::{ModelCache, StateKind, StateSpec};
+use tq_cache::token_store::Growth;
+
+use super::ops::{rms_norm, rope, swiglu};
+use super::weights::LlamaWeights;
+use super::{LlamaConfig, ModelError};
+use crate::gguf::Gguf;
+use crate::quant::MatvecScratch;
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token of the call (generation).
+    Last,
+    /// Every token of the call (perplexity, KL divergence).
+    All,
+}
+
+/// Buffers of one forward call, reused across calls: after the first call of a given chunk
+/// size nothing is allocated per token.
+#[derive(Debug, Default)]
+pub struct ForwardScratch {
+    /// `[n, embedding]` residual stream.
+    x: Vec<f32>,
+    /// `[n, embedding]` normalized input of a sub-block.
+    h: Vec<f32>,
+    /// `[n, heads·head_dim]`.
+    q: Vec<f32>,
+    /// `[n, kv_heads·head_dim]`.
+    k: Vec<f32>,
+    /// `[n, kv_heads·head_dim]`.
+    v: Vec<f32>,
+    /// `[n, heads·head_dim]` attention output.
+    attn: Vec<f32>,
+    /// `[n, embedding]` a sub-block's output before the residual add.
+    delta: Vec<f32>,
+    /// `[n, feed_forward]`.
+    gate: Vec<f32>,
+    /// `[n, feed_forward]`.
+    up: Vec<f32>,
+    /// `[n or 1, vocab]`.
+    logits: Vec<f32>,
+    matvec: MatvecScratch,
+}
+
+fn resize(buffer: &mut Vec<f32>, len: usize) {
+    buffer.resize(len, 0.0);
+}
+
+/// A Llama model over a memory-mapped GGUF file.
+#[derive(Clone, Debug)]
+pub struct Llama {
+    /// Hyper-parameters.
+    pub config: LlamaConfig,
+    /// The weights.
+    pub weights: LlamaWeights,
+    file: Arc<Gguf>,
+}
+
+impl Llama {
+    /// Maps and checks a GGUF file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        Self::from_gguf(Arc::new(Gguf::open(path)?))
+    }
+
+    /// Builds the model over an opened file.
+    pub fn from_gguf(file: Arc<Gguf>) -> Result<Self, ModelError> {
+        let config = LlamaConfig::from_gguf(&file)?;
+        let weights = LlamaWeights::load(&file, &config)?;
+        Ok(Self {
+            config,
+            weights,
+            file,
+        })
+    }
+
+    /// The underlying file (metadata, tokenizer).
+    pub fn file(&self) -> &Arc<Gguf> {
+        &self.file
+    }
+
+    /// The model's states: one growing KV cache per layer.
+    pub fn state_specs(&self, growth: Growth) -> Vec<StateSpec> {
+        (0..self.config.layers)
+            .map(|layer| StateSpec {
+                name: format!("blk.{layer}.kv"),
+                kind: StateKind::Kv {
+                    layer,
+                    layout: KvLayout {
+                        kv_heads: self.config.kv_heads,
+                        head_dim: self.config.head_dim,
+                        kind: KvKind::Growing { growth },
+                        max_rewind: 0,
+                    },
+                },
+            })
+            .collect()
+    }
+
+    /// A cache for up to `capacity` tokens with the codecs `allocation` chooses (allocated
+    /// up front: decoding never allocates cache memory).
+    pub fn new_cache(
+        &self,
+        allocation: &Allocation,
+        capacity: usize,
+    ) -> Result<ModelCache, ModelError> {
+        let specs = self.state_specs(Growth::Static { capacity });
+        Ok(ModelCache::with_allocation(specs, allocation)?)
+    }
+
+    /// Runs `tokens` at the end of the sequence whose positions are `positions`
+    /// (`offset = positions.len − tokens.len` tokens are already in `cache`) and returns the
+    /// logits (`[vocab]` for [`Logits::Last`], `[tokens.len, vocab]` for [`Logits::All`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        cache: &mut ModelCache,
+        kernel: AttentionKernel,
+        logits: Logits,
+        scratch: &'s mut ForwardScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 || positions.len() < n {
+            return Err(ModelError::InvalidCall(format!(
+                "{n} tokens with {} positions",
+                positions.len()
+            )));
+        }
+        let new_positions = &positions[positions.len() - n..];
+        if new_positions
+            .iter()
+            .any(|&p| p as usize >= c.context_length)
+        {
+            return Err(ModelError::InvalidCall(format!(
+                "position beyond the model's context of {} tokens",
+                c.context_length
+            )));
+        }
+        let (e, qd, kvd, f) = (
+            c.embedding,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.feed_forward,
+        );
+        let s = scratch;
+        for (buffer, width) in [
+            (&mut s.x, e),
+            (&mut s.h, e),
+            (&mut s.q, qd),
+            (&mut s.k, kvd),
+            (&mut s.v, kvd),
+            (&mut s.attn, qd),
+            (&mut s.delta, e),
+            (&mut s.gate, f),
+            (&mut s.up, f),
+        ] {
+            resize(buffer, n * width);
+        }
+        for (row, &token) in s.x.chunks_exact_mut(e).zip(tokens) {
+            if token as usize >= c.vocab {
+                return Err(ModelError::TokenOutOfRange {
+                    id: token,
+                    vocab: c.vocab,
+                });
+            }
+            self.weights.token_embd.embedding_row(token as usize, row)?;
+        }
+        let shape = AttentionShape {
+            q_heads: c.heads,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        for (layer, w) in self.weights.layers.iter().enumerate() {
+            // Attention sub-block.
+            for (x, h) in s.x.chunks_exact(e).zip(s.h.chunks_exact_mut(e)) {
+                rms_norm(x, &w.attn_norm, c.rms_eps, h);
+            }
+            w.q.matmul(&s.h, n, &mut s.q, &mut s.matvec)?;
+            w.k.matmul(&s.h, n, &mut s.k, &mut s.matvec)?;
+            w.v.matmul(&s.h, n, &mut s.v, &mut s.matvec)?;
+            for (i, &p) in new_positions.iter().enumerate() {
+                rope(
+                    &mut s.q[i * qd..(i + 1) * qd],
+                    c.head_dim,
+                    c.rope_dims,
+                    c.rope_base,
+                    p,
+                );
+                rope(
+                    &mut s.k[i * kvd..(i + 1) * kvd],
+                    c.head_dim,
+                    c.rope_dims,
+                    c.rope_base,
+                    p,
+                );
+            }
+            cache.forward_layer(
+                layer,
+                &s.q,
+                Some((&s.k, &s.v)),
+                positions,
+                shape,
+                kernel,
+                &mut s.attn,
+            )?;
+            w.o.matmul(&s.attn, n, &mut s.delta, &mut s.matvec)?;
+            for (x, d) in s.x.iter_mut().zip(&s.delta) {
+                *x += d;
+            }
+            // MLP sub-block.
+            for (x, h) in s.x.chunks_exact(e).zip(s.h.chunks_exact_mut(e)) {
+                rms_norm(x, &w.ffn_norm, c.rms_eps, h);
+            }
+            w.gate.matmul(&s.h, n, &mut s.gate, &mut s.matvec)?;
+            w.up.matmul(&s.h, n, &mut s.up, &mut s.matvec)?;
+            swiglu(&mut s.gate, &s.up);
+            w.down.matmul(&s.gate, n, &mut s.delta, &mut s.matvec)?;
+            for (x, d) in s.x.iter_mut().zip(&s.delta) {
+                *x += d;
+            }
+        }
+        let rows = match logits {
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        let count = rows.len();
+        for (i, t) in rows.enumerate() {
+            rms_norm(
+                &s.x[t * e..(t + 1) * e],
+                &self.weights.output_norm,
+                c.rms_eps,
+                &mut s.h[i * e..(i + 1) * e],
+            );
+        }
+        resize(&mut s.logits, count * c.vocab);
+        self.weights
+            .output
+            .matmul(&s.h[..count * e], count, &mut s.logits, &mut s.matvec)?;
+        Ok(&s.logits)
+    }
+}

@@ -1,0 +1,267 @@
+//! `QuantMatrix`: matvec against per-row dot products, matmul against repeated matvec,
+//! bit-identical results across thread counts and instruction sets, embedding rows, and
+//! typed errors.
+
+mod quant_common;
+
+use proptest::prelude::*;
+use quant_common::{Rng, config, random_activation, random_matrix};
+use tq_models::quant::{
+    Isa, MatvecScratch, Q8Activation, QuantError, QuantKind, QuantMatrix, dequantize_row, dot_f32,
+    dot_q8,
+};
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `y = W·x` row by row through the public row kernels.
+fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
+    let kind = m.kind();
+    let mut act = Q8Activation::new();
+    if kind.has_q8_dot() {
+        act.quantize(x, 1, x.len()).unwrap();
+    }
+    (0..m.rows())
+        .map(|r| {
+            let row = m.row(r).unwrap();
+            if kind.has_q8_dot() {
+                dot_q8(kind, row, &act.row(0).unwrap(), isa).unwrap()
+            } else {
+                dot_f32(kind, row, x).unwrap()
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(config(60, 0x51AD_0002))]
+
+    /// matvec is the row kernel on every row, on every instruction set; matmul of n rows is n
+    /// matvecs; 1 and 2 threads give the same bits.
+    #[test]
+    fn matvec_matmul_and_threads(
+        kind_index in 0usize..7,
+        rows in 1usize..=300,
+        blocks in 1usize..=4,
+        n in 1usize..=11,
+        seed: u64,
+    ) {
+        let kind = QuantKind::ALL[kind_index];
+        let mut rng = Rng::new(seed);
+        let cols = blocks * kind.block_size().max(32);
+        let m = QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
+        let x = random_activation(n * cols, &mut rng);
+        for isa in Isa::available() {
+            let mut scratch = MatvecScratch::with_isa(isa);
+            prop_assert_eq!(scratch.isa(), isa);
+            // matvec == per-row kernels.
+            let mut y = vec![0.0f32; rows];
+            m.matvec(&x[..cols], &mut y, &mut scratch).unwrap();
+            prop_assert_eq!(bits(&y), bits(&reference_matvec(&m, &x[..cols], isa)));
+            // matmul == repeated matvec, in 1- and 2-thread pools.
+            let mut expected = vec![0.0f32; n * rows];
+            for i in 0..n {
+                m.matvec(&x[i * cols..(i + 1) * cols], &mut expected[i * rows..(i + 1) * rows], &mut scratch)
+                    .unwrap();
+            }
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; n * rows];
+                pool(threads).install(|| m.matmul(&x, n, &mut y, &mut scratch)).unwrap();
+                prop_assert_eq!(bits(&y), bits(&expected), "{} threads, {}", threads, isa.name());
+                let mut y1 = vec![f32::NAN; rows];
+                pool(threads).install(|| m.matvec(&x[..cols], &mut y1, &mut scratch)).unwrap();
+                prop_assert_eq!(bits(&y1), bits(&expected[..rows]));
+            }
+        }
+    }
+}
+
+/// A matrix large enough to be split into many parallel tasks: every thread count gives the
+/// same bits, and every instruction set gives the scalar bits.
+#[test]
+fn large_matrix_is_deterministic() {
+    let mut rng = Rng::new(7);
+    for (kind, rows, cols) in [
+        (QuantKind::Q4_1, 576, 1536),
+        (QuantKind::Q8_0, 2048, 576),
+        (QuantKind::Q4_0, 300, 800),
+        // Rows longer than one unpacked segment (128 blocks) of the tile kernel.
+        (QuantKind::Q4_1, 40, 32 * 300),
+        (QuantKind::Q8_0, 33, 32 * 129),
+    ] {
+        let m =
+            QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
+        let n = 11;
+        let x = random_activation(n * cols, &mut rng);
+        let mut reference = vec![0.0f32; n * rows];
+        let mut scratch = MatvecScratch::with_isa(Isa::Scalar);
+        pool(1)
+            .install(|| m.matmul(&x, n, &mut reference, &mut scratch))
+            .unwrap();
+        for isa in Isa::available() {
+            let mut scratch = MatvecScratch::with_isa(isa);
+            for threads in [1, 2, 3, 8] {
+                let mut y = vec![0.0f32; n * rows];
+                pool(threads)
+                    .install(|| m.matmul(&x, n, &mut y, &mut scratch))
+                    .unwrap();
+                assert_eq!(
+                    bits(&y),
+                    bits(&reference),
+                    "{kind} {} {threads}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn embedding_rows_are_dequantized_rows() {
+    let mut rng = Rng::new(11);
+    for kind in QuantKind::ALL {
+        let cols = kind.block_size().max(32) * 2;
+        let rows = 5;
+        let bytes = random_matrix(kind, rows, cols, &mut rng);
+        let m = QuantMatrix::new(kind, rows, cols, &bytes[..]).unwrap();
+        for r in 0..rows {
+            let mut got = vec![0.0f32; cols];
+            m.embedding_row(r, &mut got).unwrap();
+            let mut expected = vec![0.0f32; cols];
+            let rb = kind.row_bytes(cols).unwrap();
+            dequantize_row(kind, &bytes[r * rb..(r + 1) * rb], &mut expected).unwrap();
+            assert_eq!(bits(&got), bits(&expected), "{kind} row {r}");
+        }
+        assert_eq!(
+            m.embedding_row(rows, &mut vec![0.0; cols]),
+            Err(QuantError::RowOutOfRange { index: rows, rows })
+        );
+        assert!(matches!(
+            m.embedding_row(0, &mut vec![0.0; cols + 1]),
+            Err(QuantError::ShapeMismatch { .. })
+        ));
+    }
+}
+
+#[test]
+fn construction_errors() {
+    assert_eq!(
+        QuantMatrix::new(QuantKind::Q4_1, 2, 64, vec![0u8; 79]).unwrap_err(),
+        QuantError::ByteLength {
+            what: "matrix",
+            expected: 80,
+            actual: 79
+        }
+    );
+    assert!(matches!(
+        QuantMatrix::new(QuantKind::Q8_0, 2, 48, vec![0u8; 68]),
+        Err(QuantError::NotBlockMultiple {
+            cols: 48,
+            block: 32,
+            ..
+        })
+    ));
+    assert!(matches!(
+        QuantMatrix::new(QuantKind::Q8_0, usize::MAX / 2, 64, Vec::new()),
+        Err(QuantError::SizeOverflow { .. })
+    ));
+    let m = QuantMatrix::new(QuantKind::Q8_0, 3, 64, vec![0u8; 204]).unwrap();
+    assert_eq!((m.rows(), m.cols(), m.row_bytes()), (3, 64, 68));
+    assert_eq!(m.storage().len(), 204);
+}
+
+#[test]
+fn product_errors() {
+    let mut rng = Rng::new(3);
+    let m = QuantMatrix::new(
+        QuantKind::Q4_1,
+        4,
+        64,
+        random_matrix(QuantKind::Q4_1, 4, 64, &mut rng),
+    )
+    .unwrap();
+    let mut scratch = MatvecScratch::new();
+    let mut y = vec![0.0f32; 4];
+    assert_eq!(
+        m.matvec(&[0.0; 63], &mut y, &mut scratch),
+        Err(QuantError::ShapeMismatch {
+            what: "matmul input",
+            expected: 64,
+            actual: 63
+        })
+    );
+    assert_eq!(
+        m.matvec(&[0.0; 64], &mut [0.0; 5], &mut scratch),
+        Err(QuantError::ShapeMismatch {
+            what: "matmul output",
+            expected: 4,
+            actual: 5
+        })
+    );
+    assert!(matches!(
+        m.matmul(&[0.0; 128], 3, &mut [0.0; 12], &mut scratch),
+        Err(QuantError::ShapeMismatch { expected: 192, .. })
+    ));
+    let mut x = vec![0.5f32; 64];
+    x[9] = f32::NAN;
+    assert!(matches!(
+        m.matvec(&x, &mut y, &mut scratch),
+        Err(QuantError::NonFiniteActivation { index: 9, .. })
+    ));
+    // The f32 path rejects non-finite activations the same way.
+    let f = QuantMatrix::new(QuantKind::F16, 2, 64, vec![0u8; 256]).unwrap();
+    x[9] = f32::NEG_INFINITY;
+    assert!(matches!(
+        f.matvec(&x, &mut [0.0; 2], &mut scratch),
+        Err(QuantError::NonFiniteActivation { index: 9, .. })
+    ));
+    // Empty products are fine.
+    assert_eq!(m.matmul(&[], 0, &mut [], &mut scratch), Ok(()));
+}
+
+/// A storage whose `AsRef` does not return a slice of the promised length is an error at call
+/// time, not an out-of-bounds read.
+#[test]
+fn shrinking_storage_is_an_error() {
+    use std::cell::Cell;
+    struct Shrinking {
+        bytes: Vec<u8>,
+        calls: Cell<usize>,
+    }
+    impl AsRef<[u8]> for Shrinking {
+        fn as_ref(&self) -> &[u8] {
+            self.calls.set(self.calls.get() + 1);
+            if self.calls.get() > 1 {
+                &self.bytes[..10]
+            } else {
+                &self.bytes
+            }
+        }
+    }
+    let m = QuantMatrix::new(
+        QuantKind::Q8_0,
+        2,
+        32,
+        Shrinking {
+            bytes: vec![0; 68],
+            calls: Cell::new(0),
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        m.row(0),
+        Err(QuantError::ByteLength {
+            expected: 68,
+            actual: 10,
+            ..
+        })
+    ));
+}
