@@ -16,7 +16,8 @@
 # Environment: WGPU_BACKEND (default vulkan), CARGO_NET_OFFLINE=true on a machine without
 # network (dependencies must then be in the local cargo registry or vendored).
 # Budget: a cold release build of wgpu takes ~2-4 minutes on 16 cores; tests < 1 minute on a
-# GPU; timing < 1 minute. Each stage has its own timeout so the whole run stays under 10.
+# GPU; timing < 1 minute. Each stage has its own timeout; on an idle machine the whole run
+# stays well under 10 minutes.
 # Lines from a software adapter (llvmpipe) are labelled "correctness run, not a speed figure".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,14 +35,15 @@ fi
 
 echo "== build (release)"
 start=$(date +%s)
-timeout 420 cargo build --release -p tq-attention-wgpu --tests --examples
+timeout 420 cargo test --release -p tq-attention-wgpu --no-run
+timeout 300 cargo build --release -p tq-attention-wgpu --example decode_timing
 echo "build: $(( $(date +%s) - start )) s"
 
 echo "== tests (CI=true: the adapter is required)"
 start=$(date +%s)
 log="$(mktemp)"
 status=0
-CI=true timeout 180 cargo test --release -p tq-attention-wgpu -- --nocapture >"$log" 2>&1 || status=$?
+CI=true timeout 300 cargo test --release -p tq-attention-wgpu -- --nocapture >"$log" 2>&1 || status=$?
 grep -E "^test |test result|GPU tests on|panicked" "$log" | sort | uniq -c | sort -rn || true
 echo "tests: $(( $(date +%s) - start )) s, exit status $status (full log: $log)"
 if [[ $status -ne 0 ]]; then

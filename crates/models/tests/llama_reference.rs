@@ -71,7 +71,6 @@ fn f16_greedy_continuations_match_llama_cpp() {
                 prefill_chunk: chunk,
                 stop_tokens: vec![2],
                 kernel: tq_cache::attention::AttentionKernel::LlamaCppF16,
-                ..GenerationOptions::default()
             };
             let out = generate(
                 &model,

@@ -346,11 +346,15 @@ impl Scales {
             return &self.all;
         }
         let n = self.all.len() / self.per_token.max(1);
-        self.part.clear();
-        for k in 0..n {
-            let first = k * self.per_token + part.scale_offset;
-            self.part
-                .extend_from_slice(&self.all[first..first + part.scales]);
+        self.part.resize(n * part.scales, 0.0);
+        for (dst, src) in self
+            .part
+            .chunks_exact_mut(part.scales)
+            .zip(self.all.chunks_exact(self.per_token))
+        {
+            for (d, s) in dst.iter_mut().zip(&src[part.scale_offset..]) {
+                *d = *s;
+            }
         }
         &self.part
     }
@@ -573,7 +577,11 @@ pub(super) fn fused_attention_on(
         let range = cache.visible(query_positions[i]);
         let mut start = range.start;
         while start < range.end {
-            let end = (start + BLOCK_TOKENS).min(range.end);
+            let bt: usize = std::env::var("TQ_BLOCK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(BLOCK_TOKENS);
+            let end = (start + bt).min(range.end);
             tasks.push((item, start..end));
             start = end;
         }

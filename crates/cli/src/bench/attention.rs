@@ -41,6 +41,14 @@ pub struct AttentionBenchArgs {
     /// `d128` (32 query heads, 8 KV heads, d = 128).
     #[arg(long, value_delimiter = ',', default_value = "smollm2,d128")]
     shapes: Vec<String>,
+    /// Configurations to run (comma separated; f16 is always run, as the ratio's baseline):
+    /// f32, f16, k5v4, mse-k4v4, tq3.5.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "f32,f16,k5v4,mse-k4v4,tq3.5"
+    )]
+    configs: Vec<String>,
     /// Instruction set of the kernel (`scalar`, `avx2`, `neon`); default: the best available.
     #[arg(long)]
     isa: Option<String>,
@@ -242,6 +250,9 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                 .ok_or_else(|| format!("unknown shape `{name}` (smollm2, d128)"))
         })
         .collect::<Result<_, _>>()?;
+    if let Some(unknown) = args.configs.iter().find(|c| !CONFIGS.contains(&c.as_str())) {
+        return Err(format!("unknown config `{unknown}` ({})", CONFIGS.join(", ")).into());
+    }
     let threads = rayon::current_num_threads();
     let (read_seconds, read_bytes) = streaming_read_seconds(args.repeats.clamp(3, 9));
     let bandwidth = read_bytes as f64 / read_seconds / 1e9;
@@ -252,6 +263,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         let values = random_tokens(max_tokens, width, shape.head_dim, 12, false);
         let caches: Vec<(&str, Result<KvCache, String>)> = CONFIGS
             .iter()
+            .filter(|&&c| c == "f16" || args.configs.iter().any(|a| a == c))
             .map(|&c| {
                 let cache = build(c, shape, max_tokens, &keys, &values).map_err(|e| e.to_string());
                 (c, cache)

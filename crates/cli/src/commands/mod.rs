@@ -2,3 +2,4 @@
 
 pub mod codebook;
 pub mod demo;
+pub mod model;

@@ -6,7 +6,8 @@ use tq_cache::attention::simd::Isa;
 use super::activation::Q8Activation;
 use super::dequant::dequantize_unchecked;
 use super::dot::{
-    Q8Kernel, Q8TileKernel, TILE, TileBuf, q8_kernel, q8_tile_kernel, scalar, usable,
+    Q8Kernel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_kernel, q8_rows_kernel,
+    q8_tile_kernel, scalar, usable,
 };
 use super::error::QuantError;
 use super::kind::QuantKind;
@@ -224,6 +225,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             kind: self.kind,
             kernel,
             tile: q8_tile_kernel(self.kind, scratch.isa),
+            rows: q8_rows_kernel(self.kind, scratch.isa),
             act: &scratch.act,
             x,
             cols: self.cols,
@@ -258,14 +260,7 @@ impl Rows<'_> {
     /// For every row `r`: `out[r·n .. (r+1)·n]` = row `r` against the `n` activation rows,
     /// rows in parallel over the current rayon pool (serially when there is a single task).
     fn for_each_chunk(&self, out: &mut [f32], n: usize, dot: &RowDot<'_>) {
-        let run = |w: &[u8], o: &mut [f32]| {
-            // Unpacking space of the tile kernel, made on first use (only products of several
-            // activation rows on AVX2 need it).
-            let mut buf = None;
-            for (w, o) in w.chunks_exact(self.row_bytes).zip(o.chunks_exact_mut(n)) {
-                dot.eval_row(w, o, &mut buf);
-            }
-        };
+        let run = |w: &[u8], o: &mut [f32]| dot.eval_chunk(w, self.row_bytes, o, n);
         let (w_task, o_task) = (self.task_rows * self.row_bytes, self.task_rows * n);
         if self.data.len() <= w_task {
             run(self.data, out);
@@ -283,12 +278,35 @@ struct RowDot<'a> {
     kind: QuantKind,
     kernel: Option<Q8Kernel>,
     tile: Option<Q8TileKernel>,
+    rows: Option<Q8RowsKernel>,
     act: &'a Q8Activation,
     x: &'a [f32],
     cols: usize,
 }
 
 impl RowDot<'_> {
+    /// `out[r·n + i]` = row `r` of `w` (rows of `rb` bytes) against activation row `i`.
+    fn eval_chunk(&self, w: &[u8], rb: usize, out: &mut [f32], n: usize) {
+        let (mut w, mut out) = (w, out);
+        if let (Some(rows), 1) = (self.rows, n) {
+            // One activation: ROWS weight rows at a time, the rest one by one.
+            let act = self.act.row_unchecked(0);
+            let mut ws = w.chunks_exact(ROWS * rb);
+            let mut os = out.chunks_exact_mut(ROWS);
+            for (wc, oc) in (&mut ws).zip(&mut os) {
+                let group: [&[u8]; ROWS] = core::array::from_fn(|r| &wc[r * rb..(r + 1) * rb]);
+                oc.copy_from_slice(&rows(&group, &act));
+            }
+            (w, out) = (ws.remainder(), os.into_remainder());
+        }
+        // Unpacking space of the tile kernel, made on first use (only products of several
+        // activation rows on AVX2 need it).
+        let mut buf = None;
+        for (w, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
+            self.eval_row(w, o, &mut buf);
+        }
+    }
+
     /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`.
     fn eval_row(&self, w: &[u8], out: &mut [f32], buf: &mut Option<TileBuf>) {
         match (self.tile, self.kernel) {

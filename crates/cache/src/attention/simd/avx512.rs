@@ -269,7 +269,9 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     let spt = run.scales_per_token();
     let sign_full = m / 16;
     let sign_tail = m % 16;
-    // SAFETY: record `i` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
+    // SAFETY: score writes go to `out[h·stride + i]` with `h < H ≤ heads` and `i < n`, inside
+    // `out` (checked by the dispatcher: `(heads − 1)·stride + n ≤ out.len()`); record `i` is
+    // `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
     // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
     // `bytes`; `2B·j ≤ 4·code words` for every chunk, the masked tail included); query loads
     // read 16 floats of row `h < H` below `d` (masked beyond it), sketch loads likewise below
@@ -278,6 +280,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     unsafe {
         let lut = lut::<B>(run.centroids);
         let (qp, wp) = (q.as_ptr(), w.as_ptr());
+        let op = out.as_mut_ptr();
         let tail_mask = lanes(tail);
         for (i, record) in run.words.chunks_exact(rw).enumerate() {
             let rec = record[run.code_offset..].as_ptr() as *const u8;
@@ -335,7 +338,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
             let mut t = [0.0f32; 4];
             _mm_storeu_ps(t.as_mut_ptr(), scores);
             for (h, &score) in t.iter().enumerate().take(H) {
-                out[h * stride + i] += score;
+                *op.add(h * stride + i) += score;
             }
         }
     }
@@ -399,10 +402,12 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
     let d = run.dim;
     let full = d / 16;
     let tail = d % 16;
-    // SAFETY: each record holds `d` values from word `offset`; chunks stay below `16·full ≤ d`
+    // SAFETY: score writes go to `out[h·stride + i]`, inside `out` (checked by the dispatcher);
+    // each record holds `d` values from word `offset`; chunks stay below `16·full ≤ d`
     // and the tail chunk is masked to `d`; query loads read row `h < H` below `d`.
     unsafe {
         let qp = q.as_ptr();
+        let op = out.as_mut_ptr();
         let all = lanes(16);
         for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
             let rec = record[run.offset..].as_ptr() as *const u8;
@@ -424,7 +429,7 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
             let mut t = [0.0f32; 4];
             _mm_storeu_ps(t.as_mut_ptr(), hsum4(&merge(&a, H)));
             for (h, &score) in t.iter().enumerate().take(H) {
-                out[h * stride + i] += score;
+                *op.add(h * stride + i) += score;
             }
         }
     }

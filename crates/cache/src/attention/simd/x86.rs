@@ -635,7 +635,9 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     let use_tables = !tables.is_empty();
     let spt = run.scales_per_token();
     let b = B as usize;
-    // SAFETY: record `i` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
+    // SAFETY: score writes go to `out[h·stride + i]` with `h < H ≤ heads` and `i < n`, inside
+    // `out` (checked by the dispatcher: `(heads − 1)·stride + n ≤ out.len()`); record `i` is
+    // `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
     // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
     // `bytes`, and `B·j ≤ 4·code words`); sign reads take words `sign_offset + j/4 < rw` for
     // `j < m/8` (bytes `< ceil(m/8)` with tables); query loads read 8 floats of row `h < H`
@@ -645,6 +647,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
         let lut = lut::<B>(run.centroids);
         let shifts = sign_shifts();
         let (qp, wp) = (q.as_ptr(), w.as_ptr());
+        let op = out.as_mut_ptr();
         for (i, record) in run.words.chunks_exact(rw).enumerate() {
             let codes = &record[run.code_offset..];
             let rec = codes.as_ptr() as *const u8;
@@ -711,7 +714,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                     }
                     v += run.scales[i * spt + 1] * tail;
                 }
-                out[h * stride + i] += v;
+                *op.add(h * stride + i) += v;
             }
         }
     }
@@ -776,10 +779,12 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
 ) {
     let d = run.dim;
     let full = d / 8;
-    // SAFETY: each record holds `d` values from word `offset` and chunks stay below
+    // SAFETY: score writes go to `out[h·stride + i]`, inside `out` (checked by the dispatcher);
+    // each record holds `d` values from word `offset` and chunks stay below
     // `8·full ≤ d`; query loads read 8 floats of row `h < H` below `d`.
     unsafe {
         let qp = q.as_ptr();
+        let op = out.as_mut_ptr();
         for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
             let record = &record[run.offset..];
             let rec = record.as_ptr() as *const u8;
@@ -797,7 +802,7 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
                 for j in 8 * full..d {
                     v += q[h * d + j] * plain_at::<F16>(record, j);
                 }
-                out[h * stride + i] += v;
+                *op.add(h * stride + i) += v;
             }
         }
     }

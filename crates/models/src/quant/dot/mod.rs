@@ -36,6 +36,27 @@ pub(crate) type Q8Kernel = fn(&[u8], &Q8Row<'_>) -> f32;
 /// `out[a]` bit-identical to the row kernel on `acts[a]`; `buf` is its unpacking space.
 pub(crate) type Q8TileKernel = fn(&[u8], &[Q8Row<'_>], &mut [f32], &mut TileBuf);
 
+/// A multi-row kernel of the integer path: [`ROWS`] weight rows against one activation row,
+/// each result bit-identical to the row kernel's.
+pub(crate) type Q8RowsKernel = fn(&[&[u8]; ROWS], &Q8Row<'_>) -> [f32; ROWS];
+
+/// Weight rows a multi-row kernel takes at once.
+pub(crate) const ROWS: usize = 4;
+
+/// The multi-row kernel for `kind` on `isa`, where one exists (AVX2); elsewhere a matrix–vector
+/// product calls the row kernel per row.
+pub(crate) fn q8_rows_kernel(kind: QuantKind, isa: Isa) -> Option<Q8RowsKernel> {
+    match (kind, usable(isa)) {
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_rows),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_rows),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows),
+        _ => None,
+    }
+}
+
 /// Activation rows a tile kernel takes at once.
 pub(crate) const TILE: usize = 8;
 
@@ -48,7 +69,8 @@ pub(crate) const SEG_BLOCKS: usize = 128;
 pub(crate) struct Block32(pub(crate) [u8; 32]);
 
 /// Unpacking space of a tile kernel: [`SEG_BLOCKS`] blocks as unsigned multiplicands, signed
-/// weights, and f32 scales and minima (9 KiB, on the stack of each parallel task). Only the x86
+/// weights, f32 scales and minima, and the scale products of each activation of a tile
+/// (13 KiB, on the stack of each parallel task). Only the x86
 /// tile kernels read it; elsewhere it is never built.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct TileBuf {
@@ -56,6 +78,8 @@ pub(crate) struct TileBuf {
     pub(crate) sign: [Block32; SEG_BLOCKS],
     pub(crate) d: [f32; SEG_BLOCKS],
     pub(crate) m: [f32; SEG_BLOCKS],
+    /// `d_w·d_x` per activation of the tile and block of the segment.
+    pub(crate) dd: [[f32; SEG_BLOCKS]; TILE],
 }
 
 impl TileBuf {
@@ -66,6 +90,7 @@ impl TileBuf {
             sign: [Block32([0; 32]); SEG_BLOCKS],
             d: [0.0; SEG_BLOCKS],
             m: [0.0; SEG_BLOCKS],
+            dd: [[0.0; SEG_BLOCKS]; TILE],
         }
     }
 }
@@ -123,7 +148,22 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
-    use super::{Q8Row, TileBuf};
+    use super::{Q8Row, ROWS, TileBuf};
+
+    pub(super) fn q8_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows::<Q8_0, ROWS>(rows, act) }
+    }
+
+    pub(super) fn q4_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows::<Q4_0, ROWS>(rows, act) }
+    }
+
+    pub(super) fn q4_1_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows::<Q4_1, ROWS>(rows, act) }
+    }
 
     pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
         // SAFETY: selected only after `Isa::Avx2` or `Isa::Avx512` was found available (both

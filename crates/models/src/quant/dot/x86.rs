@@ -21,7 +21,7 @@
 
 use core::arch::x86_64::*;
 
-use super::super::activation::{Q8_BLOCK, Q8Row};
+use super::super::activation::{Q8_BLOCK, Q8Row, SCALE_LANES};
 use super::{SEG_BLOCKS, TILE, TileBuf};
 
 /// Q8_0 weights.
@@ -107,44 +107,125 @@ fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)))
 }
 
+/// The f16 scales (bytes 0..2) and, for Q4_1, minima (bytes 2..4) of blocks `g .. g + count`
+/// (`count ≤ 8`) of a row, as f32 lanes `k ↔ block g + k` (zero for `k ≥ count`).
+///
+/// One gather reads the first four bytes of each block (inside the block for every format), so
+/// no per-block scalar conversion (and no false dependency on a register holding an
+/// accumulator) sits in the loop.
+///
+/// # Safety
+/// AVX2/F16C; blocks `g .. g + count` of the row at `w0` (stride `block_bytes(K)`) are readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<const K: u8>(w0: *const u8, g: usize, count: usize) -> (__m256, __m256) {
+    let bb = block_bytes(K) as i32;
+    let offsets = _mm256_setr_epi32(0, bb, 2 * bb, 3 * bb, 4 * bb, 5 * bb, 6 * bb, 7 * bb);
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), lanes);
+    // SAFETY: lane k < count reads bytes 0..4 of block g + k (readable, caller); masked-off
+    // lanes read nothing.
+    let words = unsafe {
+        _mm256_mask_i32gather_epi32::<1>(
+            _mm256_setzero_si256(),
+            w0.add(g * bb as usize).cast(),
+            offsets,
+            mask,
+        )
+    };
+    // Per 128-bit half: [d0..d3, m0..m3]; then [d0..d7 | m0..m7].
+    let low = _mm256_and_si256(words, _mm256_set1_epi32(0xFFFF));
+    let high = _mm256_srli_epi32::<16>(words);
+    let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(low, high));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(packed)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(packed)),
+    )
+}
+
 /// `Σ_j w_j·x̂_j` of a weight row of format `K` and a quantized activation row.
 ///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot<const K: u8>(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    // SAFETY: same contract.
+    unsafe { dot_rows::<K, 1>(&[row], act)[0] }
+}
+
+/// [`dot`] of `R` weight rows with the same activation row at once: the rows' accumulators
+/// are independent FMA chains, so their latencies overlap (one row alone waits on its chain).
+/// Row `r` of the result has the bits `dot::<K>(rows[r], act)` returns.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_rows<const K: u8, const R: usize>(
+    rows: &[&[u8]; R],
+    act: &Q8Row<'_>,
+) -> [f32; R] {
     let bb = block_bytes(K);
     // Clamp to what every buffer holds, so no read below can leave them.
-    let nb = act
+    let mut nb = act
         .blocks()
-        .min(row.len() / bb)
         .min(act.qs.len() / Q8_BLOCK)
-        .min(act.d.len())
+        .min(act.d.len() / SCALE_LANES * SCALE_LANES)
         .min(act.s.len());
-    let (w0, y0) = (row.as_ptr(), act.qs.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    for b in 0..nb {
-        // SAFETY: b < nb: the block, its 32 activation bytes and its scales are in bounds.
-        let (mag, sign, qy, dw, dx) = unsafe {
-            let w = w0.add(b * bb);
-            let (mag, sign) = weights::<K>(w);
-            let qy = _mm256_loadu_si256(y0.add(b * Q8_BLOCK).cast());
-            (mag, sign, qy, f16_at(w), *act.d.as_ptr().add(b))
-        };
-        let dd = _mm256_set1_ps(dw * dx);
-        acc = _mm256_fmadd_ps(dd, lane_sums::<K>(mag, sign, qy), acc);
-        if K == Q4_1 {
-            // SAFETY: as above.
-            let (mw, sx) = unsafe { (f16_at(w0.add(b * bb + 2)), *act.s.as_ptr().add(b)) };
-            summs = mw.mul_add(sx, summs);
+    for row in rows {
+        nb = nb.min(row.len() / bb);
+    }
+    let w0: [*const u8; R] = core::array::from_fn(|r| rows[r].as_ptr());
+    let y0 = act.qs.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summs = [0.0f32; R];
+    let mut dd = [[0.0f32; 8]; R];
+    let mut mw = [[0.0f32; 8]; R];
+    let mut g = 0;
+    while g < nb {
+        let count = (nb - g).min(8);
+        // SAFETY: g + 8 ≤ d.len() because g < nb ≤ d.len() rounded down to a multiple of 8 and
+        // g is a multiple of 8.
+        let dx = unsafe { _mm256_loadu_ps(act.d.as_ptr().add(g)) };
+        for r in 0..R {
+            // SAFETY: blocks g .. g + count are below nb, within row r; `dd[r]`/`mw[r]` hold 8
+            // floats.
+            unsafe {
+                let (dw, m) = scales::<K>(w0[r], g, count);
+                _mm256_storeu_ps(dd[r].as_mut_ptr(), _mm256_mul_ps(dw, dx));
+                _mm256_storeu_ps(mw[r].as_mut_ptr(), m);
+            }
         }
+        for k in 0..count {
+            let b = g + k;
+            // SAFETY: b < nb: the activation bytes and sum of block b are in bounds.
+            let (qy, sx) = unsafe {
+                (
+                    _mm256_loadu_si256(y0.add(b * Q8_BLOCK).cast()),
+                    *act.s.as_ptr().add(b),
+                )
+            };
+            for r in 0..R {
+                // SAFETY: b < nb: block b of row r is in bounds.
+                let (mag, sign) = unsafe { weights::<K>(w0[r].add(b * bb)) };
+                acc[r] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(dd[r][k]),
+                    lane_sums::<K>(mag, sign, qy),
+                    acc[r],
+                );
+                if K == Q4_1 {
+                    summs[r] = mw[r][k].mul_add(sx, summs[r]);
+                }
+            }
+        }
+        g += 8;
     }
-    if K == Q4_1 {
-        hsum(acc) + summs
-    } else {
-        hsum(acc)
-    }
+    core::array::from_fn(|r| {
+        if K == Q4_1 {
+            hsum(acc[r]) + summs[r]
+        } else {
+            hsum(acc[r])
+        }
+    })
 }
 
 /// `out[a] = dot::<K>(row, &acts[a])` for up to [`TILE`] activation rows at once (products of
@@ -174,7 +255,7 @@ pub(crate) unsafe fn dot_tile<const K: u8>(
         nb = nb
             .min(act.blocks())
             .min(act.qs.len() / Q8_BLOCK)
-            .min(act.d.len())
+            .min(act.d.len() / SCALE_LANES * SCALE_LANES)
             .min(act.s.len());
     }
     let mut acc = [_mm256_setzero_ps(); TILE];
@@ -218,12 +299,13 @@ pub(crate) unsafe fn dot_tile<const K: u8>(
 /// Adds blocks `s0 .. s0 + sn` (unpacked in `buf`) of `T` activations to their accumulators.
 ///
 /// # Safety
-/// AVX2/FMA/F16C; `acts`, `acc` and `summs` hold `T` entries; `sn ≤ SEG_BLOCKS` and blocks
-/// `s0 .. s0 + sn` are within every activation's `qs`, `d` and `s`.
+/// AVX2/FMA/F16C; `acts`, `acc` and `summs` hold `T ≤ TILE` entries; `sn ≤ SEG_BLOCKS`, `s0` is a
+/// multiple of 8, and blocks `s0 .. s0 + sn` are within every activation's `qs` and `s` and
+/// below its `d.len()`, which is a multiple of 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn accumulate<const K: u8, const T: usize>(
-    buf: &TileBuf,
+    buf: &mut TileBuf,
     s0: usize,
     sn: usize,
     acts: &[Q8Row<'_>],
@@ -235,8 +317,22 @@ unsafe fn accumulate<const K: u8, const T: usize>(
     a.copy_from_slice(&acc[..T]);
     sm.copy_from_slice(&summs[..T]);
     let y: [*const i8; T] = core::array::from_fn(|j| acts[j].qs.as_ptr());
-    let d: [*const f32; T] = core::array::from_fn(|j| acts[j].d.as_ptr());
     let s: [*const f32; T] = core::array::from_fn(|j| acts[j].s.as_ptr());
+    // The scale products d_w·d_x, eight blocks per multiply (the same single rounding as a
+    // scalar product).
+    for (j, act) in acts.iter().enumerate().take(T) {
+        for k in (0..sn).step_by(8) {
+            // SAFETY: k + 8 ≤ SEG_BLOCKS (sn ≤ SEG_BLOCKS, both multiples of 8 or k < sn);
+            // s0 + k + 8 ≤ d.len(): s0 + k < nb ≤ d.len(), d.len() and s0 + k are multiples of 8.
+            unsafe {
+                let dd = _mm256_mul_ps(
+                    _mm256_loadu_ps(buf.d.as_ptr().add(k)),
+                    _mm256_loadu_ps(act.d.as_ptr().add(s0 + k)),
+                );
+                _mm256_storeu_ps(buf.dd[j].as_mut_ptr().add(k), dd);
+            }
+        }
+    }
     for k in 0..sn {
         let b = s0 + k;
         // SAFETY: k < sn ≤ SEG_BLOCKS; the buffer's blocks are 32-byte aligned.
@@ -246,16 +342,11 @@ unsafe fn accumulate<const K: u8, const T: usize>(
                 _mm256_load_si256(buf.sign[k].0.as_ptr().cast()),
             )
         };
-        let (dw, mw) = (buf.d[k], buf.m[k]);
+        let mw = buf.m[k];
         for j in 0..T {
             // SAFETY: block b is within activation j (caller).
-            let (qy, dx) = unsafe {
-                (
-                    _mm256_loadu_si256(y[j].add(b * Q8_BLOCK).cast()),
-                    *d[j].add(b),
-                )
-            };
-            let dd = _mm256_set1_ps(dw * dx);
+            let qy = unsafe { _mm256_loadu_si256(y[j].add(b * Q8_BLOCK).cast()) };
+            let dd = _mm256_set1_ps(buf.dd[j][k]);
             a[j] = _mm256_fmadd_ps(dd, lane_sums::<K>(mag, sign, qy), a[j]);
             if K == Q4_1 {
                 // SAFETY: as above.
