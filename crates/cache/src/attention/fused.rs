@@ -325,38 +325,45 @@ fn ensure(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// Reusable per-block buffers for the f32 scales of a run.
+#[derive(Default)]
 struct Scales {
     /// Every scale of the run, `[n, per_token]`.
     all: Vec<f32>,
-    /// One part's scales, `[n, part scales]`.
-    part: Vec<f32>,
+    /// Each part's scales, `[n, part scales]` (filled only for records of several parts).
+    parts: Vec<Vec<f32>>,
     per_token: usize,
 }
 
 impl Scales {
-    fn load(&mut self, isa: Isa, halves: &[f16], n: usize) {
+    /// Converts the run's scales and splits them per part.
+    fn load(&mut self, isa: Isa, halves: &[f16], n: usize, parts: &[Part<'_>]) {
         self.all.resize(halves.len(), 0.0);
         simd::f16_to_f32(isa, halves, &mut self.all);
         self.per_token = halves.len() / n.max(1);
-    }
-
-    /// The scales of `part`, compact.
-    fn of(&mut self, part: &Part<'_>) -> &[f32] {
-        if part.scales == self.per_token {
-            return &self.all;
-        }
-        let n = self.all.len() / self.per_token.max(1);
-        self.part.resize(n * part.scales, 0.0);
-        for (dst, src) in self
-            .part
-            .chunks_exact_mut(part.scales)
-            .zip(self.all.chunks_exact(self.per_token))
-        {
-            for (d, s) in dst.iter_mut().zip(&src[part.scale_offset..]) {
-                *d = *s;
+        self.parts.resize(parts.len(), Vec::new());
+        for (part, buffer) in parts.iter().zip(self.parts.iter_mut()) {
+            if part.scales == 0 || part.scales == self.per_token {
+                continue;
+            }
+            buffer.resize(n * part.scales, 0.0);
+            for (dst, src) in buffer
+                .chunks_exact_mut(part.scales)
+                .zip(self.all.chunks_exact(self.per_token))
+            {
+                for (d, s) in dst.iter_mut().zip(&src[part.scale_offset..]) {
+                    *d = *s;
+                }
             }
         }
-        &self.part
+    }
+
+    /// The scales of part `k`, compact.
+    fn of(&self, k: usize, part: &Part<'_>) -> &[f32] {
+        if part.scales == self.per_token {
+            &self.all
+        } else {
+            &self.parts[k]
+        }
     }
 }
 
@@ -394,11 +401,7 @@ fn run_block(
     let len = range.len();
     let start = range.start;
     let mut scores = vec![0.0f32; group * len];
-    let mut scales = Scales {
-        all: Vec::new(),
-        part: Vec::new(),
-        per_token: 0,
-    };
+    let mut scales = Scales::default();
     walk(plan.keys, range.clone(), |t, words, halves, n, is_body| {
         let out = &mut scores[t - start..];
         let record_words = words.len() / n;
@@ -413,8 +416,10 @@ fn run_block(
             simd::score_plain(isa, &run, &prepared.plain, out, len);
             return;
         }
-        scales.load(isa, halves, n);
-        for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
+        scales.load(isa, halves, n, &plan.key_parts);
+        let mut runs = Vec::with_capacity(plan.key_parts.len());
+        let mut keys = Vec::with_capacity(plan.key_parts.len());
+        for (k, (part, pp)) in plan.key_parts.iter().zip(&prepared.parts).enumerate() {
             match (&part.body, pp) {
                 (Body::Plain(kind), PreparedPart::Plain(queries)) => {
                     let run = PlainRun {
@@ -427,14 +432,15 @@ fn run_block(
                     simd::score_plain(isa, &run, queries, out, len);
                 }
                 (Body::Codes { .. }, PreparedPart::Coded(queries)) => {
-                    let part_scales = scales.of(part);
-                    if let Some(run) = part.coded_run(words, record_words, part_scales) {
-                        simd::score_coded(isa, &run, queries, out, len);
+                    if let Some(run) = part.coded_run(words, record_words, scales.of(k, part)) {
+                        runs.push(run);
+                        keys.push(queries);
                     }
                 }
                 _ => unreachable!("queries are prepared from the same parts"),
             }
         }
+        simd::score_coded_parts(isa, &runs, &keys, out, len);
     });
     let mut max = vec![f32::NEG_INFINITY; group];
     let mut sum = vec![0.0f32; group];
@@ -473,8 +479,8 @@ fn run_block(
             simd::accumulate_plain(isa, &run, weights, ensure(&mut full, group * d));
             return;
         }
-        scales.load(isa, halves, n);
-        for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
+        scales.load(isa, halves, n, &plan.value_parts);
+        for (k, (part, acc)) in plan.value_parts.iter().zip(parts.iter_mut()).enumerate() {
             match &part.body {
                 Body::Plain(kind) => {
                     let run = PlainRun {
@@ -488,7 +494,7 @@ fn run_block(
                     simd::accumulate_plain(isa, &run, weights, values);
                 }
                 Body::Codes { .. } => {
-                    let part_scales = scales.of(part);
+                    let part_scales = scales.of(k, part);
                     let Some(run) = part.coded_run(words, record_words, part_scales) else {
                         continue;
                     };
@@ -577,11 +583,7 @@ pub(super) fn fused_attention_on(
         let range = cache.visible(query_positions[i]);
         let mut start = range.start;
         while start < range.end {
-            let bt: usize = std::env::var("TQ_BLOCK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(BLOCK_TOKENS);
-            let end = (start + bt).min(range.end);
+            let end = (start + BLOCK_TOKENS).min(range.end);
             tasks.push((item, start..end));
             start = end;
         }

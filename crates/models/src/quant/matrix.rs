@@ -161,9 +161,12 @@ impl<B: AsRef<[u8]>> QuantMatrix<B> {
         Ok(())
     }
 
-    /// Rows per parallel task.
+    /// Rows per parallel task: about [`TASK_BYTES`] of weights, a multiple of the multi-row
+    /// kernel's [`ROWS`] so no task ends in single rows.
     fn task_rows(&self) -> usize {
-        (TASK_BYTES / self.row_bytes.max(1)).max(1)
+        (TASK_BYTES / self.row_bytes.max(1))
+            .max(1)
+            .next_multiple_of(ROWS)
     }
 }
 
@@ -173,8 +176,9 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
     /// Q4_0, Q4_1 and Q8_0 quantize `x` to Q8 blocks once (into `scratch`) and take integer
     /// dot products on `scratch.isa()`; the other formats multiply dequantized weights by `x`
     /// in f32 (scalar). Output rows are split over the current rayon pool in fixed chunks, and
-    /// each `y[r]` is computed by one kernel call in a fixed order, so the result is the same
-    /// bits whatever the number of threads. `x` must be finite.
+    /// each `y[r]` is computed by the same operations in the same order whichever kernel
+    /// variant (one row, several rows, several activations) and thread computes it, so the
+    /// result is the same bits whatever the number of threads. `x` must be finite.
     pub fn matvec(
         &self,
         x: &[f32],
@@ -186,7 +190,9 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
 
     /// `Y = X·Wᵀ` for `n` activation rows at once: `x` is `[n, cols]` row-major, `y` gets
     /// `[n, rows]`. Row `i` of `y` is bit-identical to `matvec` of row `i` of `x`; the
-    /// activations are quantized once and every weight row is read once for all `n`.
+    /// activations are quantized once and every weight row is read (and, on AVX2, unpacked)
+    /// once per eight activation rows. For `n > 1` the scratch holds an `n × rows` buffer
+    /// (results are gathered per weight row, then transposed into `y`).
     pub fn matmul(
         &self,
         x: &[f32],

@@ -219,6 +219,196 @@ macro_rules! by_bits_heads {
     };
 }
 
+/// One part of a record for [`score_parts`] (codes of b ≤ 4 bits, optionally QJL signs).
+struct Segment<'a> {
+    /// The 16-entry centroid table (the `2^b` centroids repeated for b < 4).
+    table: __m512,
+    /// `vpmultishiftqb` control for b-bit codes (see [`lut`]).
+    control: __m512i,
+    /// `2b`: bytes per 16 codes.
+    chunk_bytes: usize,
+    /// Byte offset of the codes in a record; readable bytes from there to the record's end.
+    code_offset: usize,
+    bytes: usize,
+    /// Fast chunks (one direct 8-byte read), whole chunks, and coordinates past them.
+    fast: usize,
+    full: usize,
+    tail: usize,
+    dim: usize,
+    /// The tile's query rows `[H, dim]` and sketch rows `[H, m]`.
+    queries: *const f32,
+    sketch: *const f32,
+    /// Byte offset of the sign words in a record and the sketch dimension (0: no signs).
+    sign_offset: usize,
+    sketch_dim: usize,
+    /// The tile's sign tables (`ceil(m/8)·256·4` floats), empty without.
+    tables: &'a [f32],
+    /// Norm (and `γ`) per token.
+    scales: &'a [f32],
+    per_token: usize,
+}
+
+/// Whether [`score_parts`] handles these runs: every part has codes of at most 4 bits.
+pub(super) fn parts_supported(runs: &[CodedRun<'_>]) -> bool {
+    runs.iter().all(|r| r.bits <= 4)
+}
+
+/// Scores the tokens of runs that share their records (the parts of one record layout, e.g.
+/// the two tiers of a two-tier record) in one pass: per token, every part's centroid table is
+/// scaled by that part's norm, so the codes of every part accumulate into one register per
+/// head and one reduction per token gives the score. QJL signs add `γ·` their sign-table sums
+/// (four heads per 16-byte load, no reduction), or without tables become `±γ` vectors in the
+/// same accumulator.
+///
+/// # Safety
+/// AVX-512 features; every run passed the dispatcher's checks, shares `words` and
+/// `record_words` with the first, has codes of at most 4 bits, and `queries[k]` matches
+/// `runs[k]`; `out` holds `(heads − 1)·stride + n` floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn score_parts(
+    runs: &[CodedRun<'_>],
+    queries: &[&KeyQueries],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let heads = queries[0].heads();
+    for (t, (first, size)) in tiles(heads).enumerate() {
+        let mut segments = Vec::with_capacity(runs.len());
+        for (run, q) in runs.iter().zip(queries) {
+            let (d, m) = (run.dim, run.sketch_dim);
+            let b = run.bits as usize;
+            let bytes = 4 * (run.record_words - run.code_offset);
+            let full = d / 16;
+            let mut control = [0u8; 64];
+            for k in 0..8 {
+                control[8 * k] = (2 * b * k) as u8;
+                control[8 * k + 4] = (2 * b * k + b) as u8;
+            }
+            let levels = 1usize << b;
+            let table: Vec<f32> = (0..16).map(|k| run.centroids[k % levels]).collect();
+            // SAFETY: the arrays hold 64 bytes and 16 floats.
+            let (table, control) = unsafe {
+                (
+                    _mm512_loadu_ps(table.as_ptr()),
+                    _mm512_loadu_si512(control.as_ptr() as *const _),
+                )
+            };
+            segments.push(Segment {
+                table,
+                control,
+                chunk_bytes: 2 * b,
+                code_offset: 4 * run.code_offset,
+                bytes,
+                fast: if bytes < 8 { 0 } else { full.min((bytes - 8) / (2 * b) + 1) },
+                full,
+                tail: d % 16,
+                dim: d,
+                queries: q.queries[first * d..].as_ptr(),
+                sketch: if m > 0 { q.sketch[first * m..].as_ptr() } else { q.sketch.as_ptr() },
+                sign_offset: 4 * run.sign_offset,
+                sketch_dim: m,
+                tables: if m > 0 && q.has_sign_tables() {
+                    let per_tile = sign_table_len(m);
+                    &q.tables[t * per_tile..(t + 1) * per_tile]
+                } else {
+                    &[]
+                },
+                scales: run.scales,
+                per_token: run.scales_per_token(),
+            });
+        }
+        let o = &mut out[first * stride..];
+        // SAFETY: forwarded contract; the segments' query rows hold `size` heads.
+        unsafe {
+            let (words, record_words) = (runs[0].words, runs[0].record_words);
+            match size {
+                1 => score_parts_tile::<1>(words, record_words, &segments, o, stride),
+                2 => score_parts_tile::<2>(words, record_words, &segments, o, stride),
+                3 => score_parts_tile::<3>(words, record_words, &segments, o, stride),
+                _ => score_parts_tile::<4>(words, record_words, &segments, o, stride),
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_parts_tile<const H: usize>(
+    words: &[u32],
+    record_words: usize,
+    segments: &[Segment<'_>],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let record_bytes = 4 * record_words;
+    // SAFETY: record `i` spans bytes `i·record_bytes..(i+1)·record_bytes` of `words`; every
+    // segment's code reads stay inside it (fast chunks read 8 bytes ending at most at the
+    // record's end, the others go through `read_padded` below `bytes`), its sign reads take
+    // 2-byte groups `< ceil(m/16)` of its sign words; query and sketch loads read 16 floats of
+    // rows `h < H` below `dim` (`m`), masked past it; score writes go to `out[h·stride + i]`,
+    // inside `out` (dispatcher check).
+    unsafe {
+        let base = words.as_ptr() as *const u8;
+        let op = out.as_mut_ptr();
+        for i in 0..words.len() / record_words {
+            let rec = base.add(i * record_bytes);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut signed = _mm_setzero_ps();
+            for seg in segments {
+                let (d, m) = (seg.dim, seg.sketch_dim);
+                let norm = *seg.scales.get_unchecked(i * seg.per_token);
+                let table = _mm512_mul_ps(seg.table, _mm512_set1_ps(norm));
+                let codes = rec.add(seg.code_offset);
+                let lookup = |bits: __m512i| {
+                    _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(seg.control, bits), table)
+                };
+                for j in 0..seg.fast {
+                    let bits = _mm512_set1_epi64(
+                        (codes.add(seg.chunk_bytes * j) as *const i64).read_unaligned(),
+                    );
+                    let c = lookup(bits);
+                    for (h, a) in acc.iter_mut().enumerate().take(H) {
+                        let qv = _mm512_loadu_ps(seg.queries.add(h * d + 16 * j));
+                        *a = _mm512_fmadd_ps(qv, c, *a);
+                    }
+                }
+                for j in seg.fast..seg.full + usize::from(seg.tail > 0) {
+                    let x = read_padded(codes, seg.bytes, seg.chunk_bytes * j, 8);
+                    let c = lookup(_mm512_set1_epi64(x as i64));
+                    let mask = if j < seg.full { lanes(16) } else { lanes(seg.tail) };
+                    for (h, a) in acc.iter_mut().enumerate().take(H) {
+                        let qv = _mm512_maskz_loadu_ps(mask, seg.queries.add(h * d + 16 * j));
+                        *a = _mm512_fmadd_ps(qv, c, *a);
+                    }
+                }
+                if m > 0 && !seg.tables.is_empty() {
+                    let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                    let sum = sign_table_sum(seg.tables, rec.add(seg.sign_offset), m.div_ceil(8));
+                    signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
+                } else if m > 0 {
+                    let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                    let plus = _mm512_set1_ps(gamma);
+                    let minus = _mm512_set1_ps(-gamma);
+                    let signs = rec.add(seg.sign_offset);
+                    for g in 0..m.div_ceil(16) {
+                        let bits = (signs.add(2 * g) as *const u16).read_unaligned();
+                        let z = _mm512_mask_blend_ps(bits, minus, plus);
+                        let mask = if 16 * (g + 1) <= m { lanes(16) } else { lanes(m % 16) };
+                        for (h, a) in acc.iter_mut().enumerate().take(H) {
+                            let wv = _mm512_maskz_loadu_ps(mask, seg.sketch.add(h * m + 16 * g));
+                            *a = _mm512_fmadd_ps(wv, z, *a);
+                        }
+                    }
+                }
+            }
+            let mut t = [0.0f32; 4];
+            _mm_storeu_ps(t.as_mut_ptr(), _mm_add_ps(hsum4(&merge(&acc, H)), signed));
+            for (h, &score) in t.iter().enumerate().take(H) {
+                *op.add(h * stride + i) += score;
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn score_coded(
     run: &CodedRun<'_>,
@@ -226,6 +416,11 @@ pub(super) unsafe fn score_coded(
     out: &mut [f32],
     stride: usize,
 ) {
+    if run.bits <= 4 {
+        // SAFETY: forwarded contract; one part shares its own records.
+        unsafe { score_parts(std::slice::from_ref(run), &[queries], out, stride) };
+        return;
+    }
     let (d, m) = (run.dim, run.sketch_dim);
     let per_tile = sign_table_len(m);
     for (t, (first, size)) in tiles(queries.heads()).enumerate() {

@@ -16,7 +16,7 @@
 //!   a run. f16 records convert with `vcvtph2ps`.
 //! - [`Isa::Neon`] (aarch64, where NEON is always present): vector primitives (dot, axpy, code
 //!   unpacking through `tbl`, f16 conversion, signs, `exp`) composed per token.
-//! - [`Isa::Scalar`]: the plain-Rust reference of [`primitives`](super::primitives), composed
+//! - [`Isa::Scalar`]: the plain-Rust reference of [`primitives`], composed
 //!   per token the same way. Every vector path is tested against it.
 //!
 //! The vector and scalar paths sum in different orders, so they may differ in the last bits
@@ -645,6 +645,70 @@ pub fn score_coded(
             out,
             stride,
         ),
+    }
+}
+
+/// Adds the scores of runs that are parts of the same records (the tiers of a two-tier record):
+/// `out[h·stride + i] += Σ_parts score_part(h, i)`, each part scored as by [`score_coded`]
+/// against its own prepared queries. Vector paths may score all parts in one pass.
+///
+/// # Panics
+/// If the runs do not share their words and record size, if `queries` does not hold one entry
+/// per run with the same number of heads, or as [`score_coded`].
+pub fn score_coded_parts(
+    isa: Isa,
+    runs: &[CodedRun<'_>],
+    queries: &[&KeyQueries],
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert_eq!(
+        runs.len(),
+        queries.len(),
+        "score_coded_parts: one query set per run"
+    );
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let heads = queries[0].heads();
+    for (run, q) in runs.iter().zip(queries) {
+        assert!(
+            std::ptr::eq(run.words, first.words) && run.record_words == first.record_words,
+            "score_coded_parts: the runs must be parts of the same records"
+        );
+        assert_eq!(
+            q.heads(),
+            heads,
+            "score_coded_parts: query sets differ in heads"
+        );
+        run.check();
+        assert_eq!(
+            q.dim, run.dim,
+            "score_coded_parts: query dimension differs from the run's"
+        );
+        if run.sketch_dim > 0 {
+            assert_eq!(
+                q.sketch_dim, run.sketch_dim,
+                "score_coded_parts: sketch dimension differs from the run's"
+            );
+        }
+    }
+    let n = first.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        stride >= n && out.len() >= (heads - 1) * stride + n,
+        "score_coded_parts: out too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.usable() == Isa::Avx512 && avx512::parts_supported(runs) {
+        // SAFETY: `usable` returned Avx512; every length and the shared records were checked.
+        unsafe { avx512::score_parts(runs, queries, out, stride) };
+        return;
+    }
+    for (run, q) in runs.iter().zip(queries) {
+        score_coded(isa, run, q, out, stride);
     }
 }
 

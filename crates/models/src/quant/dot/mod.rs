@@ -17,6 +17,7 @@
 //!   quantization error, `|Σ_j w_j (x_j − x̂_j)| ≤ Σ_j |w_j|·d_x/2` per block, plus rounding.
 
 pub(crate) mod scalar;
+mod tile_buf;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -28,6 +29,7 @@ use tq_cache::attention::simd::Isa;
 use super::activation::Q8Row;
 use super::error::QuantError;
 use super::kind::QuantKind;
+pub(crate) use tile_buf::{SEG_BLOCKS, TILE, TileBuf};
 
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
 pub(crate) type Q8Kernel = fn(&[u8], &Q8Row<'_>) -> f32;
@@ -54,44 +56,6 @@ pub(crate) fn q8_rows_kernel(kind: QuantKind, isa: Isa) -> Option<Q8RowsKernel> 
         #[cfg(target_arch = "x86_64")]
         (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows),
         _ => None,
-    }
-}
-
-/// Activation rows a tile kernel takes at once.
-pub(crate) const TILE: usize = 8;
-
-/// Weight blocks a tile kernel unpacks at once (a multiple of 8: segments are whole groups).
-pub(crate) const SEG_BLOCKS: usize = 128;
-
-/// 32 bytes aligned to 32 (one unpacked block).
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-pub(crate) struct Block32(pub(crate) [u8; 32]);
-
-/// Unpacking space of a tile kernel: [`SEG_BLOCKS`] blocks as unsigned multiplicands, signed
-/// weights, f32 scales and minima, and the scale products of each activation of a tile
-/// (13 KiB, on the stack of each parallel task). Only the x86
-/// tile kernels read it; elsewhere it is never built.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct TileBuf {
-    pub(crate) mag: [Block32; SEG_BLOCKS],
-    pub(crate) sign: [Block32; SEG_BLOCKS],
-    pub(crate) d: [f32; SEG_BLOCKS],
-    pub(crate) m: [f32; SEG_BLOCKS],
-    /// `d_w·d_x` per activation of the tile and block of the segment.
-    pub(crate) dd: [[f32; SEG_BLOCKS]; TILE],
-}
-
-impl TileBuf {
-    /// Zeroed space.
-    pub(crate) fn new() -> Self {
-        Self {
-            mag: [Block32([0; 32]); SEG_BLOCKS],
-            sign: [Block32([0; 32]); SEG_BLOCKS],
-            d: [0.0; SEG_BLOCKS],
-            m: [0.0; SEG_BLOCKS],
-            dd: [[0.0; SEG_BLOCKS]; TILE],
-        }
     }
 }
 

@@ -14,6 +14,14 @@
 //! `summs = fma(m_w, s_x, summs)` in block order, then `hsum(acc) (+ summs)`. Same operations,
 //! same order: the result is bit-identical to the scalar kernel.
 //!
+//! Each accumulator is a chain of dependent FMAs (4-cycle latency per block), so the entry
+//! points keep several chains in flight: [`dot_rows`] runs `R` weight rows against one
+//! activation (matrix–vector products), [`dot_tile`] runs one weight row against up to
+//! [`TILE`] activations with the row unpacked once (products of several activation rows).
+//! Per (row, activation) pair, every entry point performs the same operations in the same
+//! order. Block scales come eight at a time from one gather, so no per-block scalar f16
+//! conversion (and no false register dependency) sits in the loop.
+//!
 //! Register-only helpers are safe `#[target_feature]` functions (callable only from code with
 //! the same features); the entry points are `unsafe` because they need AVX2/FMA/F16C, and the
 //! dispatcher calls them only after runtime detection. Memory is read through raw pointers only
