@@ -299,12 +299,20 @@ pub(super) unsafe fn score_parts(
                 chunk_bytes: 2 * b,
                 code_offset: 4 * run.code_offset,
                 bytes,
-                fast: if bytes < 8 { 0 } else { full.min((bytes - 8) / (2 * b) + 1) },
+                fast: if bytes < 8 {
+                    0
+                } else {
+                    full.min((bytes - 8) / (2 * b) + 1)
+                },
                 full,
                 tail: d % 16,
                 dim: d,
                 queries: q.queries[first * d..].as_ptr(),
-                sketch: if m > 0 { q.sketch[first * m..].as_ptr() } else { q.sketch.as_ptr() },
+                sketch: if m > 0 {
+                    q.sketch[first * m..].as_ptr()
+                } else {
+                    q.sketch.as_ptr()
+                },
                 sign_offset: 4 * run.sign_offset,
                 sketch_dim: m,
                 tables: if m > 0 && q.has_sign_tables() {
@@ -374,7 +382,11 @@ unsafe fn score_parts_tile<const H: usize>(
                 for j in seg.fast..seg.full + usize::from(seg.tail > 0) {
                     let x = read_padded(codes, seg.bytes, seg.chunk_bytes * j, 8);
                     let c = lookup(_mm512_set1_epi64(x as i64));
-                    let mask = if j < seg.full { lanes(16) } else { lanes(seg.tail) };
+                    let mask = if j < seg.full {
+                        lanes(16)
+                    } else {
+                        lanes(seg.tail)
+                    };
                     for (h, a) in acc.iter_mut().enumerate().take(H) {
                         let qv = _mm512_maskz_loadu_ps(mask, seg.queries.add(h * d + 16 * j));
                         *a = _mm512_fmadd_ps(qv, c, *a);
@@ -392,7 +404,11 @@ unsafe fn score_parts_tile<const H: usize>(
                     for g in 0..m.div_ceil(16) {
                         let bits = (signs.add(2 * g) as *const u16).read_unaligned();
                         let z = _mm512_mask_blend_ps(bits, minus, plus);
-                        let mask = if 16 * (g + 1) <= m { lanes(16) } else { lanes(m % 16) };
+                        let mask = if 16 * (g + 1) <= m {
+                            lanes(16)
+                        } else {
+                            lanes(m % 16)
+                        };
                         for (h, a) in acc.iter_mut().enumerate().take(H) {
                             let wv = _mm512_maskz_loadu_ps(mask, seg.sketch.add(h * m + 16 * g));
                             *a = _mm512_fmadd_ps(wv, z, *a);
