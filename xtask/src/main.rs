@@ -128,9 +128,18 @@ fn fetch_model() -> Result<(), String> {
 fn cargo() -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut command = Command::new(cargo);
-    // Run from the workspace root whatever the caller's directory.
-    command.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    command.current_dir(workspace_root());
     command
+}
+
+/// The workspace root, whatever the caller's directory. `cargo run` sets `CARGO_MANIFEST_DIR`
+/// at run time; that value wins over the one compiled in, because a shared target directory
+/// can hand this binary, built from another checkout, to this one unchanged.
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.join("..")
 }
 
 fn run(command: &mut Command) -> Result<(), String> {

@@ -34,14 +34,14 @@ impl GpuKvCache {
             .and_then(|t| self.slot_of(t))
             .map(|s| self.positions[s] + 1);
         for &p in positions {
-            if let Some(e) = expected {
-                if p < e {
-                    return Err(tq_cache::CacheError::PositionGap {
-                        expected: e,
-                        got: p,
-                    }
-                    .into());
+            if let Some(e) = expected
+                && p < e
+            {
+                return Err(tq_cache::CacheError::PositionGap {
+                    expected: e,
+                    got: p,
                 }
+                .into());
             }
             expected = Some(p + 1);
         }
@@ -60,7 +60,7 @@ impl GpuKvCache {
     fn check_vectors(&self, which: StreamKind, x: &[f32]) -> Result<usize, GpuError> {
         let d = self.head_dim;
         let width = self.kv_heads * d;
-        if x.len() % width != 0 {
+        if !x.len().is_multiple_of(width) {
             return Err(GpuError::Shape {
                 what: "vectors [tokens, kv_heads, head_dim]",
                 expected: width,

@@ -52,7 +52,7 @@ impl GpuKvCache {
         shape: AttentionShape,
         out_len: usize,
     ) -> Result<usize, GpuError> {
-        if shape.q_heads == 0 || shape.q_heads % self.kv_heads != 0 {
+        if shape.q_heads == 0 || !shape.q_heads.is_multiple_of(self.kv_heads) {
             return Err(tq_cache::CacheError::InvalidConfig(format!(
                 "{} query heads cannot share {} KV heads evenly",
                 shape.q_heads, self.kv_heads
@@ -82,7 +82,7 @@ impl GpuKvCache {
         // so the kernel's head loops have the constant trip count CHUNK.
         let chunk_heads = (1..=group.min(MAX_GROUP))
             .rev()
-            .find(|c| group % c == 0)
+            .find(|c| group.is_multiple_of(*c))
             .unwrap_or(1);
         let rows = queries * shape.q_heads;
         let rec = 2 + self.value.dim + self.value.sketch_dim;

@@ -361,7 +361,7 @@ impl GpuContext {
         if data.is_empty() {
             return;
         }
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buffer, offset, data);
         } else {
             let mut padded = data.to_vec();

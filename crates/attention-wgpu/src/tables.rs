@@ -228,23 +228,23 @@ pub(crate) fn build_stream(
             Some(all)
         };
         desc.pi_mode = MODE_DENSE;
-        if rotation_kind(first) == Some(RotationKind::Hadamard) {
-            if let Some(all) = factors(&dense_pi) {
-                desc.pi_mode = MODE_FWHT;
-                desc.fwht_pi_offset = offset(data);
-                data.extend(all);
-            }
+        if rotation_kind(first) == Some(RotationKind::Hadamard)
+            && let Some(all) = factors(&dense_pi)
+        {
+            desc.pi_mode = MODE_FWHT;
+            desc.fwht_pi_offset = offset(data);
+            data.extend(all);
         }
         desc.s_mode = match sketch_kind(first) {
             Some(SketchKind::Gaussian) => MODE_DENSE_LANES,
             _ => MODE_DENSE,
         };
-        if sketch_kind(first) == Some(SketchKind::Hadamard) {
-            if let Some(all) = factors(&dense_s) {
-                desc.s_mode = MODE_FWHT;
-                desc.fwht_s_offset = offset(data);
-                data.extend(all);
-            }
+        if sketch_kind(first) == Some(SketchKind::Hadamard)
+            && let Some(all) = factors(&dense_s)
+        {
+            desc.s_mode = MODE_FWHT;
+            desc.fwht_s_offset = offset(data);
+            data.extend(all);
         }
         desc.centroid_offset = offset(data);
         data.extend_from_slice(first.centroids);

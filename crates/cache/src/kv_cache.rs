@@ -317,13 +317,13 @@ impl KvCache {
             .and_then(|t| self.position(t))
             .map(|p| p + 1);
         for &p in positions {
-            if let Some(e) = expected {
-                if p < e {
-                    return Err(CacheError::PositionGap {
-                        expected: e,
-                        got: p,
-                    });
-                }
+            if let Some(e) = expected
+                && p < e
+            {
+                return Err(CacheError::PositionGap {
+                    expected: e,
+                    got: p,
+                });
             }
             expected = Some(p + 1);
         }
@@ -398,7 +398,7 @@ impl KvCache {
         out: &mut [f32],
     ) -> Result<(), CacheError> {
         let width = shape.q_heads * self.layout.head_dim;
-        if width == 0 || queries.len() % width != 0 {
+        if width == 0 || !queries.len().is_multiple_of(width) {
             return Err(CacheError::ShapeMismatch {
                 what: "queries",
                 expected: width,

@@ -328,12 +328,12 @@ impl<'a> ByteReader<'a> {
                 needed: needed - (self.bytes.len() - self.offset),
             });
         }
-        if let crate::token_store::Growth::Static { capacity } = store.growth() {
-            if n > capacity {
-                return Err(PersistError::Inconsistent(
-                    "more records than the store's capacity",
-                ));
-            }
+        if let crate::token_store::Growth::Static { capacity } = store.growth()
+            && n > capacity
+        {
+            return Err(PersistError::Inconsistent(
+                "more records than the store's capacity",
+            ));
         }
         for _ in 0..n {
             let (words, scales) = store.push().map_err(PersistError::Cache)?;

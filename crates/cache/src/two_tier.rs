@@ -87,7 +87,7 @@ pub fn select_outlier_channels(
     k: usize,
 ) -> Result<Vec<u16>, TwoTierError> {
     check_count(k, head_dim)?;
-    if tokens.len() % head_dim != 0 {
+    if !tokens.len().is_multiple_of(head_dim) {
         return Err(TwoTierError::TokensShape {
             len: tokens.len(),
             head_dim,

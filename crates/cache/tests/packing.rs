@@ -36,7 +36,7 @@ proptest! {
         }
         // The bits past the last code stay zero, so equal codes always give equal words.
         let used = codes.len() * bits as usize;
-        if used % 32 != 0 {
+        if !used.is_multiple_of(32) {
             let last = *words.last().unwrap();
             prop_assert_eq!(last >> (used % 32), 0);
         }

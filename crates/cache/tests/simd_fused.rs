@@ -1,6 +1,6 @@
 //! The fused kernel on every instruction set: bit-identical whatever the rayon thread count,
-//! within rounding of the scalar path, and two-tier (allocation preset) caches against the
-//! exact reference.
+//! within rounding of the scalar path, and against the exact reference for every body kind
+//! (two-tier allocation presets included).
 //!
 //! Tolerance against another path or the reference: 2e-4·max|out| + 1e-5, as in
 //! `attention_fused.rs` (f32 rounding of softmax-weighted sums over T ≤ 2000 tokens and d ≤ 128
@@ -49,7 +49,8 @@ fn close(what: &str, got: &[f32], expected: &[f32]) {
 }
 
 /// Caches covering every body kind: f16, TQ_prod keys with TQ_mse values, debiased MSE, and
-/// the two-tier tq3.5 preset; 1300 tokens (six blocks, the last partial).
+/// the two-tier tq3.5 and k5v4 presets; 1300 tokens (six blocks of 256, the last partial), and
+/// one of 9000 tokens (blocks of 1024: the block size grows with the visible range).
 fn caches() -> Vec<(String, KvCache, usize)> {
     let mut out = Vec::new();
     for (name, key, value, dim) in [
@@ -67,12 +68,12 @@ fn caches() -> Vec<(String, KvCache, usize)> {
         fill(&mut cache, 0, 1300, 19);
         out.push((name.to_string(), cache, dim));
     }
-    for preset in ["tq3.5", "k5v4"] {
+    for (preset, tokens) in [("tq3.5", 1300usize), ("k5v4", 1300), ("k5v4", 9000)] {
         let dim = 128;
         let allocation = Allocation::preset(preset).unwrap();
         let mut cache = KvCache::with_allocation(growing(2, dim), &allocation, 0, 1).unwrap();
-        fill(&mut cache, 0, 1300, 23);
-        out.push((preset.to_string(), cache, dim));
+        fill(&mut cache, 0, tokens, 23);
+        out.push((format!("{preset} ({tokens} tokens)"), cache, dim));
     }
     out
 }
@@ -81,7 +82,8 @@ fn caches() -> Vec<(String, KvCache, usize)> {
 fn fused_attention_is_bit_identical_across_thread_counts() {
     for (name, cache, _) in caches() {
         let kv = cache.layout().kv_heads;
-        let positions = [0u32, 255, 256, 700, 1299];
+        let last = cache.len() as u32 - 1;
+        let positions = [0u32, 255, 256, 700, 1299, last];
         for isa in Isa::available() {
             let one = in_pool(1, || run(isa, &cache, 4 * kv, &positions, 5));
             for threads in [2, 3] {
@@ -100,7 +102,7 @@ fn fused_attention_is_bit_identical_across_thread_counts() {
 fn vector_paths_match_the_scalar_path() {
     for (name, cache, _) in caches() {
         let kv = cache.layout().kv_heads;
-        let positions = [3u32, 1000, 1299];
+        let positions = [3u32, 1000, 1299, cache.len() as u32 - 1];
         let scalar = run(Isa::Scalar, &cache, 3 * kv, &positions, 9);
         for isa in Isa::available() {
             let got = run(isa, &cache, 3 * kv, &positions, 9);
@@ -110,7 +112,7 @@ fn vector_paths_match_the_scalar_path() {
 }
 
 #[test]
-fn two_tier_caches_match_the_reference() {
+fn every_cache_kind_matches_the_reference() {
     for (name, cache, d) in caches() {
         let kv = cache.layout().kv_heads;
         let positions = [0u32, 511, 1299];

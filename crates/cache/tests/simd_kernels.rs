@@ -281,7 +281,7 @@ proptest! {
                 PlainKind::F32 => f64::from(f32::from_bits(record[j])),
                 PlainKind::F16 => {
                     let w = record[j / 2];
-                    let h = if j % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+                    let h = if j.is_multiple_of(2) { w & 0xFFFF } else { w >> 16 };
                     f64::from(f16::from_bits(h as u16).to_f32())
                 }
             }
@@ -319,6 +319,74 @@ proptest! {
             let mut got_acc = acc0.clone();
             simd::accumulate_plain(isa, &run, &weights, &mut got_acc);
             check_close(isa, "plain values", &got_acc, &reference_acc, &acc_bounds);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(96))]
+
+    /// Two parts of the same records (tiers of a two-tier record: codes at different offsets
+    /// and widths, the second part possibly with signs) scored together match the sum of the
+    /// scalar scores of each part.
+    #[test]
+    fn score_coded_parts_matches_scalar(
+        dims in (1usize..70, 1usize..150),
+        bits in (1u8..=8, 1u8..=8),
+        heads in 1usize..=9,
+        n in 1usize..24,
+        prod in any::<bool>(),
+        tables in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (d1, d2) = dims;
+        let (b1, b2) = bits;
+        let m = if prod { d2 } else { 0 };
+        let w1 = (d1 * b1 as usize).div_ceil(32);
+        let w2 = (d2 * b2 as usize).div_ceil(32);
+        let record_words = w1 + w2 + m.div_ceil(32) + (seed % 2) as usize;
+        let packed = words(n * record_words, seed);
+        let c1 = floats(1 << b1, seed ^ 1);
+        let c2 = floats(1 << b2, seed ^ 2);
+        let s1: Vec<f32> = floats(n, seed ^ 3).iter().map(|v| 1.5 + v).collect();
+        let s2: Vec<f32> = floats(n * if prod { 2 } else { 1 }, seed ^ 4).iter().map(|v| 1.5 + v).collect();
+        let runs = [
+            CodedRun { words: &packed, record_words, code_offset: 0, bits: b1, dim: d1, centroids: &c1, sign_offset: w1, sketch_dim: 0, scales: &s1 },
+            CodedRun { words: &packed, record_words, code_offset: w1, bits: b2, dim: d2, centroids: &c2, sign_offset: w1 + w2, sketch_dim: m, scales: &s2 },
+        ];
+        let q1 = floats(heads * d1, seed ^ 5);
+        let q2 = floats(heads * d2, seed ^ 6);
+        let sketch = if prod { floats(heads * m, seed ^ 7) } else { Vec::new() };
+        let stride = n + 2;
+        let out0 = floats(heads * stride, seed ^ 8);
+        let scalar1 = KeyQueries::new(Isa::Scalar, q1.clone(), Vec::new(), d1, 0, tables);
+        let scalar2 = KeyQueries::new(Isa::Scalar, q2.clone(), sketch.clone(), d2, m, tables);
+        let mut reference = out0.clone();
+        simd::score_coded(Isa::Scalar, &runs[0], &scalar1, &mut reference, stride);
+        simd::score_coded(Isa::Scalar, &runs[1], &scalar2, &mut reference, stride);
+        let mut bounds = vec![0.0f64; out0.len()];
+        let code = |words: &[u32], b: u8, c: &[f32], j: usize| f64::from(c[code_at(words, b as usize, j)]);
+        for h in 0..heads {
+            for i in 0..n {
+                let record = &packed[i * record_words..(i + 1) * record_words];
+                let mut abs = f64::from(s1[i]).abs()
+                    * (0..d1).map(|j| (f64::from(q1[h * d1 + j]) * code(record, b1, &c1, j)).abs()).sum::<f64>();
+                let spt = if prod { 2 } else { 1 };
+                abs += f64::from(s2[i * spt]).abs()
+                    * (0..d2).map(|j| (f64::from(q2[h * d2 + j]) * code(&record[w1..], b2, &c2, j)).abs()).sum::<f64>();
+                if prod {
+                    abs += f64::from(s2[i * 2 + 1]).abs() * (0..m).map(|j| f64::from(sketch[h * m + j]).abs()).sum::<f64>();
+                }
+                let k = h * stride + i;
+                bounds[k] = 2.0 * gamma(d1 + d2 + m + 32) * abs + 8.0 * U * f64::from(out0[k]).abs();
+            }
+        }
+        for isa in vector_isas() {
+            let k1 = KeyQueries::new(isa, q1.clone(), Vec::new(), d1, 0, tables);
+            let k2 = KeyQueries::new(isa, q2.clone(), sketch.clone(), d2, m, tables);
+            let mut got = out0.clone();
+            simd::score_coded_parts(isa, &runs, &[&k1, &k2], &mut got, stride);
+            check_close(isa, "two-part score", &got, &reference, &bounds);
         }
     }
 }

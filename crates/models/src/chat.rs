@@ -143,10 +143,10 @@ impl ChatTemplate {
         let mut out = String::new();
         // As in SmolLM2's template: the default system turn goes before the first message
         // unless that message is itself a system message (and not at all for no messages).
-        if let (Some(first), Some(system)) = (messages.first(), &self.default_system) {
-            if first.role != Role::System {
-                push_turn(&mut out, Role::System, system);
-            }
+        if let (Some(first), Some(system)) = (messages.first(), &self.default_system)
+            && first.role != Role::System
+        {
+            push_turn(&mut out, Role::System, system);
         }
         for message in messages {
             push_turn(&mut out, message.role, &message.content);

@@ -177,7 +177,7 @@ impl Rotation {
         each: fn(&Self, &[f32], &mut [f32]),
     ) -> Result<(), RotationError> {
         let dim = self.dim();
-        if inputs.len() % dim != 0 {
+        if !inputs.len().is_multiple_of(dim) {
             return Err(RotationError::BatchLength {
                 len: inputs.len(),
                 dim,

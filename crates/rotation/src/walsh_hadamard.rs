@@ -103,7 +103,7 @@ mod tests {
 
     /// Sylvester's Hadamard entry: `H_ij = (−1)^popcount(i & j)`.
     fn sylvester(i: usize, j: usize) -> f64 {
-        if (i & j).count_ones() % 2 == 0 {
+        if (i & j).count_ones().is_multiple_of(2) {
             1.0
         } else {
             -1.0

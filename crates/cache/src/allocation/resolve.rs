@@ -52,10 +52,10 @@ impl Allocation {
         merged.apply(&self.key_or_value(stream), Section::Base);
         if let Some(boundary) = &self.boundary {
             let n = boundary.layers;
-            if layer < n || layer + n >= num_layers {
-                if let Some(patch) = stream_patch(stream, &boundary.key, &boundary.value) {
-                    merged.apply(patch, Section::Boundary);
-                }
+            if (layer < n || layer + n >= num_layers)
+                && let Some(patch) = stream_patch(stream, &boundary.key, &boundary.value)
+            {
+                merged.apply(patch, Section::Boundary);
             }
         }
         for (i, rule) in self.overrides.iter().enumerate() {
@@ -70,10 +70,11 @@ impl Allocation {
                 hits_layer |= absolute == layer;
             }
             let hits_head = rule.heads.as_ref().is_none_or(|h| h.contains(&kv_head));
-            if hits_layer && hits_head {
-                if let Some(patch) = stream_patch(stream, &rule.key, &rule.value) {
-                    merged.apply(patch, Section::Override(i));
-                }
+            if hits_layer
+                && hits_head
+                && let Some(patch) = stream_patch(stream, &rule.key, &rule.value)
+            {
+                merged.apply(patch, Section::Override(i));
             }
         }
         let whole = merged.finish()?;

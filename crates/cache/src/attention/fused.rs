@@ -12,8 +12,8 @@
 //! scattered to its channels. The inner loops are the run kernels of [`simd`](super::simd)
 //! (AVX2, NEON or scalar, chosen once per call).
 //!
-//! Work splits into fixed blocks of [`BLOCK_TOKENS`] visible tokens per (query, KV head),
-//! flash-decoding style: each block keeps its own max, sum and accumulators, and blocks are
+//! Work splits into blocks of [`block_tokens`] visible tokens per (query, KV head) (256 up
+//! to 2048, growing with the visible range so per-block costs stay small), flash-decoding style: each block keeps its own max, sum and accumulators, and blocks are
 //! combined in order afterwards. Block boundaries depend only on the visible range, so the
 //! result is bit-identical whatever the number of threads.
 
@@ -29,8 +29,21 @@ use crate::kv_cache::KvCache;
 use crate::stream::{Stream, TokenSource};
 use crate::token_codec::TokenCodec;
 
-/// Visible tokens per work item.
+/// Fewest visible tokens per work item.
 pub const BLOCK_TOKENS: usize = 256;
+
+/// Most visible tokens per work item.
+pub const MAX_BLOCK_TOKENS: usize = 2048;
+
+/// Tokens per block for a visible range of `len` tokens: about `len/16` (so each (query, KV
+/// head) still splits into a dozen or more blocks to spread over threads), rounded to a power of
+/// two within `[BLOCK_TOKENS, MAX_BLOCK_TOKENS]`. A pure function of the range, so block
+/// boundaries, and with them the result, never depend on the thread count.
+pub fn block_tokens(len: usize) -> usize {
+    (len / 16)
+        .next_power_of_two()
+        .clamp(BLOCK_TOKENS, MAX_BLOCK_TOKENS)
+}
 
 /// How the vectors of one part are stored.
 enum Body<'a> {
@@ -581,9 +594,10 @@ pub(super) fn fused_attention_on(
     let mut tasks = Vec::new();
     for (item, &(i, _)) in items.iter().enumerate() {
         let range = cache.visible(query_positions[i]);
+        let block = block_tokens(range.len());
         let mut start = range.start;
         while start < range.end {
-            let end = (start + BLOCK_TOKENS).min(range.end);
+            let end = (start + block).min(range.end);
             tasks.push((item, start..end));
             start = end;
         }

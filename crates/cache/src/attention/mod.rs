@@ -48,7 +48,7 @@ pub(crate) fn check_shapes(
     out: &[f32],
 ) -> Result<(usize, usize), CacheError> {
     let layout = cache.layout();
-    if shape.q_heads == 0 || shape.q_heads % layout.kv_heads != 0 {
+    if shape.q_heads == 0 || !shape.q_heads.is_multiple_of(layout.kv_heads) {
         return Err(CacheError::InvalidConfig(format!(
             "{} query heads cannot share {} KV heads evenly",
             shape.q_heads, layout.kv_heads

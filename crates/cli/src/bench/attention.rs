@@ -35,7 +35,7 @@ pub struct AttentionBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
     tokens: Vec<usize>,
     /// Timed rounds per configuration (the median is reported).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 21)]
     repeats: usize,
     /// Shapes to run (comma separated): `smollm2` (9 query heads, 3 KV heads, d = 64) and/or
     /// `d128` (32 query heads, 8 KV heads, d = 128).
@@ -49,7 +49,8 @@ pub struct AttentionBenchArgs {
         default_value = "f32,f16,k5v4,mse-k4v4,tq3.5"
     )]
     configs: Vec<String>,
-    /// Instruction set of the kernel (`scalar`, `avx2`, `neon`); default: the best available.
+    /// Instruction set of the kernel (`scalar`, `avx2`, `avx512`, `neon`); default: the best
+    /// available (or `TQ_SIMD`).
     #[arg(long)]
     isa: Option<String>,
 }
@@ -227,6 +228,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         None => Isa::detect(),
         Some("scalar") => Isa::Scalar,
         Some("avx2") => Isa::Avx2,
+        Some("avx512") => Isa::Avx512,
         Some("neon") => Isa::Neon,
         Some(other) => return Err(format!("unknown instruction set `{other}`").into()),
     };

@@ -117,11 +117,9 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
         &mut sampler,
         &options,
         |token| {
-            if stream {
-                if let Ok(piece) = tokenizer.decode(&[token]) {
-                    print!("{piece}");
-                    let _ = std::io::stdout().flush();
-                }
+            if stream && let Ok(piece) = tokenizer.decode(&[token]) {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
             }
         },
     )?;

@@ -198,7 +198,7 @@ fn check_tensor_bounds(
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| bad_shape("the element count overflows"))?;
-    if info.offset % alignment != 0 {
+    if !info.offset.is_multiple_of(alignment) {
         return Err(GgufError::MisalignedTensor {
             name: info.name.clone(),
             offset: info.offset,

@@ -44,7 +44,7 @@ impl LlamaConfig {
         }
         let heads = m.u32("llama.attention.head_count")? as usize;
         let embedding = m.u32("llama.embedding_length")? as usize;
-        if heads == 0 || embedding % heads != 0 {
+        if heads == 0 || !embedding.is_multiple_of(heads) {
             return Err(ModelError::Unsupported(format!(
                 "{embedding} embedding dims do not split into {heads} heads"
             )));
@@ -54,7 +54,7 @@ impl LlamaConfig {
             Some(_) => m.u32("llama.attention.head_count_kv")? as usize,
             None => heads,
         };
-        if kv_heads == 0 || heads % kv_heads != 0 {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(ModelError::Unsupported(format!(
                 "{heads} query heads cannot share {kv_heads} KV heads"
             )));

@@ -8,6 +8,7 @@
 //! One call serves prefill chunks and decode: `forward(tokens, positions, cache)` with
 //! `offset = positions.len − tokens.len` (the cache holds the first `offset` tokens).
 
+pub mod attention_backend;
 pub mod config;
 mod error;
 pub mod generate;
@@ -16,6 +17,7 @@ pub mod ops;
 pub mod sampling;
 pub mod weights;
 
+pub use attention_backend::{AttentionBackend, CpuAttention};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use generate::{Generation, GenerationOptions};

@@ -9,6 +9,7 @@ use tq_cache::kv_cache::{KvKind, KvLayout};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
 
+use super::attention_backend::{AttentionBackend, CpuAttention};
 use super::ops::{rms_norm, rope, swiglu};
 use super::weights::LlamaWeights;
 use super::{LlamaConfig, ModelError};
@@ -119,6 +120,9 @@ impl Llama {
     /// Runs `tokens` at the end of the sequence whose positions are `positions`
     /// (`offset = positions.len − tokens.len` tokens are already in `cache`) and returns the
     /// logits (`[vocab]` for [`Logits::Last`], `[tokens.len, vocab]` for [`Logits::All`]).
+    ///
+    /// Attention runs on the CPU with `kernel`; [`Llama::forward_with`] takes any
+    /// [`AttentionBackend`].
     #[allow(clippy::too_many_arguments)]
     pub fn forward<'s>(
         &self,
@@ -126,6 +130,20 @@ impl Llama {
         positions: &[u32],
         cache: &mut ModelCache,
         kernel: AttentionKernel,
+        logits: Logits,
+        scratch: &'s mut ForwardScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        let mut backend = CpuAttention { cache, kernel };
+        self.forward_with(tokens, positions, &mut backend, logits, scratch)
+    }
+
+    /// [`Llama::forward`] with attention delegated to `backend` (CPU cache, GPU kernels, or
+    /// an instrumented backend).
+    pub fn forward_with<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        backend: &mut dyn AttentionBackend,
         logits: Logits,
         scratch: &'s mut ForwardScratch,
     ) -> Result<&'s [f32], ModelError> {
@@ -204,15 +222,7 @@ impl Llama {
                     p,
                 );
             }
-            cache.forward_layer(
-                layer,
-                &s.q,
-                Some((&s.k, &s.v)),
-                positions,
-                shape,
-                kernel,
-                &mut s.attn,
-            )?;
+            backend.attend(layer, &s.q, &s.k, &s.v, positions, shape, &mut s.attn)?;
             w.o.matmul(&s.attn, n, &mut s.delta, &mut s.matvec)?;
             for (x, d) in s.x.iter_mut().zip(&s.delta) {
                 *x += d;

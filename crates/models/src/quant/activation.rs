@@ -79,7 +79,7 @@ impl Q8Activation {
     /// Quantizes `rows` activation rows of `cols` values each (`x` row-major), replacing the
     /// previous contents. `cols` must be a multiple of 32 and every value finite.
     pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) -> Result<(), QuantError> {
-        if cols % Q8_BLOCK != 0 {
+        if !cols.is_multiple_of(Q8_BLOCK) {
             return Err(QuantError::NotBlockMultiple {
                 kind: super::QuantKind::Q8_0,
                 cols,

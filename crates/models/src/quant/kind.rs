@@ -116,7 +116,7 @@ impl QuantKind {
     /// (or the size overflows).
     pub fn row_bytes(self, cols: usize) -> Result<usize, QuantError> {
         let block = self.block_size();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(QuantError::NotBlockMultiple {
                 kind: self,
                 cols,

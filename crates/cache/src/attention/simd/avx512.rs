@@ -22,6 +22,9 @@
 
 use core::arch::x86_64::*;
 
+use super::super::primitives::{
+    EXP_HIGH, EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_LOW, EXP_POLY, exp_poly,
+};
 use super::x86::{L1_BYTES, hsum4, read_padded, sign_table_sum};
 use super::{CodedRun, KeyQueries, PlainKind, PlainRun, sign_table_len, tiles};
 
@@ -165,6 +168,22 @@ unsafe fn chunk_padded<const B: u32>(
             _mm512_broadcast_i32x4(_mm_set_epi64x(high as i64, low as i64))
         };
         lookup::<B>(lut, bits)
+    }
+}
+
+/// Records ahead of the current one that the kernels prefetch (a few hundred cycles of work).
+const PREFETCH_AHEAD: usize = 8;
+
+/// Asks for the cache lines of the record `ahead` records after `record` (`bytes` long, at most
+/// two lines are requested). Prefetches are hints: they never fault, so the address may lie
+/// past the run (it is computed with wrapping arithmetic and never dereferenced).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn prefetch_record(record: *const u8, stride: usize, bytes: usize) {
+    let next = record.wrapping_add(PREFETCH_AHEAD * stride) as *const i8;
+    _mm_prefetch::<_MM_HINT_T0>(next);
+    if bytes > 64 {
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
     }
 }
 
@@ -339,6 +358,81 @@ pub(super) unsafe fn score_parts(
     }
 }
 
+/// The accumulators of token `i` of [`score_parts_tile`]: one register per head with the
+/// codes of every segment, and the sign-table terms of the four heads.
+///
+/// # Safety
+/// As [`score_parts_tile`], for a token `i` of the run.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_token<const H: usize>(
+    segments: &[Segment<'_>],
+    rec: *const u8,
+    i: usize,
+) -> ([__m512; 4], __m128) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut signed = _mm_setzero_ps();
+        for seg in segments {
+            let (d, m) = (seg.dim, seg.sketch_dim);
+            let norm = *seg.scales.get_unchecked(i * seg.per_token);
+            let table = _mm512_mul_ps(seg.table, _mm512_set1_ps(norm));
+            let codes = rec.add(seg.code_offset);
+            let lookup = |bits: __m512i| {
+                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(seg.control, bits), table)
+            };
+            for j in 0..seg.fast {
+                let bits = _mm512_set1_epi64(
+                    (codes.add(seg.chunk_bytes * j) as *const i64).read_unaligned(),
+                );
+                let c = lookup(bits);
+                for (h, a) in acc.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_loadu_ps(seg.queries.add(h * d + 16 * j));
+                    *a = _mm512_fmadd_ps(qv, c, *a);
+                }
+            }
+            for j in seg.fast..seg.full + usize::from(seg.tail > 0) {
+                let x = read_padded(codes, seg.bytes, seg.chunk_bytes * j, 8);
+                let c = lookup(_mm512_set1_epi64(x as i64));
+                let mask = if j < seg.full {
+                    lanes(16)
+                } else {
+                    lanes(seg.tail)
+                };
+                for (h, a) in acc.iter_mut().enumerate().take(H) {
+                    let qv = _mm512_maskz_loadu_ps(mask, seg.queries.add(h * d + 16 * j));
+                    *a = _mm512_fmadd_ps(qv, c, *a);
+                }
+            }
+            if m > 0 && !seg.tables.is_empty() {
+                let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                let sum = sign_table_sum(seg.tables, rec.add(seg.sign_offset), m.div_ceil(8));
+                signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
+            } else if m > 0 {
+                let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                let plus = _mm512_set1_ps(gamma);
+                let minus = _mm512_set1_ps(-gamma);
+                let signs = rec.add(seg.sign_offset);
+                for g in 0..m.div_ceil(16) {
+                    let bits = (signs.add(2 * g) as *const u16).read_unaligned();
+                    let z = _mm512_mask_blend_ps(bits, minus, plus);
+                    let mask = if 16 * (g + 1) <= m {
+                        lanes(16)
+                    } else {
+                        lanes(m % 16)
+                    };
+                    for (h, a) in acc.iter_mut().enumerate().take(H) {
+                        let wv = _mm512_maskz_loadu_ps(mask, seg.sketch.add(h * m + 16 * g));
+                        *a = _mm512_fmadd_ps(wv, z, *a);
+                    }
+                }
+            }
+        }
+        (acc, signed)
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 unsafe fn score_parts_tile<const H: usize>(
     words: &[u32],
@@ -348,74 +442,20 @@ unsafe fn score_parts_tile<const H: usize>(
     stride: usize,
 ) {
     let record_bytes = 4 * record_words;
-    // SAFETY: record `i` spans bytes `i·record_bytes..(i+1)·record_bytes` of `words`; every
-    // segment's code reads stay inside it (fast chunks read 8 bytes ending at most at the
+    let n = words.len() / record_words;
+    // SAFETY: record `i < n` spans bytes `i·record_bytes..(i+1)·record_bytes` of `words`;
+    // every segment's code reads stay inside it (fast chunks read 8 bytes ending at most at the
     // record's end, the others go through `read_padded` below `bytes`), its sign reads take
     // 2-byte groups `< ceil(m/16)` of its sign words; query and sketch loads read 16 floats of
-    // rows `h < H` below `dim` (`m`), masked past it; score writes go to `out[h·stride + i]`,
-    // inside `out` (dispatcher check).
+    // rows `h < H` below `dim` (`m`), masked past it; score writes go to `out[h·stride + i]`
+    // for `i < n`, inside `out` (dispatcher check: `(heads − 1)·stride + n ≤ out.len()`).
     unsafe {
         let base = words.as_ptr() as *const u8;
         let op = out.as_mut_ptr();
-        for i in 0..words.len() / record_words {
+        for i in 0..n {
             let rec = base.add(i * record_bytes);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut signed = _mm_setzero_ps();
-            for seg in segments {
-                let (d, m) = (seg.dim, seg.sketch_dim);
-                let norm = *seg.scales.get_unchecked(i * seg.per_token);
-                let table = _mm512_mul_ps(seg.table, _mm512_set1_ps(norm));
-                let codes = rec.add(seg.code_offset);
-                let lookup = |bits: __m512i| {
-                    _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(seg.control, bits), table)
-                };
-                for j in 0..seg.fast {
-                    let bits = _mm512_set1_epi64(
-                        (codes.add(seg.chunk_bytes * j) as *const i64).read_unaligned(),
-                    );
-                    let c = lookup(bits);
-                    for (h, a) in acc.iter_mut().enumerate().take(H) {
-                        let qv = _mm512_loadu_ps(seg.queries.add(h * d + 16 * j));
-                        *a = _mm512_fmadd_ps(qv, c, *a);
-                    }
-                }
-                for j in seg.fast..seg.full + usize::from(seg.tail > 0) {
-                    let x = read_padded(codes, seg.bytes, seg.chunk_bytes * j, 8);
-                    let c = lookup(_mm512_set1_epi64(x as i64));
-                    let mask = if j < seg.full {
-                        lanes(16)
-                    } else {
-                        lanes(seg.tail)
-                    };
-                    for (h, a) in acc.iter_mut().enumerate().take(H) {
-                        let qv = _mm512_maskz_loadu_ps(mask, seg.queries.add(h * d + 16 * j));
-                        *a = _mm512_fmadd_ps(qv, c, *a);
-                    }
-                }
-                if m > 0 && !seg.tables.is_empty() {
-                    let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
-                    let sum = sign_table_sum(seg.tables, rec.add(seg.sign_offset), m.div_ceil(8));
-                    signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
-                } else if m > 0 {
-                    let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
-                    let plus = _mm512_set1_ps(gamma);
-                    let minus = _mm512_set1_ps(-gamma);
-                    let signs = rec.add(seg.sign_offset);
-                    for g in 0..m.div_ceil(16) {
-                        let bits = (signs.add(2 * g) as *const u16).read_unaligned();
-                        let z = _mm512_mask_blend_ps(bits, minus, plus);
-                        let mask = if 16 * (g + 1) <= m {
-                            lanes(16)
-                        } else {
-                            lanes(m % 16)
-                        };
-                        for (h, a) in acc.iter_mut().enumerate().take(H) {
-                            let wv = _mm512_maskz_loadu_ps(mask, seg.sketch.add(h * m + 16 * g));
-                            *a = _mm512_fmadd_ps(wv, z, *a);
-                        }
-                    }
-                }
-            }
+            prefetch_record(rec, record_bytes, record_bytes);
+            let (acc, signed) = score_token::<H>(segments, rec, i);
             let mut t = [0.0f32; 4];
             _mm_storeu_ps(t.as_mut_ptr(), _mm_add_ps(hsum4(&merge(&acc, H)), signed));
             for (h, &score) in t.iter().enumerate().take(H) {
@@ -622,6 +662,7 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
         let all = lanes(16);
         for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
             let rec = record[run.offset..].as_ptr() as *const u8;
+            prefetch_record(rec, 4 * run.record_words, 4 * run.record_words);
             let mut a = [_mm512_setzero_ps(); 4];
             for j in 0..full {
                 let x = plain_chunk::<F16>(rec, j, all);
@@ -683,6 +724,9 @@ unsafe fn coded_pass<const B: u32, const H: usize, const C: usize, const PADDED:
         }
         for i in start..end {
             let rec = p.base.add(i * p.stride);
+            if j == 0 {
+                prefetch_record(rec, p.stride, p.stride);
+            }
             let mut c = [_mm512_setzero_ps(); 4];
             for (s, v) in c.iter_mut().enumerate().take(C) {
                 *v = if PADDED {
@@ -730,6 +774,9 @@ unsafe fn plain_pass<const F16: bool, const H: usize, const C: usize>(
         }
         for i in start..end {
             let rec = p.base.add(i * p.stride);
+            if j == 0 {
+                prefetch_record(rec, p.stride, p.stride);
+            }
             let mut x = [_mm512_setzero_ps(); 4];
             for (s, v) in x.iter_mut().enumerate().take(C) {
                 *v = plain_chunk::<F16>(rec, j + s, mask);
@@ -817,12 +864,14 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
                 coded_pass::<B, H, 4, false>(&lut, &pass, j, all, start, end);
                 j += 4;
             }
-            for j in j..full {
-                if j < fast {
-                    coded_pass::<B, H, 1, false>(&lut, &pass, j, all, start, end);
-                } else {
-                    coded_pass::<B, H, 1, true>(&lut, &pass, j, all, start, end);
-                }
+            match fast - j {
+                3 => coded_pass::<B, H, 3, false>(&lut, &pass, j, all, start, end),
+                2 => coded_pass::<B, H, 2, false>(&lut, &pass, j, all, start, end),
+                1 => coded_pass::<B, H, 1, false>(&lut, &pass, j, all, start, end),
+                _ => {}
+            }
+            for j in fast..full {
+                coded_pass::<B, H, 1, true>(&lut, &pass, j, all, start, end);
             }
             if tail > 0 {
                 coded_pass::<B, H, 1, true>(&lut, &pass, full, lanes(tail), start, end);
@@ -913,8 +962,11 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
                 plain_pass::<F16, H, 4>(&pass, j, all, start, end);
                 j += 4;
             }
-            for j in j..full {
-                plain_pass::<F16, H, 1>(&pass, j, all, start, end);
+            match full - j {
+                3 => plain_pass::<F16, H, 3>(&pass, j, all, start, end),
+                2 => plain_pass::<F16, H, 2>(&pass, j, all, start, end),
+                1 => plain_pass::<F16, H, 1>(&pass, j, all, start, end),
+                _ => {}
             }
             if tail > 0 {
                 plain_pass::<F16, H, 1>(&pass, full, lanes(tail), start, end);
@@ -922,4 +974,89 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
             start = end;
         }
     }
+}
+
+/// `exp` of sixteen lanes: bit-identical to [`exp_poly`] on each lane (same operations as the
+/// AVX2 `exp8`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let low = _mm512_set1_ps(EXP_LOW);
+    let valid = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, low);
+    let x = _mm512_min_ps(_mm512_max_ps(x, low), _mm512_set1_ps(EXP_HIGH));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_fmadd_ps(
+        p,
+        _mm512_mul_ps(r, r),
+        _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+    );
+    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_maskz_mov_ps(valid, _mm512_mul_ps(y, _mm512_castsi512_ps(e)))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
+    let n = values.len();
+    let full = n / 16 * 16;
+    // SAFETY: every access covers 16 floats below `full ≤ n`.
+    let lo = unsafe {
+        let p = values.as_mut_ptr();
+        let s = _mm512_set1_ps(shift);
+        let mut acc = _mm512_setzero_ps();
+        let mut k = 0;
+        while k < full {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(k)), s));
+            _mm512_storeu_ps(p.add(k), e);
+            acc = _mm512_add_ps(acc, e);
+            k += 16;
+        }
+        let mut halves = [0.0f32; 16];
+        _mm512_storeu_ps(halves.as_mut_ptr(), acc);
+        halves
+    };
+    // Lanes `l` and `l + 8` both feed the reference's lane `l % 8`: fold them first.
+    let mut lanes = [0.0f32; 8];
+    for (l, v) in lanes.iter_mut().enumerate() {
+        *v = lo[l] + lo[l + 8];
+    }
+    for (i, v) in values.iter_mut().enumerate().skip(full) {
+        *v = exp_poly(*v - shift);
+        lanes[i % 8] += *v;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn max(values: &[f32]) -> f32 {
+    let n = values.len();
+    let full = n / 16 * 16;
+    // SAFETY: every load reads 16 floats below `full ≤ n`.
+    let mut m = unsafe {
+        let p = values.as_ptr();
+        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut k = 0;
+        while k < full {
+            acc = _mm512_max_ps(acc, _mm512_loadu_ps(p.add(k)));
+            k += 16;
+        }
+        let mut lanes = [0.0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    };
+    for &v in &values[full..] {
+        m = m.max(v);
+    }
+    m
 }

@@ -10,8 +10,13 @@
 //! looks the low three bits up in an 8-entry table (for b < 3 the table repeats the `2^b`
 //! centroids, so higher bits are ignored; for b = 4 a second table holds centroids 8..16 and
 //! bit 3, moved to the sign bit, selects). For b ≥ 5 a `u64` holds the chunk: lanes 0–3 take
-//! the low `4b` bits, lanes 4–7 the next `4b`, and a gather reads the codebook. Reads that
-//! would run past the record take the bytes one by one (zero padded) instead.
+//! the low `4b` bits, lanes 4–7 the next `4b`, and a gather reads the codebook. A read that
+//! would run past the record loads the record's last bytes instead and shifts (zero padded).
+//!
+//! Scores keep one accumulator per head (consecutive tokens are independent, so the
+//! out-of-order core overlaps their chains); the QJL sign term comes from the sign tables of
+//! [`KeyQueries`] (or `±1` vectors and multiply-adds without them). Values accumulate two to
+//! four chunks per pass over a run's tokens, sub-blocked so the records stay in L1.
 
 use core::arch::x86_64::*;
 
@@ -763,7 +768,11 @@ unsafe fn plain_chunk<const F16: bool>(record: *const u8, j: usize) -> __m256 {
 pub(super) fn plain_at<const F16: bool>(record: &[u32], j: usize) -> f32 {
     if F16 {
         let w = record[j / 2];
-        let half = if j % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+        let half = if j.is_multiple_of(2) {
+            w & 0xFFFF
+        } else {
+            w >> 16
+        };
         f16::from_bits(half as u16).to_f32()
     } else {
         f32::from_bits(record[j])

@@ -29,7 +29,7 @@ use tq_cache::attention::simd::Isa;
 use super::activation::Q8Row;
 use super::error::QuantError;
 use super::kind::QuantKind;
-pub(crate) use tile_buf::{SEG_BLOCKS, TILE, TileBuf};
+pub(crate) use tile_buf::{TILE, TileBuf};
 
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
 pub(crate) type Q8Kernel = fn(&[u8], &Q8Row<'_>) -> f32;

@@ -30,7 +30,8 @@
 use core::arch::x86_64::*;
 
 use super::super::activation::{Q8_BLOCK, Q8Row, SCALE_LANES};
-use super::{SEG_BLOCKS, TILE, TileBuf};
+use super::tile_buf::SEG_BLOCKS;
+use super::{TILE, TileBuf};
 
 /// Q8_0 weights.
 pub(crate) const Q8_0: u8 = 0;
