@@ -4,9 +4,13 @@
 #
 #   1. build the crate, its tests and the timing example in release;
 #   2. run every test with CI=true, so a missing adapter fails instead of skipping;
-#   3. time one decode step (one query token, 32 query heads / 8 KV heads, d = 128) against
+#   3. run the model-level tests of the wgpu attention backend (tq-models `wgpu_*`; the ones
+#      that need the reference model skip with a message when it is not in the model cache);
+#   4. time one decode step (one query token, 32 query heads / 8 KV heads, d = 128) against
 #      caches of 1K..128K tokens for the f16 baseline and the mse-k4v4 and k5v4 presets, and
-#      print time per step, bytes of cache read per step and effective GB/s.
+#      print time per step, bytes of cache read per step and effective GB/s;
+#   5. the same through `tq bench attention --backend wgpu` (the CPU benchmark's table, plus
+#      each output's difference from the CPU kernel on the same records).
 #
 # Usage: scripts/gpu-check.sh [PEAK_GB_PER_S] [TOKENS]
 #   PEAK_GB_PER_S  the device's memory bandwidth (H200: 4800); adds a "% of peak" column.
@@ -37,6 +41,8 @@ echo "== build (release)"
 start=$(date +%s)
 timeout 420 cargo test --release -p tq-attention-wgpu --no-run
 timeout 300 cargo build --release -p tq-attention-wgpu --example decode_timing
+timeout 300 cargo build --release -p tq-cli
+timeout 300 cargo test --release -p tq-models --test wgpu_backend --test wgpu_errors --no-run
 echo "build: $(( $(date +%s) - start )) s"
 
 echo "== tests (CI=true: the adapter is required)"
@@ -51,9 +57,28 @@ if [[ $status -ne 0 ]]; then
     exit "$status"
 fi
 
+echo "== model tests of the wgpu backend (CI=true)"
+start=$(date +%s)
+status=0
+CI=true timeout 240 cargo test --release -p tq-models --test wgpu_backend --test wgpu_errors \
+    -- --nocapture >"$log" 2>&1 || status=$?
+grep -E "^test |test result|GPU tests on|skipped|largest|decode tok/s|panicked" "$log" || true
+echo "model tests: $(( $(date +%s) - start )) s, exit status $status"
+if [[ $status -ne 0 ]]; then
+    tail -n 60 "$log"
+    exit "$status"
+fi
+
 echo "== decode-step timing"
 args=(--tokens "$TOKENS" --allocations f16,mse-k4v4,k5v4 --head-dim 128 --q-heads 32 --kv-heads 8 --steps 20)
 if [[ -n "$PEAK" ]]; then
     args+=(--bandwidth-gbs "$PEAK")
 fi
 timeout 240 cargo run --release --quiet -p tq-attention-wgpu --example decode_timing -- "${args[@]}"
+
+echo "== tq bench attention --backend wgpu (d = 128)"
+bench=(bench attention --backend wgpu --shapes d128 --configs f16,mse-k4v4,k5v4 --tokens "$TOKENS" --repeats 11)
+if [[ -n "$PEAK" ]]; then
+    bench+=(--bandwidth-gbs "$PEAK")
+fi
+timeout 240 target/release/tq "${bench[@]}"

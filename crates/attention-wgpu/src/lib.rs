@@ -11,8 +11,12 @@
 //!   [`append_encoded`] / [`sync_from`] upload records the CPU encoded), and
 //!   [`attend`] (flash-decoding over token blocks, GQA, causal and sliding masks).
 //! - [`kernels`]: each kernel is a `.wgsl` file beside the `.rs` file that dispatches it.
-//! - [`bench`](mod@bench): [`bench::decode_step_timing`], the decode-step timing `tq bench attention
-//!   --backend wgpu` and `scripts/gpu-check.sh` report.
+//! - [`bench`](mod@bench): [`bench::decode_step_timing`], the decode-step timing
+//!   `scripts/gpu-check.sh` reports (`tq bench attention --backend wgpu` times the same call on
+//!   caches built from real encoded tokens).
+//!
+//! The model uses the crate through `tq_models::llama::WgpuAttention` (one [`GpuKvCache`] per
+//! layer behind the model's `AttentionBackend` seam; `tq generate --backend wgpu`).
 //!
 //! What the GPU supports: keys and values stored as f32, f16, TQ_mse (b = 1..8), debiased
 //! TQ_mse, or TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), one codec per stream

@@ -80,6 +80,11 @@ pub struct KvCache {
     /// Position of each token, paged like the bodies (by token, or by ring slot).
     positions: TokenStore,
     len: usize,
+    /// Encoder scratch per KV head, one for its keys and one for its values (a two-tier
+    /// codec sizes its scratch to its split, which differs between the two), kept between calls
+    /// so appending a token allocates nothing (working memory, not counted in the cache's
+    /// bytes).
+    scratch: Vec<[CodecScratch; 2]>,
 }
 
 /// Stream layouts with the same codec on every head and no full-precision extras.
@@ -153,6 +158,9 @@ impl KvCache {
         Ok(Self {
             keys: build(key_streams)?,
             values: build(value_streams)?,
+            scratch: (0..layout.kv_heads)
+                .map(|_| std::array::from_fn(|_| CodecScratch::new(layout.head_dim)))
+                .collect(),
             layout,
             positions,
             len: 0,
@@ -331,14 +339,15 @@ impl KvCache {
         let dim = self.layout.head_dim;
         let heads = self.layout.kv_heads;
         // Heads are independent: encode them in parallel; each vector's code depends only on the
-        // vector, so the result does not depend on the thread count.
-        let results: Vec<Result<(), CacheError>> = self
+        // vector, so the result does not depend on the thread count. (`try_for_each` rather than
+        // collecting per-head results: nothing is allocated per call.)
+        let result = self
             .keys
             .par_iter_mut()
             .zip(self.values.par_iter_mut())
+            .zip(self.scratch.par_iter_mut())
             .enumerate()
-            .map(|(h, (ks, vs))| {
-                let mut scratch = CodecScratch::new(dim);
+            .try_for_each(|(h, ((ks, vs), [key_scratch, value_scratch]))| {
                 for (stream, data) in [(&mut *ks, keys), (&mut *vs, values)] {
                     if stream.needs_calibration() {
                         let head: Vec<f32> = (0..n)
@@ -353,13 +362,12 @@ impl KvCache {
                 }
                 for i in 0..n {
                     let off = (i * heads + h) * dim;
-                    ks.push(&keys[off..off + dim], &mut scratch)?;
-                    vs.push(&values[off..off + dim], &mut scratch)?;
+                    ks.push(&keys[off..off + dim], key_scratch)?;
+                    vs.push(&values[off..off + dim], value_scratch)?;
                 }
-                Ok(())
-            })
-            .collect();
-        if let Some(error) = results.into_iter().find_map(Result::err) {
+                Ok::<(), CacheError>(())
+            });
+        if let Err(error) = result {
             // Leave the cache as it was: drop whatever part of the batch went in.
             for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
                 s.truncate(start);

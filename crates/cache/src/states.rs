@@ -228,7 +228,8 @@ impl ModelCache {
         out: &mut [f32],
     ) -> Result<(), CacheError> {
         let (index, shared) = self.kv_index(layer)?;
-        let name = self.specs[index].name.clone();
+        // The state's name is only cloned on the error paths: decode calls this once per layer
+        // per token and must not allocate.
         let StateStorage::Kv(cache) = &mut self.storage[index] else {
             unreachable!("kv_index resolves to a KV state");
         };
@@ -255,7 +256,7 @@ impl ModelCache {
                 )
             }
             (false, None) => Err(CacheError::Unsupported {
-                state: name,
+                state: self.specs[index].name.clone(),
                 reason: "a producer layer must pass its new keys and values",
             }),
             (true, Some(_)) => Err(CacheError::Unsupported {

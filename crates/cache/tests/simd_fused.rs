@@ -134,3 +134,50 @@ fn every_cache_kind_matches_the_reference() {
         }
     }
 }
+
+/// `AttentionKernel::FusedOn(isa)` is the fused kernel on exactly that instruction set (what
+/// golden snapshots pin so they match on every machine), and one this CPU lacks is refused.
+#[test]
+fn the_fused_on_kernel_runs_the_chosen_instruction_set() {
+    let (_, cache, d) = caches().swap_remove(1);
+    let q_heads = 2 * cache.layout().kv_heads;
+    let positions = [0u32, 640, 1299];
+    let queries = vectors(positions.len() * q_heads, d, 9);
+    for isa in Isa::available() {
+        let mut out = vec![0.0f32; queries.len()];
+        attend(
+            &cache,
+            &queries,
+            &positions,
+            shape(q_heads, d),
+            AttentionKernel::FusedOn(isa),
+            &mut out,
+        )
+        .unwrap();
+        let direct = run(isa, &cache, q_heads, &positions, 9);
+        assert!(
+            out.iter()
+                .zip(&direct)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "FusedOn({isa:?}) is not the {isa:?} kernel"
+        );
+    }
+    let missing = [Isa::Avx2, Isa::Avx512, Isa::Neon]
+        .into_iter()
+        .find(|isa| !isa.is_available());
+    if let Some(isa) = missing {
+        let mut out = vec![0.0f32; queries.len()];
+        let refused = attend(
+            &cache,
+            &queries,
+            &positions,
+            shape(q_heads, d),
+            AttentionKernel::FusedOn(isa),
+            &mut out,
+        );
+        assert!(
+            matches!(refused, Err(tq_cache::CacheError::InvalidConfig(_))),
+            "{isa:?}: {refused:?}"
+        );
+    }
+}

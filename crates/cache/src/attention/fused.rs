@@ -151,35 +151,71 @@ fn body_of(codec: &TokenCodec) -> Result<Body<'_>, CacheError> {
     })
 }
 
+/// The parts of a record: one, or two for a two-tier record (a fixed array, not a `Vec`: the
+/// decode loop builds these per call and must not allocate).
+struct Parts<'a> {
+    items: [Part<'a>; 2],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for Parts<'a> {
+    type Target = [Part<'a>];
+
+    fn deref(&self) -> &[Part<'a>] {
+        &self.items[..self.len]
+    }
+}
+
+/// The unused second slot of a one-part record.
+fn no_part<'a>() -> Part<'a> {
+    Part {
+        body: Body::Plain(PlainKind::F32),
+        dim: 0,
+        channels: None,
+        word_offset: 0,
+        scale_offset: 0,
+        scales: 0,
+    }
+}
+
 /// The parts of a stream codec's records.
-fn parts_of(codec: &TokenCodec) -> Result<Vec<Part<'_>>, CacheError> {
+fn parts_of(codec: &TokenCodec) -> Result<Parts<'_>, CacheError> {
     match codec {
-        TokenCodec::TwoTier(c) => Ok(vec![
-            Part {
-                body: body_of(c.outlier())?,
-                dim: c.outlier().dim(),
-                channels: Some(c.channels()),
-                word_offset: 0,
-                scale_offset: 0,
-                scales: c.outlier().scales_per_token(),
-            },
-            Part {
-                body: body_of(c.rest())?,
-                dim: c.rest().dim(),
-                channels: Some(c.rest_channels()),
-                word_offset: c.outlier().record_words(),
-                scale_offset: c.outlier().scales_per_token(),
-                scales: c.rest().scales_per_token(),
-            },
-        ]),
-        _ => Ok(vec![Part {
-            body: body_of(codec)?,
-            dim: codec.dim(),
-            channels: None,
-            word_offset: 0,
-            scale_offset: 0,
-            scales: codec.scales_per_token(),
-        }]),
+        TokenCodec::TwoTier(c) => Ok(Parts {
+            items: [
+                Part {
+                    body: body_of(c.outlier())?,
+                    dim: c.outlier().dim(),
+                    channels: Some(c.channels()),
+                    word_offset: 0,
+                    scale_offset: 0,
+                    scales: c.outlier().scales_per_token(),
+                },
+                Part {
+                    body: body_of(c.rest())?,
+                    dim: c.rest().dim(),
+                    channels: Some(c.rest_channels()),
+                    word_offset: c.outlier().record_words(),
+                    scale_offset: c.outlier().scales_per_token(),
+                    scales: c.rest().scales_per_token(),
+                },
+            ],
+            len: 2,
+        }),
+        _ => Ok(Parts {
+            items: [
+                Part {
+                    body: body_of(codec)?,
+                    dim: codec.dim(),
+                    channels: None,
+                    word_offset: 0,
+                    scale_offset: 0,
+                    scales: codec.scales_per_token(),
+                },
+                no_part(),
+            ],
+            len: 1,
+        }),
     }
 }
 
@@ -194,23 +230,59 @@ fn plain_kind(codec: &TokenCodec) -> PlainKind {
 struct HeadPlan<'a> {
     keys: &'a Stream,
     values: &'a Stream,
-    key_parts: Vec<Part<'a>>,
-    value_parts: Vec<Part<'a>>,
+    key_parts: Parts<'a>,
+    value_parts: Parts<'a>,
+}
+
+/// The plan of KV head `g` (cheap: it only borrows the codecs, so it is rebuilt where needed
+/// instead of being collected).
+fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
+    let (keys, values) = (cache.keys(g), cache.values(g));
+    Ok(HeadPlan {
+        keys,
+        values,
+        key_parts: parts_of(keys.codec())?,
+        value_parts: parts_of(values.codec())?,
+    })
 }
 
 /// The query heads of one GQA group prepared against one key part, `[group, ·]` row-major.
-enum PreparedPart {
-    /// `scale·q` on the part's channels.
-    Plain(Vec<f32>),
-    /// `scale·correction·Π_K·q` and, for TQ_prod parts, `α·s·S·(scale·Π_K·q)`.
-    Coded(KeyQueries),
+#[derive(Default)]
+struct PreparedPart {
+    /// `scale·q` on the part's channels (what a plain part scores against).
+    gathered: Vec<f32>,
+    /// For a coded part: `scale·correction·Π_K·q` and, for TQ_prod parts,
+    /// `α·s·S·(scale·Π_K·q)`.
+    keys: KeyQueries,
+    coded: bool,
 }
 
-/// The query heads of one GQA group prepared against one key stream.
+/// The query heads of one GQA group prepared against one key stream; kept between calls (see
+/// [`Workspace`]).
+#[derive(Default)]
 struct PreparedGroup {
     /// `scale·q` over the whole head, for full-precision copies (`[group, d]`).
     plain: Vec<f32>,
+    /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
+}
+
+/// Buffers of [`combine`] for one item.
+#[derive(Default)]
+struct CombineScratch {
+    full: Vec<f32>,
+    weights: Vec<f32>,
+    values: Vec<f32>,
+    signs: Vec<f32>,
+    back: Vec<f32>,
+    original: Vec<f32>,
+}
+
+/// `buffer` as `len` zeros, reusing its capacity.
+fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buffer.clear();
+    buffer.resize(len, 0.0);
+    buffer
 }
 
 fn prepare(
@@ -219,13 +291,18 @@ fn prepare(
     queries: &[f32],
     d: usize,
     scale: f32,
-) -> Result<PreparedGroup, CacheError> {
-    let plain: Vec<f32> = queries.iter().map(|v| v * scale).collect();
+    out: &mut PreparedGroup,
+) -> Result<(), CacheError> {
+    out.plain.clear();
+    out.plain.extend(queries.iter().map(|v| v * scale));
+    let plain = &out.plain;
     let group = plain.len() / d;
-    let mut prepared = Vec::with_capacity(parts.len());
-    for part in parts {
+    if out.parts.len() < parts.len() {
+        out.parts.resize_with(parts.len(), PreparedPart::default);
+    }
+    for (part, prepared) in parts.iter().zip(out.parts.iter_mut()) {
         let dp = part.dim;
-        let mut gathered = vec![0.0f32; group * dp];
+        let gathered = zeroed(&mut prepared.gathered, group * dp);
         for (row, q) in gathered.chunks_exact_mut(dp).zip(plain.chunks_exact(d)) {
             match part.channels {
                 Some(channels) => {
@@ -236,7 +313,6 @@ fn prepare(
                 None => row.copy_from_slice(q),
             }
         }
-        let mut sketch_rows = Vec::new();
         let Body::Codes {
             rotation,
             sketch,
@@ -244,42 +320,41 @@ fn prepare(
             ..
         } = &part.body
         else {
-            prepared.push(PreparedPart::Plain(gathered));
+            prepared.coded = false;
             continue;
         };
-        {
-            let mut rotated = vec![0.0f32; gathered.len()];
-            for (q, r) in gathered.chunks_exact(dp).zip(rotated.chunks_exact_mut(dp)) {
-                rotation
-                    .apply(q, r)
-                    .map_err(crate::codec::CodecError::from)?;
-            }
-            if let Some(sketch) = sketch {
-                let m = sketch.rows();
-                let gain = sketch.gain() as f32;
-                sketch_rows = vec![0.0; m * group];
-                for (r, p) in rotated
-                    .chunks_exact(dp)
-                    .zip(sketch_rows.chunks_exact_mut(m))
-                {
-                    sketch
-                        .project(r, p)
+        prepared.coded = true;
+        let m = part.sketch_dim();
+        let gathered = &prepared.gathered;
+        prepared
+            .keys
+            .rebuild(isa, dp, m, true, |rotated, sketch_rows| {
+                rotated.resize(gathered.len(), 0.0);
+                for (q, r) in gathered.chunks_exact(dp).zip(rotated.chunks_exact_mut(dp)) {
+                    rotation
+                        .apply(q, r)
                         .map_err(crate::codec::CodecError::from)?;
-                    p.iter_mut().for_each(|v| *v *= gain);
                 }
-            }
-            if *correction != 1.0 {
-                rotated.iter_mut().for_each(|v| *v *= correction);
-            }
-            let m = part.sketch_dim();
-            let keys = KeyQueries::new(isa, rotated, sketch_rows, dp, m, true);
-            prepared.push(PreparedPart::Coded(keys));
-        }
+                if let Some(sketch) = sketch {
+                    let gain = sketch.gain() as f32;
+                    sketch_rows.resize(m * group, 0.0);
+                    for (r, p) in rotated
+                        .chunks_exact(dp)
+                        .zip(sketch_rows.chunks_exact_mut(m))
+                    {
+                        sketch
+                            .project(r, p)
+                            .map_err(crate::codec::CodecError::from)?;
+                        p.iter_mut().for_each(|v| *v *= gain);
+                    }
+                }
+                if *correction != 1.0 {
+                    rotated.iter_mut().for_each(|v| *v *= correction);
+                }
+                Ok::<(), CacheError>(())
+            })?;
     }
-    Ok(PreparedGroup {
-        plain,
-        parts: prepared,
-    })
+    Ok(())
 }
 
 /// One part's accumulators in a block: `[group, dim]` (original domain for plain parts,
@@ -290,14 +365,59 @@ struct PartAccumulators {
     signs: Vec<f32>,
 }
 
-/// The partial result of one block for the heads of one GQA group.
+/// The partial result of one block for the heads of one GQA group (kept between calls, see
+/// [`Workspace`]: `full` and the accumulators are emptied, not freed, when a block starts).
+#[derive(Default)]
 struct BlockPartial {
     max: Vec<f32>,
     sum: Vec<f32>,
     /// `[group, d]` accumulator of the full-precision copies (empty when unused).
     full: Vec<f32>,
+    /// One per value part (only the first `value_parts.len()` are meaningful).
     parts: Vec<PartAccumulators>,
 }
+
+/// One thread's working buffers of [`run_block`]: scores and probabilities of a block, the
+/// scales of a run and the scaled weights. Per thread rather than per block, because prefill
+/// runs thousands of blocks at once and keeping a score buffer per block would hold megabytes
+/// between calls; each buffer is reserved for the largest block ([`MAX_BLOCK_TOKENS`]) on a
+/// thread's first use, so decoding never grows it.
+#[derive(Default)]
+struct BlockScratch {
+    scores: Vec<f32>,
+    probabilities: Vec<f32>,
+    code_weights: Vec<f32>,
+    sign_weights: Vec<f32>,
+    scales: Scales,
+}
+
+thread_local! {
+    static BLOCK_SCRATCH: std::cell::RefCell<BlockScratch> =
+        std::cell::RefCell::new(BlockScratch::default());
+}
+
+/// Reserves room for `len` values (at least), so later calls up to that size do not grow it.
+fn reserve_for(buffer: &mut Vec<f32>, len: usize) {
+    if buffer.capacity() < len {
+        buffer.reserve_exact(len - buffer.len());
+    }
+}
+
+/// The buffers of one fused attention call: one prepared group per (query, KV head) item, the
+/// block tasks and their partials. Calls take one from [`WORKSPACES`] and put it back, so a
+/// decode step reuses the buffers of the previous one instead of allocating its own.
+#[derive(Default)]
+struct Workspace {
+    prepared: Vec<PreparedGroup>,
+    combine: Vec<CombineScratch>,
+    tasks: Vec<(usize, std::ops::Range<usize>)>,
+    partials: Vec<BlockPartial>,
+    first_task: Vec<usize>,
+    task_count: Vec<usize>,
+}
+
+/// Idle workspaces (one per concurrent caller at most).
+static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec::new());
 
 /// Calls `visit(first_token, words, scales, tokens, is_body)` for consecutive runs of records
 /// covering `range`: body records in contiguous runs, full-precision copies one at a time.
@@ -350,6 +470,8 @@ struct Scales {
 impl Scales {
     /// Converts the run's scales and splits them per part.
     fn load(&mut self, isa: Isa, halves: &[f16], n: usize, parts: &[Part<'_>]) {
+        let per_token = halves.len() / n.max(1);
+        reserve_for(&mut self.all, MAX_BLOCK_TOKENS.max(n) * per_token);
         self.all.resize(halves.len(), 0.0);
         simd::f16_to_f32(isa, halves, &mut self.all);
         self.per_token = halves.len() / n.max(1);
@@ -358,6 +480,7 @@ impl Scales {
             if part.scales == 0 || part.scales == self.per_token {
                 continue;
             }
+            reserve_for(buffer, MAX_BLOCK_TOKENS.max(n) * part.scales);
             buffer.resize(n * part.scales, 0.0);
             for (dst, src) in buffer
                 .chunks_exact_mut(part.scales)
@@ -390,6 +513,7 @@ fn scale_rows(
     group: usize,
     out: &mut Vec<f32>,
 ) {
+    reserve_for(out, weights.len().max(MAX_BLOCK_TOKENS * group));
     out.clear();
     out.resize(weights.len(), 0.0);
     for ((o, w), s) in out
@@ -403,18 +527,42 @@ fn scale_rows(
     }
 }
 
+/// Scores, softmax statistics and value accumulators of the tokens `range` of one item into
+/// `partial`, with this thread's [`BlockScratch`].
 fn run_block(
     isa: Isa,
     plan: &HeadPlan<'_>,
     prepared: &PreparedGroup,
     range: std::ops::Range<usize>,
     d: usize,
-) -> BlockPartial {
+    partial: &mut BlockPartial,
+) {
+    BLOCK_SCRATCH.with_borrow_mut(|scratch| {
+        run_block_with(isa, plan, prepared, range, d, partial, scratch);
+    });
+}
+
+fn run_block_with(
+    isa: Isa,
+    plan: &HeadPlan<'_>,
+    prepared: &PreparedGroup,
+    range: std::ops::Range<usize>,
+    d: usize,
+    partial: &mut BlockPartial,
+    scratch: &mut BlockScratch,
+) {
     let group = prepared.plain.len() / d;
     let len = range.len();
     let start = range.start;
-    let mut scores = vec![0.0f32; group * len];
-    let mut scales = Scales::default();
+    let BlockScratch {
+        scores,
+        probabilities,
+        code_weights,
+        sign_weights,
+        scales,
+    } = scratch;
+    reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
+    let scores = zeroed(scores, group * len);
     walk(plan.keys, range.clone(), |t, words, halves, n, is_body| {
         let out = &mut scores[t - start..];
         let record_words = words.len() / n;
@@ -430,11 +578,12 @@ fn run_block(
             return;
         }
         scales.load(isa, halves, n, &plan.key_parts);
-        let mut runs = Vec::with_capacity(plan.key_parts.len());
-        let mut keys = Vec::with_capacity(plan.key_parts.len());
+        // At most two coded parts (a two-tier record): scored together in one pass.
+        let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
+        let mut count = 0;
         for (k, (part, pp)) in plan.key_parts.iter().zip(&prepared.parts).enumerate() {
-            match (&part.body, pp) {
-                (Body::Plain(kind), PreparedPart::Plain(queries)) => {
+            match &part.body {
+                Body::Plain(kind) => {
                     let run = PlainRun {
                         words,
                         record_words,
@@ -442,41 +591,58 @@ fn run_block(
                         kind: *kind,
                         dim: part.dim,
                     };
-                    simd::score_plain(isa, &run, queries, out, len);
+                    simd::score_plain(isa, &run, &pp.gathered, out, len);
                 }
-                (Body::Codes { .. }, PreparedPart::Coded(queries)) => {
+                Body::Codes { .. } => {
                     if let Some(run) = part.coded_run(words, record_words, scales.of(k, part)) {
-                        runs.push(run);
-                        keys.push(queries);
+                        coded[count] = Some((run, &pp.keys));
+                        count += 1;
                     }
                 }
-                _ => unreachable!("queries are prepared from the same parts"),
             }
         }
-        simd::score_coded_parts(isa, &runs, &keys, out, len);
+        match coded {
+            [Some((r0, k0)), Some((r1, k1))] => {
+                simd::score_coded_parts(isa, &[r0, r1], &[k0, k1], out, len);
+            }
+            [Some((r0, k0)), None] => simd::score_coded_parts(isa, &[r0], &[k0], out, len),
+            _ => simd::score_coded_parts(isa, &[], &[], out, len),
+        }
     });
-    let mut max = vec![f32::NEG_INFINITY; group];
-    let mut sum = vec![0.0f32; group];
+    let BlockPartial {
+        max,
+        sum,
+        full,
+        parts,
+    } = partial;
+    max.clear();
+    max.resize(group, f32::NEG_INFINITY);
+    sum.clear();
+    sum.resize(group, 0.0);
     for h in 0..group {
         let row = &mut scores[h * len..(h + 1) * len];
         max[h] = simd::max(isa, row);
         sum[h] = simd::exp_shifted_sum(isa, row, max[h]);
     }
-    let mut full = Vec::new();
-    let mut parts: Vec<PartAccumulators> = plan
-        .value_parts
-        .iter()
-        .map(|_| PartAccumulators::default())
-        .collect();
+    // Emptied, not freed: `ensure` marks a used accumulator by its length.
+    full.clear();
+    if parts.len() < plan.value_parts.len() {
+        parts.resize_with(plan.value_parts.len(), PartAccumulators::default);
+    }
+    for acc in parts.iter_mut() {
+        acc.values.clear();
+        acc.signs.clear();
+    }
     // Token-major probabilities `[len, group]`: the value kernels' weight layout.
-    let mut probabilities = vec![0.0f32; len * group];
+    reserve_for(probabilities, group * len.max(MAX_BLOCK_TOKENS));
+    let probabilities = zeroed(probabilities, len * group);
     for (h, row) in scores.chunks_exact(len).enumerate() {
         for (p, &s) in probabilities.iter_mut().skip(h).step_by(group).zip(row) {
             *p = s;
         }
     }
-    let mut code_weights = Vec::new();
-    let mut sign_weights = Vec::new();
+    code_weights.clear();
+    sign_weights.clear();
     walk(plan.values, range, |t, words, halves, n, is_body| {
         let i = t - start;
         let record_words = words.len() / n;
@@ -489,7 +655,7 @@ fn run_block(
                 kind: plain_kind(plan.values.fp_codec()),
                 dim: d,
             };
-            simd::accumulate_plain(isa, &run, weights, ensure(&mut full, group * d));
+            simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
             return;
         }
         scales.load(isa, halves, n, &plan.value_parts);
@@ -513,17 +679,17 @@ fn run_block(
                     };
                     let spt = run.scales_per_token();
                     let m = run.sketch_dim;
-                    scale_rows(weights, part_scales, spt, 0, group, &mut code_weights);
+                    scale_rows(weights, part_scales, spt, 0, group, code_weights);
                     if m > 0 {
-                        scale_rows(weights, part_scales, spt, 1, group, &mut sign_weights);
+                        scale_rows(weights, part_scales, spt, 1, group, sign_weights);
                         ensure(&mut acc.signs, group * m);
                     }
                     let values = ensure(&mut acc.values, group * part.dim);
                     simd::accumulate_coded(
                         isa,
                         &run,
-                        &code_weights,
-                        &sign_weights,
+                        code_weights,
+                        sign_weights,
                         values,
                         &mut acc.signs,
                     );
@@ -531,12 +697,6 @@ fn run_block(
             }
         }
     });
-    BlockPartial {
-        max,
-        sum,
-        full,
-        parts,
-    }
 }
 
 /// Fused attention on the compressed cache (see the module docs), on the instruction set
@@ -561,140 +721,171 @@ pub(super) fn fused_attention_on(
     out: &mut [f32],
 ) -> Result<(), CacheError> {
     let (n, group) = check_shapes(cache, queries, query_positions, shape, out)?;
+    let idle =
+        |pool: std::sync::LockResult<_>| pool.unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut workspace: Workspace = idle(WORKSPACES.lock()).pop().unwrap_or_default();
+    let result = attend_with(
+        isa,
+        cache,
+        queries,
+        query_positions,
+        shape,
+        out,
+        (n, group),
+        &mut workspace,
+    );
+    idle(WORKSPACES.lock()).push(workspace);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_with(
+    isa: Isa,
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+    (n, group): (usize, usize),
+    workspace: &mut Workspace,
+) -> Result<(), CacheError> {
     let d = cache.layout().head_dim;
     let kv_heads = cache.layout().kv_heads;
-    let plans: Vec<HeadPlan<'_>> = (0..kv_heads)
-        .map(|g| {
-            let (keys, values) = (cache.keys(g), cache.values(g));
-            Ok(HeadPlan {
-                keys,
-                values,
-                key_parts: parts_of(keys.codec())?,
-                value_parts: parts_of(values.codec())?,
-            })
-        })
-        .collect::<Result<_, CacheError>>()?;
-    // One item per (query token, KV head): its prepared heads and its blocks.
-    let items: Vec<(usize, usize)> = (0..n)
-        .flat_map(|i| (0..kv_heads).map(move |g| (i, g)))
-        .collect();
-    let prepared: Vec<PreparedGroup> = items
-        .par_iter()
-        .map(|&(i, g)| {
-            let first = (i * shape.q_heads + g * group) * d;
-            prepare(
-                isa,
-                &plans[g].key_parts,
-                &queries[first..first + group * d],
-                d,
-                shape.scale,
-            )
-        })
-        .collect::<Result<_, _>>()?;
-    let mut tasks = Vec::new();
-    for (item, &(i, _)) in items.iter().enumerate() {
-        let range = cache.visible(query_positions[i]);
+    for g in 0..kv_heads {
+        head_plan(cache, g)?;
+    }
+    let Workspace {
+        prepared,
+        combine: combine_scratch,
+        tasks,
+        partials,
+        first_task,
+        task_count,
+    } = workspace;
+    // One item per (query token, KV head), item `k` = token `k / kv_heads`, head
+    // `k % kv_heads`; its query rows, and its output rows, are the `k`-th `group·d` chunk.
+    let items = n * kv_heads;
+    let width = group * d;
+    if prepared.len() < items {
+        prepared.resize_with(items, PreparedGroup::default);
+        combine_scratch.resize_with(items, CombineScratch::default);
+    }
+    prepared[..items]
+        .par_iter_mut()
+        .zip(queries.par_chunks(width))
+        .enumerate()
+        .try_for_each(|(k, (p, q))| {
+            let plan = head_plan(cache, k % kv_heads)?;
+            prepare(isa, &plan.key_parts, q, d, shape.scale, p)
+        })?;
+    tasks.clear();
+    first_task.clear();
+    task_count.clear();
+    for k in 0..items {
+        let range = cache.visible(query_positions[k / kv_heads]);
         let block = block_tokens(range.len());
+        first_task.push(tasks.len());
         let mut start = range.start;
         while start < range.end {
             let end = (start + block).min(range.end);
-            tasks.push((item, start..end));
+            tasks.push((k, start..end));
             start = end;
         }
+        task_count.push(tasks.len() - first_task[k]);
     }
-    let partials: Vec<BlockPartial> = tasks
-        .par_iter()
-        .map(|(item, range)| {
-            let g = items[*item].1;
-            run_block(isa, &plans[g], &prepared[*item], range.clone(), d)
-        })
-        .collect();
+    if partials.len() < tasks.len() {
+        partials.resize_with(tasks.len(), BlockPartial::default);
+    }
+    let prepared = &prepared[..items];
+    partials[..tasks.len()]
+        .par_iter_mut()
+        .zip(tasks.par_iter())
+        .try_for_each(|(partial, (k, range))| {
+            let plan = head_plan(cache, k % kv_heads)?;
+            run_block(isa, &plan, &prepared[*k], range.clone(), d, partial);
+            Ok::<(), CacheError>(())
+        })?;
     // Combine the blocks of each item in order; items are independent.
-    let mut first_task = vec![usize::MAX; items.len()];
-    let mut task_count = vec![0usize; items.len()];
-    for (k, (item, _)) in tasks.iter().enumerate() {
-        first_task[*item] = first_task[*item].min(k);
-        task_count[*item] += 1;
-    }
-    let outputs: Vec<Result<Vec<f32>, CacheError>> = items
-        .par_iter()
+    let partials = &partials[..tasks.len()];
+    out.par_chunks_mut(width)
+        .zip(combine_scratch[..items].par_iter_mut())
         .enumerate()
-        .map(|(item, &(_, g))| {
-            let blocks = if task_count[item] == 0 {
-                &[][..]
-            } else {
-                &partials[first_task[item]..first_task[item] + task_count[item]]
-            };
-            combine(isa, &plans[g].value_parts, blocks, group, d)
+        .try_for_each(|(k, (row, scratch))| {
+            let plan = head_plan(cache, k % kv_heads)?;
+            let blocks = &partials[first_task[k]..first_task[k] + task_count[k]];
+            combine(isa, &plan.value_parts, blocks, group, d, row, scratch)
         })
-        .collect();
-    for (item, result) in outputs.into_iter().enumerate() {
-        let (i, g) = items[item];
-        let rows = result?;
-        let first = (i * shape.q_heads + g * group) * d;
-        out[first..first + group * d].copy_from_slice(&rows);
-    }
-    Ok(())
 }
 
 /// Merges block partials (fixed order) and maps each part's accumulators back to the original
 /// domain: one `Sᵀ` (TQ_prod values) and one `Π_Vᵀ` per output row and coded part, then
-/// scatters the part to its channels.
+/// scatters the part to its channels. Writes the item's `[group, d]` rows into `out`.
 fn combine(
     isa: Isa,
     parts: &[Part<'_>],
     blocks: &[BlockPartial],
     group: usize,
     d: usize,
-) -> Result<Vec<f32>, CacheError> {
-    let mut out = vec![0.0f32; group * d];
+    out: &mut [f32],
+    scratch: &mut CombineScratch,
+) -> Result<(), CacheError> {
+    out.fill(0.0);
     if blocks.is_empty() {
-        return Ok(out);
+        return Ok(());
     }
-    let mut full = vec![0.0f32; d];
+    let CombineScratch {
+        full,
+        weights,
+        values,
+        signs,
+        back,
+        original,
+    } = scratch;
+    let full = zeroed(full, d);
     for h in 0..group {
         let max = blocks
             .iter()
             .map(|b| b.max[h])
             .fold(f32::NEG_INFINITY, f32::max);
-        let weights: Vec<f32> = blocks.iter().map(|b| (b.max[h] - max).exp()).collect();
+        weights.clear();
+        weights.extend(blocks.iter().map(|b| (b.max[h] - max).exp()));
         let mut total = 0.0f32;
         full.fill(0.0);
-        for (b, &w) in blocks.iter().zip(&weights) {
+        for (b, &w) in blocks.iter().zip(weights.iter()) {
             total += w * b.sum[h];
             if !b.full.is_empty() {
-                simd::axpy(isa, w, &b.full[h * d..(h + 1) * d], &mut full);
+                simd::axpy(isa, w, &b.full[h * d..(h + 1) * d], full);
             }
         }
         let row = &mut out[h * d..(h + 1) * d];
         for (p, part) in parts.iter().enumerate() {
             let (dp, m) = (part.dim, part.sketch_dim());
-            let mut values = vec![0.0f32; dp];
-            let mut signs = vec![0.0f32; m];
-            for (b, &w) in blocks.iter().zip(&weights) {
+            let values = zeroed(values, dp);
+            let signs = zeroed(signs, m);
+            for (b, &w) in blocks.iter().zip(weights.iter()) {
                 let acc = &b.parts[p];
                 if !acc.values.is_empty() {
-                    simd::axpy(isa, w, &acc.values[h * dp..(h + 1) * dp], &mut values);
+                    simd::axpy(isa, w, &acc.values[h * dp..(h + 1) * dp], values);
                 }
                 if !acc.signs.is_empty() {
-                    simd::axpy(isa, w, &acc.signs[h * m..(h + 1) * m], &mut signs);
+                    simd::axpy(isa, w, &acc.signs[h * m..(h + 1) * m], signs);
                 }
             }
-            let mapped = match &part.body {
+            let mapped: &[f32] = match &part.body {
                 Body::Plain(_) => values,
                 Body::Codes {
                     rotation, sketch, ..
                 } => {
                     if let Some(sketch) = sketch {
-                        let mut back = vec![0.0f32; dp];
+                        let back = zeroed(back, dp);
                         sketch
-                            .project_transpose(&signs, &mut back)
+                            .project_transpose(signs, back)
                             .map_err(crate::codec::CodecError::from)?;
-                        simd::axpy(isa, sketch.gain() as f32, &back, &mut values);
+                        simd::axpy(isa, sketch.gain() as f32, back, values);
                     }
-                    let mut original = vec![0.0f32; dp];
+                    let original = zeroed(original, dp);
                     rotation
-                        .apply_inverse(&values, &mut original)
+                        .apply_inverse(values, original)
                         .map_err(crate::codec::CodecError::from)?;
                     original
                 }
@@ -706,16 +897,16 @@ fn combine(
                     }
                 }
                 None => {
-                    for (o, v) in row.iter_mut().zip(&mapped) {
+                    for (o, v) in row.iter_mut().zip(mapped) {
                         *o += v;
                     }
                 }
             }
         }
         let inv = 1.0 / total;
-        for (o, p) in row.iter_mut().zip(&full) {
+        for (o, p) in row.iter_mut().zip(full.iter()) {
             *o = (*o + p) * inv;
         }
     }
-    Ok(out)
+    Ok(())
 }

@@ -28,6 +28,11 @@ pub enum AttentionKernel {
     /// The f16 arithmetic of llama.cpp's CPU flash attention (f16 caches only), to reproduce
     /// that engine's greedy outputs exactly.
     LlamaCppF16,
+    /// [`AttentionKernel::Fused`] on a chosen instruction set instead of the detected one:
+    /// each instruction set sums in its own (equally valid) order, so results that must be
+    /// bit-identical across machines (golden snapshots) pin one. An instruction set this CPU
+    /// lacks is a [`CacheError::InvalidConfig`].
+    FusedOn(simd::Isa),
 }
 
 /// The shape of an attention call.
@@ -88,6 +93,14 @@ pub fn attend(
             reference_attention(cache, queries, query_positions, shape, out)
         }
         AttentionKernel::Fused => fused_attention(cache, queries, query_positions, shape, out),
+        AttentionKernel::FusedOn(isa) => {
+            if !isa.is_available() {
+                return Err(CacheError::InvalidConfig(format!(
+                    "the fused kernel cannot run on {isa:?}: this CPU lacks it"
+                )));
+            }
+            fused::fused_attention_on(isa, cache, queries, query_positions, shape, out)
+        }
         AttentionKernel::LlamaCppF16 => {
             llamacpp_f16_attention(cache, queries, query_positions, shape, out)
         }

@@ -7,6 +7,10 @@
 //! tokens. Configurations of one (shape, T) run interleaved in rounds and report medians.
 //! Small caches stay in the CPU caches across repeats (a real model's other layers would evict
 //! them), so the bandwidth figures mean most at T ≥ 16K.
+//!
+//! `--backend wgpu` prints the same table from the GPU kernels of `tq-attention-wgpu` (see
+//! `attention/gpu.rs`): the same caches, uploaded once, and one more column, the GPU output's
+//! difference from the CPU kernel's on the same records.
 
 use clap::Args;
 use rand::SeedableRng;
@@ -25,15 +29,28 @@ use tq_cache::token_store::Growth;
 use super::timing::interleaved_medians;
 use crate::output::table;
 
+mod gpu;
+
+/// Where the benchmark runs attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The cache crate's fused kernel on the CPU.
+    Cpu,
+    /// The WGSL kernels through wgpu on the first adapter found (on a software adapter such as
+    /// lavapipe: a correctness run, not a speed figure).
+    Wgpu,
+}
+
 /// Arguments of `tq bench attention`.
 #[derive(Args, Debug)]
 pub struct AttentionBenchArgs {
     /// Print JSON rows instead of a table.
     #[arg(long)]
     json: bool,
-    /// Cached tokens T of the decode steps (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,65536")]
-    tokens: Vec<usize>,
+    /// Cached tokens T of the decode steps (comma separated). Default 1024,4096,16384,65536;
+    /// with `--backend wgpu` 1024..131072 on a GPU and 256,1024 on a software adapter.
+    #[arg(long, value_delimiter = ',')]
+    tokens: Option<Vec<usize>>,
     /// Timed rounds per configuration (the median is reported).
     #[arg(long, default_value_t = 21)]
     repeats: usize,
@@ -53,6 +70,13 @@ pub struct AttentionBenchArgs {
     /// available (or `TQ_SIMD`).
     #[arg(long)]
     isa: Option<String>,
+    /// Attention backend: `cpu` (the fused kernel) or `wgpu` (the GPU kernels).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+    /// The device's memory bandwidth in GB/s, for the "of bw" column of `--backend wgpu`
+    /// (H200: 4800); the CPU backend measures its own.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
 }
 
 /// One JSON row of `tq bench attention --json`.
@@ -72,6 +96,9 @@ struct AttentionRow {
     gb_per_s: Option<f64>,
     /// `‖out − out_f32‖ / ‖out_f32‖` of the attention output (the f32 cache is the reference).
     rel_error_vs_f32: Option<f64>,
+    /// `‖out_gpu − out_cpu‖ / ‖out_cpu‖` on the same records (`--backend wgpu` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rel_diff_vs_cpu: Option<f64>,
     /// Why the configuration has no figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
@@ -222,8 +249,38 @@ fn relative_error(out: &[f32], reference: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// Sorted, deduplicated, positive token counts (`default` when none were given).
+fn token_list(
+    tokens: &Option<Vec<usize>>,
+    default: &[usize],
+) -> Result<Vec<usize>, Box<dyn std::error::Error>> {
+    let mut list = tokens.clone().unwrap_or_else(|| default.to_vec());
+    list.sort_unstable();
+    list.dedup();
+    if list.first() == Some(&0) || list.is_empty() {
+        return Err("--tokens needs positive token counts".into());
+    }
+    Ok(list)
+}
+
+/// The shapes named by `--shapes`.
+fn chosen_shapes(names: &[String]) -> Result<Vec<&'static BenchShape>, Box<dyn std::error::Error>> {
+    Ok(names
+        .iter()
+        .map(|name| {
+            SHAPES
+                .iter()
+                .find(|s| s.name == name)
+                .ok_or_else(|| format!("unknown shape `{name}` (smollm2, d128)"))
+        })
+        .collect::<Result<_, _>>()?)
+}
+
 /// Runs `tq bench attention`.
 pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.backend == Backend::Wgpu {
+        return gpu::run(args);
+    }
     let isa = match args.isa.as_deref() {
         None => Isa::detect(),
         Some("scalar") => Isa::Scalar,
@@ -235,23 +292,9 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
     if !isa.is_available() {
         return Err(format!("this CPU cannot run `{}`", isa.name()).into());
     }
-    let mut tokens_list = args.tokens.clone();
-    tokens_list.sort_unstable();
-    tokens_list.dedup();
-    if tokens_list.first() == Some(&0) || tokens_list.is_empty() {
-        return Err("--tokens needs positive token counts".into());
-    }
+    let tokens_list = token_list(&args.tokens, &[1024, 4096, 16384, 65536])?;
     let max_tokens = *tokens_list.last().unwrap_or(&1);
-    let shapes: Vec<&BenchShape> = args
-        .shapes
-        .iter()
-        .map(|name| {
-            SHAPES
-                .iter()
-                .find(|s| s.name == name)
-                .ok_or_else(|| format!("unknown shape `{name}` (smollm2, d128)"))
-        })
-        .collect::<Result<_, _>>()?;
+    let shapes = chosen_shapes(&args.shapes)?;
     if let Some(unknown) = args.configs.iter().find(|c| !CONFIGS.contains(&c.as_str())) {
         return Err(format!("unknown config `{unknown}` ({})", CONFIGS.join(", ")).into());
     }
@@ -329,6 +372,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                             rel_error_vs_f32: f32_out
                                 .as_ref()
                                 .map(|r| relative_error(&outputs[i], r)),
+                            rel_diff_vs_cpu: None,
                             note: None,
                         }
                     }
@@ -341,6 +385,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                         bytes_read: None,
                         gb_per_s: None,
                         rel_error_vs_f32: None,
+                        rel_diff_vs_cpu: None,
                         note: Some(format!("not yet available: {reason}")),
                     },
                 };
@@ -360,6 +405,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
             bytes_read: Some(read_bytes),
             gb_per_s: Some(bandwidth),
             rel_error_vs_f32: None,
+            rel_diff_vs_cpu: None,
             note: Some(format!("sum of a 512 MiB f32 array, {threads} threads")),
         });
         println!("{}", serde_json::to_string_pretty(&all)?);

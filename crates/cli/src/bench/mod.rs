@@ -2,7 +2,9 @@
 
 pub mod attention;
 pub mod codec;
+pub mod e2e;
 pub mod estimators;
+pub mod states;
 mod timing;
 
 use clap::Subcommand;
@@ -11,12 +13,18 @@ use clap::Subcommand;
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// One decode step of fused attention over f32, f16 and TurboQuant caches (T = 1K..64K),
-    /// against the machine's streaming-read bandwidth.
+    /// against the machine's streaming-read bandwidth (`--backend wgpu`: the GPU kernels).
     Attention(attention::AttentionBenchArgs),
     /// Encode and decode throughput of the codecs (vectors/s, one thread and all threads).
     Codec(codec::CodecBenchArgs),
+    /// The reference model end to end: prefill and decode tokens/s, cache bytes and peak RSS
+    /// per allocation and context, against llama.cpp's figures.
+    E2e(e2e::E2eBenchArgs),
     /// Bias and variance of the inner-product estimators (TQ_prod, debiased MSE) at b = 2..5.
     Estimators(estimators::EstimatorArgs),
+    /// Memory of the hybrid models' states (sliding rings, full KV, shared KV, fixed conv and
+    /// recurrent states) against context length: byte formula beside the measured allocation.
+    States(states::StatesBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -24,6 +32,8 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         BenchCommand::Attention(args) => attention::run(&args),
         BenchCommand::Codec(args) => codec::run(&args),
+        BenchCommand::E2e(args) => e2e::run(&args),
         BenchCommand::Estimators(args) => estimators::run(&args),
+        BenchCommand::States(args) => states::run(&args),
     }
 }

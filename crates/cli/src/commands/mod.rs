@@ -2,4 +2,7 @@
 
 pub mod codebook;
 pub mod demo;
+pub mod eval;
 pub mod model;
+pub mod needle;
+pub mod sweep;

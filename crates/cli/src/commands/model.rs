@@ -3,15 +3,18 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::Args;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
 use serde::Serialize;
+use tq_attention_wgpu::{ContextOptions, GpuContext, GpuError};
 use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
 use tq_cache::attention::AttentionKernel;
 use tq_models::chat::{ChatTemplate, Message, Role};
 use tq_models::fetch::ensure_reference_model;
 use tq_models::gguf::Gguf;
-use tq_models::llama::generate::generate;
-use tq_models::llama::{GenerationOptions, Llama, LlamaConfig, Sampler};
+use tq_models::llama::generate::{generate, generate_with};
+use tq_models::llama::{GenerationOptions, Llama, LlamaConfig, Sampler, WgpuAttention};
 use tq_models::tokenizer::Tokenizer;
 
 use crate::output::table;
@@ -55,15 +58,25 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Attention backend (`cpu`; `wgpu` joins when the GPU kernels are wired in).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Attention backend: `cpu` (the cache crate's fused kernel) or `wgpu` (the GPU kernels of
+    /// `tq-attention-wgpu` on the first adapter wgpu finds; `WGPU_BACKEND` picks the API).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
     /// A GGUF file instead of the reference model.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Print JSON (keys: text, tokens, prefill_tokens_per_s, decode_tokens_per_s, cache_bytes).
     #[arg(long)]
     json: bool,
+}
+
+/// Where `tq generate` runs attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU cache and its fused kernel.
+    Cpu,
+    /// The GPU kernels through wgpu.
+    Wgpu,
 }
 
 #[derive(Serialize)]
@@ -77,13 +90,11 @@ struct GenerateReport {
 
 /// Runs `tq generate`.
 pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if args.backend != "cpu" {
-        return Err(format!(
-            "backend `{}` is not available yet (use `cpu`)",
-            args.backend
-        )
-        .into());
-    }
+    // The adapter first: a missing GPU fails before the model is mapped.
+    let gpu = match args.backend {
+        Backend::Cpu => None,
+        Backend::Wgpu => Some(open_gpu()?),
+    };
     let model = Llama::load(model_path(&args.model)?)?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let allocation = Allocation::load(&args.alloc)?;
@@ -96,7 +107,6 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     };
     let prompt = tokenizer.encode(&text)?;
     let capacity = (prompt.len() + args.max_tokens).min(model.config.context_length);
-    let mut cache = model.new_cache(&allocation, capacity)?;
     let stop: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
@@ -110,20 +120,40 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     };
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed);
     let stream = !args.json;
-    let out = generate(
-        &model,
-        &mut cache,
-        &prompt,
-        &mut sampler,
-        &options,
-        |token| {
-            if stream && let Ok(piece) = tokenizer.decode(&[token]) {
-                print!("{piece}");
-                let _ = std::io::stdout().flush();
-            }
-        },
-    )?;
-    let cache_bytes = cache.memory().iter().map(|m| m.allocated_bytes).sum();
+    let on_token = |token| {
+        if stream && let Ok(piece) = tokenizer.decode(&[token]) {
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    };
+    let (out, cache_bytes) = match &gpu {
+        None => {
+            let mut cache = model.new_cache(&allocation, capacity)?;
+            let out = generate(
+                &model,
+                &mut cache,
+                &prompt,
+                &mut sampler,
+                &options,
+                on_token,
+            )?;
+            let bytes = cache.memory().iter().map(|m| m.allocated_bytes).sum();
+            (out, bytes)
+        }
+        Some(ctx) => {
+            let mut backend = WgpuAttention::for_model(ctx, &model, &allocation)?;
+            let out = generate_with(
+                &model,
+                &mut backend,
+                0,
+                &prompt,
+                &mut sampler,
+                &options,
+                on_token,
+            )?;
+            (out, backend.device_bytes() as usize)
+        }
+    };
     if args.json {
         let report = GenerateReport {
             text: tokenizer.decode(&out.tokens)?,
@@ -135,16 +165,44 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         eprintln!(
-            "\n[{} prompt tokens at {:.1} tok/s, {} new at {:.1} tok/s, cache {} bytes ({})]",
+            "\n[{} prompt tokens at {:.1} tok/s, {} new at {:.1} tok/s, cache {} bytes ({}), {} attention]",
             out.prompt_tokens,
             out.prefill_tokens_per_s(),
             out.tokens.len(),
             out.decode_tokens_per_s(),
             cache_bytes,
-            allocation.name
+            allocation.name,
+            match args.backend {
+                Backend::Cpu => "cpu",
+                Backend::Wgpu => "wgpu",
+            }
         );
     }
     Ok(())
+}
+
+/// Opens the first GPU adapter wgpu finds and compiles the kernels. A missing adapter is an
+/// error that says what to install; a software adapter (lavapipe, WARP) is accepted with a
+/// note on stderr, since it runs the kernels correctly but far slower than the CPU backend.
+pub fn open_gpu() -> Result<Arc<GpuContext>, Box<dyn std::error::Error>> {
+    let ctx = GpuContext::new(&ContextOptions::default()).map_err(|e| match e {
+        GpuError::NoAdapter(message) => format!(
+            "--backend wgpu: no GPU adapter found ({message}); install a Vulkan driver \
+             (mesa-vulkan-drivers provides the software one, lavapipe) or use --backend cpu"
+        ),
+        other => format!("--backend wgpu: {other}"),
+    })?;
+    let info = ctx.adapter_info();
+    if ctx.is_software() {
+        eprintln!(
+            "note: the only GPU adapter is a CPU (software) device, {} ({:?}): the wgpu backend \
+             runs correctly but slowly; --backend cpu is faster on this machine",
+            info.name, info.backend
+        );
+    } else {
+        eprintln!("wgpu adapter: {} ({:?})", info.name, info.backend);
+    }
+    Ok(Arc::new(ctx))
 }
 
 /// Arguments of `tq inspect`.

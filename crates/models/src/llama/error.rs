@@ -45,4 +45,8 @@ pub enum ModelError {
     /// The call's arguments contradict each other.
     #[error("invalid forward call: {0}")]
     InvalidCall(String),
+    /// The GPU attention backend failed: no adapter, a driver error (with its message), or a
+    /// cache configuration the GPU kernels do not implement (`GpuError::Unsupported`).
+    #[error(transparent)]
+    Gpu(#[from] tq_attention_wgpu::GpuError),
 }

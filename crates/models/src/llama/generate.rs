@@ -1,4 +1,5 @@
-//! The generation loop: chunked prefill through the cache, then one-token decode steps.
+//! The generation loop: chunked prefill through the cache, then one-token decode steps, over
+//! the CPU cache ([`generate`]) or any [`AttentionBackend`] ([`generate_with`]).
 
 use std::time::Instant;
 
@@ -6,6 +7,7 @@ use serde::Serialize;
 use tq_cache::attention::AttentionKernel;
 use tq_cache::states::ModelCache;
 
+use super::attention_backend::{AttentionBackend, CpuAttention};
 use super::model::{ForwardScratch, Llama, Logits};
 use super::{ModelError, Sampler};
 
@@ -67,10 +69,39 @@ impl Generation {
 }
 
 /// Runs the prompt (after whatever `cache` already holds) and generates up to
-/// `options.max_tokens` tokens, calling `on_token` for each as it is chosen.
+/// `options.max_tokens` tokens, calling `on_token` for each as it is chosen. Attention runs
+/// on the CPU with `options.kernel`; [`generate_with`] takes any backend.
 pub fn generate(
     model: &Llama,
     cache: &mut ModelCache,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    options: &GenerationOptions,
+    on_token: impl FnMut(u32),
+) -> Result<Generation, ModelError> {
+    let start = cache.len();
+    let mut backend = CpuAttention {
+        cache,
+        kernel: options.kernel,
+    };
+    generate_with(
+        model,
+        &mut backend,
+        start,
+        prompt,
+        sampler,
+        options,
+        on_token,
+    )
+}
+
+/// [`generate`] with attention delegated to `backend` (the CPU cache, the GPU kernels, or an
+/// instrumented backend) whose cache already holds `start` tokens (positions `0..start`).
+/// `options.kernel` is ignored: the backend decides how attention runs.
+pub fn generate_with(
+    model: &Llama,
+    backend: &mut dyn AttentionBackend,
+    start: usize,
     prompt: &[u32],
     sampler: &mut Sampler,
     options: &GenerationOptions,
@@ -80,7 +111,6 @@ pub fn generate(
         return Err(ModelError::InvalidCall("empty prompt".into()));
     }
     let mut scratch = ForwardScratch::default();
-    let start = cache.len();
     let total = start + prompt.len() + options.max_tokens;
     let positions: Vec<u32> = (0..total as u32).collect();
     let mut generation = Generation {
@@ -93,11 +123,10 @@ pub fn generate(
     let mut next = 0u32;
     for piece in prompt.chunks(chunk) {
         done += piece.len();
-        let logits = model.forward(
+        let logits = model.forward_with(
             piece,
             &positions[..done],
-            cache,
-            options.kernel,
+            backend,
             Logits::Last,
             &mut scratch,
         )?;
@@ -116,11 +145,10 @@ pub fn generate(
             break;
         }
         done += 1;
-        let logits = model.forward(
+        let logits = model.forward_with(
             &[next],
             &positions[..done],
-            cache,
-            options.kernel,
+            backend,
             Logits::Last,
             &mut scratch,
         )?;

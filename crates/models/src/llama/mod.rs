@@ -7,6 +7,8 @@
 //!
 //! One call serves prefill chunks and decode: `forward(tokens, positions, cache)` with
 //! `offset = positions.len − tokens.len` (the cache holds the first `offset` tokens).
+//! Attention sits behind [`attention_backend`]: the CPU cache, or the GPU kernels of
+//! `tq-attention-wgpu` through [`wgpu_attention`].
 
 pub mod attention_backend;
 pub mod config;
@@ -16,6 +18,7 @@ pub mod model;
 pub mod ops;
 pub mod sampling;
 pub mod weights;
+pub mod wgpu_attention;
 
 pub use attention_backend::{AttentionBackend, CpuAttention};
 pub use config::LlamaConfig;
@@ -23,3 +26,4 @@ pub use error::ModelError;
 pub use generate::{Generation, GenerationOptions};
 pub use model::{ForwardScratch, Llama, Logits};
 pub use sampling::Sampler;
+pub use wgpu_attention::WgpuAttention;

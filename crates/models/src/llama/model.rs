@@ -52,6 +52,29 @@ pub struct ForwardScratch {
     matvec: MatvecScratch,
 }
 
+impl ForwardScratch {
+    /// Bytes the buffers hold (their capacities): the working memory of the largest call so
+    /// far, what a memory budget adds to the cache for "one chunk of scratch".
+    pub fn allocated_bytes(&self) -> usize {
+        let floats: usize = [
+            &self.x,
+            &self.h,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.delta,
+            &self.gate,
+            &self.up,
+            &self.logits,
+        ]
+        .iter()
+        .map(|b| b.capacity())
+        .sum();
+        4 * floats + self.matvec.allocated_bytes()
+    }
+}
+
 fn resize(buffer: &mut Vec<f32>, len: usize) {
     buffer.resize(len, 0.0);
 }

@@ -133,6 +133,11 @@ impl Q8Activation {
         Ok(())
     }
 
+    /// Bytes the buffers hold (their capacities).
+    pub fn allocated_bytes(&self) -> usize {
+        4 * (self.d.capacity() + self.s.capacity()) + self.qs.capacity()
+    }
+
     /// Activation rows held.
     pub fn rows(&self) -> usize {
         self.rows

@@ -70,6 +70,11 @@ impl MatvecScratch {
         self.isa
     }
 
+    /// Bytes the buffers hold (their capacities).
+    pub fn allocated_bytes(&self) -> usize {
+        self.act.allocated_bytes() + 4 * self.out.capacity()
+    }
+
     /// The activation rows the last integer-path product quantized.
     pub fn activation(&self) -> &Q8Activation {
         &self.act

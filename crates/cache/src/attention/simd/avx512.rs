@@ -284,16 +284,17 @@ pub(super) fn parts_supported(runs: &[CodedRun<'_>]) -> bool {
 /// `record_words` with the first, has codes of at most 4 bits, and `queries[k]` matches
 /// `runs[k]`; `out` holds `(heads − 1)·stride + n` floats.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-pub(super) unsafe fn score_parts(
-    runs: &[CodedRun<'_>],
-    queries: &[&KeyQueries],
+pub(super) unsafe fn score_parts<'r>(
+    runs: &'r [CodedRun<'r>],
+    queries: &'r [&'r KeyQueries],
     out: &mut [f32],
     stride: usize,
 ) {
     let heads = queries[0].heads();
     for (t, (first, size)) in tiles(heads).enumerate() {
-        let mut segments = Vec::with_capacity(runs.len());
-        for (run, q) in runs.iter().zip(queries) {
+        // A record has one or two coded parts: the segments live on the stack (a decode step
+        // must not allocate); more parts, which no codec makes today, fall back to a `Vec`.
+        let segment = |run: &'r CodedRun<'r>, q: &'r KeyQueries| -> Segment<'r> {
             let (d, m) = (run.dim, run.sketch_dim);
             let b = run.bits as usize;
             let bytes = 4 * (run.record_words - run.code_offset);
@@ -304,7 +305,7 @@ pub(super) unsafe fn score_parts(
                 control[8 * k + 4] = (2 * b * k + b) as u8;
             }
             let levels = 1usize << b;
-            let table: Vec<f32> = (0..16).map(|k| run.centroids[k % levels]).collect();
+            let table: [f32; 16] = std::array::from_fn(|k| run.centroids[k % levels]);
             // SAFETY: the arrays hold 64 bytes and 16 floats.
             let (table, control) = unsafe {
                 (
@@ -312,7 +313,7 @@ pub(super) unsafe fn score_parts(
                     _mm512_loadu_si512(control.as_ptr() as *const _),
                 )
             };
-            segments.push(Segment {
+            Segment {
                 table,
                 control,
                 chunk_bytes: 2 * b,
@@ -342,17 +343,29 @@ pub(super) unsafe fn score_parts(
                 },
                 scales: run.scales,
                 per_token: run.scales_per_token(),
-            });
-        }
+            }
+        };
         let o = &mut out[first * stride..];
+        let (words, record_words) = (runs[0].words, runs[0].record_words);
         // SAFETY: forwarded contract; the segments' query rows hold `size` heads.
-        unsafe {
-            let (words, record_words) = (runs[0].words, runs[0].record_words);
+        let score = |segments: &[Segment<'_>], o: &mut [f32]| unsafe {
             match size {
-                1 => score_parts_tile::<1>(words, record_words, &segments, o, stride),
-                2 => score_parts_tile::<2>(words, record_words, &segments, o, stride),
-                3 => score_parts_tile::<3>(words, record_words, &segments, o, stride),
-                _ => score_parts_tile::<4>(words, record_words, &segments, o, stride),
+                1 => score_parts_tile::<1>(words, record_words, segments, o, stride),
+                2 => score_parts_tile::<2>(words, record_words, segments, o, stride),
+                3 => score_parts_tile::<3>(words, record_words, segments, o, stride),
+                _ => score_parts_tile::<4>(words, record_words, segments, o, stride),
+            }
+        };
+        match (runs, queries) {
+            ([r0], [q0]) => score(&[segment(r0, q0)], o),
+            ([r0, r1], [q0, q1]) => score(&[segment(r0, q0), segment(r1, q1)], o),
+            _ => {
+                let segments: Vec<Segment<'_>> = runs
+                    .iter()
+                    .zip(queries)
+                    .map(|(run, q)| segment(run, q))
+                    .collect();
+                score(&segments, o);
             }
         }
     }

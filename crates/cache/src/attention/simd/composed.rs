@@ -4,6 +4,24 @@
 use super::super::primitives;
 use super::{CodedRun, PlainKind, PlainRun};
 
+/// Head dimensions up to this decode into a stack buffer (a decode step must not allocate);
+/// larger ones use a `Vec`.
+const STACK_DIM: usize = 512;
+
+/// A `d`-float work vector: in `stack` when it fits, else in `heap`.
+fn work_vector<'a>(
+    d: usize,
+    stack: &'a mut [f32; STACK_DIM],
+    heap: &'a mut Vec<f32>,
+) -> &'a mut [f32] {
+    if d <= STACK_DIM {
+        &mut stack[..d]
+    } else {
+        heap.resize(d, 0.0);
+        heap
+    }
+}
+
 /// The per-token primitives a composed kernel needs.
 pub(crate) trait Prims {
     fn dot(a: &[f32], b: &[f32]) -> f32;
@@ -55,17 +73,14 @@ pub(crate) fn score_coded<P: Prims>(
     let d = run.dim;
     let m = run.sketch_dim;
     let spt = run.scales_per_token();
-    let mut vector = vec![0.0f32; d];
+    let mut stack = [0.0f32; STACK_DIM];
+    let mut heap = Vec::new();
+    let vector = work_vector(d, &mut stack, &mut heap);
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
-        P::dequantize(
-            &record[run.code_offset..],
-            run.bits,
-            run.centroids,
-            &mut vector,
-        );
+        P::dequantize(&record[run.code_offset..], run.bits, run.centroids, vector);
         let norm = run.scales[i * spt];
         for (h, q) in queries.chunks_exact(d).enumerate() {
-            let mut s = norm * P::dot(q, &vector);
+            let mut s = norm * P::dot(q, vector);
             if m > 0 {
                 let w = &sketch_queries[h * m..(h + 1) * m];
                 s += run.scales[i * spt + 1] * P::signed_dot(w, &record[run.sign_offset..]);
@@ -82,11 +97,13 @@ pub(crate) fn score_plain<P: Prims>(
     stride: usize,
 ) {
     let d = run.dim;
-    let mut vector = vec![0.0f32; d];
+    let mut stack = [0.0f32; STACK_DIM];
+    let mut heap = Vec::new();
+    let vector = work_vector(d, &mut stack, &mut heap);
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
-        decode_plain::<P>(run.kind, &record[run.offset..], &mut vector);
+        decode_plain::<P>(run.kind, &record[run.offset..], vector);
         for (h, q) in queries.chunks_exact(d).enumerate() {
-            out[h * stride + i] += P::dot(q, &vector);
+            out[h * stride + i] += P::dot(q, vector);
         }
     }
 }
@@ -101,16 +118,13 @@ pub(crate) fn accumulate_coded<P: Prims>(
     let d = run.dim;
     let m = run.sketch_dim;
     let heads = acc.len() / d;
-    let mut vector = vec![0.0f32; d];
+    let mut stack = [0.0f32; STACK_DIM];
+    let mut heap = Vec::new();
+    let vector = work_vector(d, &mut stack, &mut heap);
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
-        P::dequantize(
-            &record[run.code_offset..],
-            run.bits,
-            run.centroids,
-            &mut vector,
-        );
+        P::dequantize(&record[run.code_offset..], run.bits, run.centroids, vector);
         for (h, a) in acc.chunks_exact_mut(d).enumerate() {
-            P::axpy(code_weights[i * heads + h], &vector, a);
+            P::axpy(code_weights[i * heads + h], vector, a);
         }
         if m > 0 {
             for (h, a) in sign_acc.chunks_exact_mut(m).enumerate() {
@@ -123,11 +137,13 @@ pub(crate) fn accumulate_coded<P: Prims>(
 pub(crate) fn accumulate_plain<P: Prims>(run: &PlainRun<'_>, weights: &[f32], acc: &mut [f32]) {
     let d = run.dim;
     let heads = acc.len() / d;
-    let mut vector = vec![0.0f32; d];
+    let mut stack = [0.0f32; STACK_DIM];
+    let mut heap = Vec::new();
+    let vector = work_vector(d, &mut stack, &mut heap);
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
-        decode_plain::<P>(run.kind, &record[run.offset..], &mut vector);
+        decode_plain::<P>(run.kind, &record[run.offset..], vector);
         for (h, a) in acc.chunks_exact_mut(d).enumerate() {
-            P::axpy(weights[i * heads + h], &vector, a);
+            P::axpy(weights[i * heads + h], vector, a);
         }
     }
 }

@@ -489,7 +489,7 @@ pub fn f16_bits_to_f32(bits: u16) -> f32 {
 /// adds instead of `m/8` sign expansions and `m/8·H` multiply-adds. The tables take
 /// `4·m·256/8·4 = 512·m` bytes per tile (64 KiB at m = 128) and are built once per
 /// (query, KV head).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct KeyQueries {
     dim: usize,
     sketch_dim: usize,
@@ -521,18 +521,52 @@ impl KeyQueries {
                 "key queries: sketch is not [G, m]"
             );
         }
-        let tables =
-            if sign_tables && sketch_dim > 0 && matches!(isa.usable(), Isa::Avx2 | Isa::Avx512) {
-                build_sign_tables(&sketch, heads, sketch_dim)
-            } else {
-                Vec::new()
-            };
-        Self {
+        let mut keys = Self {
             dim,
             sketch_dim,
             queries,
             sketch,
-            tables,
+            tables: Vec::new(),
+        };
+        keys.build_tables(isa, heads, sign_tables);
+        keys
+    }
+
+    /// Rebuilds these key queries in place, as [`KeyQueries::new`] would from what `fill` writes
+    /// into the (emptied) query and sketch buffers; every buffer is reused, so once they are
+    /// large enough nothing is allocated (the decode loop prepares queries once per token).
+    ///
+    /// # Panics
+    /// If the filled lengths are not whole rows of the same `G`.
+    pub fn rebuild<E>(
+        &mut self,
+        isa: Isa,
+        dim: usize,
+        sketch_dim: usize,
+        sign_tables: bool,
+        fill: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.queries.clear();
+        self.sketch.clear();
+        fill(&mut self.queries, &mut self.sketch)?;
+        let heads = check_tile(self.queries.len(), dim, "key queries");
+        if sketch_dim > 0 {
+            assert_eq!(
+                self.sketch.len(),
+                heads * sketch_dim,
+                "key queries: sketch is not [G, m]"
+            );
+        }
+        self.dim = dim;
+        self.sketch_dim = sketch_dim;
+        self.build_tables(isa, heads, sign_tables);
+        Ok(())
+    }
+
+    fn build_tables(&mut self, isa: Isa, heads: usize, sign_tables: bool) {
+        self.tables.clear();
+        if sign_tables && self.sketch_dim > 0 && matches!(isa.usable(), Isa::Avx2 | Isa::Avx512) {
+            build_sign_tables(&self.sketch, heads, self.sketch_dim, &mut self.tables);
         }
     }
 
@@ -578,9 +612,10 @@ pub(crate) fn sign_table_len(m: usize) -> usize {
 /// The sign tables of every tile, tile after tile (see [`KeyQueries`]). Entry `b` is built from
 /// entry `b` without its lowest set bit by adding `2·w` of that bit, starting from `−Σ w`; bits
 /// past `m` in the last byte are ignored.
-fn build_sign_tables(sketch: &[f32], heads: usize, m: usize) -> Vec<f32> {
+fn build_sign_tables(sketch: &[f32], heads: usize, m: usize, tables: &mut Vec<f32>) {
     let per_tile = sign_table_len(m);
-    let mut tables = vec![0.0f32; tiles(heads).count() * per_tile];
+    tables.clear();
+    tables.resize(tiles(heads).count() * per_tile, 0.0);
     for (t, (first, size)) in tiles(heads).enumerate() {
         let tile = &mut tables[t * per_tile..(t + 1) * per_tile];
         for (k, table) in tile.chunks_exact_mut(256 * 4).enumerate() {
@@ -609,7 +644,6 @@ fn build_sign_tables(sketch: &[f32], heads: usize, m: usize) -> Vec<f32> {
             }
         }
     }
-    tables
 }
 
 fn check_tile(len: usize, width: usize, what: &str) -> usize {

@@ -1,0 +1,210 @@
+//! `tq needle` and `tq demo` as a user runs them: the synthetic grid (no model), the JSON row
+//! contract of the model grid, the demo table, and errors as messages. Tests that need the
+//! reference model skip with a message when it is absent (fail instead with
+//! `TQ_REQUIRE_MODEL=1`) and run the smallest prompts that still hold a haystack.
+
+use std::process::Command;
+
+fn tq(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .expect("tq runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn model_present() -> bool {
+    let path = tq_models::fetch::reference_model_path();
+    if path.exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("TQ_REQUIRE_MODEL").as_deref() != Ok("1"),
+        "model not found at {} and TQ_REQUIRE_MODEL=1",
+        path.display()
+    );
+    eprintln!("skipped: model not found at {}", path.display());
+    false
+}
+
+#[test]
+fn synthetic_needle_json_rows_cover_the_grid() {
+    let (ok, stdout, stderr) = tq(&[
+        "needle",
+        "--synthetic",
+        "--contexts",
+        "1024,2048",
+        "--depths",
+        "0.1,0.9",
+        "--alloc",
+        "f16,tq2.5",
+        "--head-dim",
+        "64",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout only");
+    let rows = rows.as_array().expect("an array");
+    assert_eq!(rows.len(), 2 * 2 * 2);
+    for row in rows {
+        for key in [
+            "alloc",
+            "tokens",
+            "depth",
+            "needle_rank",
+            "needle_weight",
+            "exact_weight",
+            "bytes_per_token",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key}: {row}");
+        }
+    }
+    // f16 keys barely move the scores: the needle stays first with about its exact mass.
+    let f16 = rows.iter().find(|r| r["alloc"] == "f16").unwrap();
+    assert_eq!(f16["needle_rank"], 1);
+    let drift = f16["needle_weight"].as_f64().unwrap() - f16["exact_weight"].as_f64().unwrap();
+    assert!(drift.abs() < 0.01, "{f16}");
+}
+
+#[test]
+fn synthetic_needle_table_names_every_allocation() {
+    let (ok, stdout, stderr) = tq(&[
+        "needle",
+        "--synthetic",
+        "--contexts",
+        "1024",
+        "--head-dim",
+        "64",
+    ]);
+    assert!(ok, "{stderr}");
+    for preset in ["f16", "k5v4", "mse-k4v4", "tq3.5", "tq2.5"] {
+        assert!(stdout.contains(preset), "{stdout}");
+    }
+}
+
+#[test]
+fn needle_errors_are_messages_not_panics() {
+    for (args, says) in [
+        (&["needle", "--synthetic", "--depths", "1.5"][..], "depth"),
+        (&["needle", "--synthetic", "--alloc", "k9v9"][..], "k9v9"),
+        (
+            &[
+                "needle",
+                "--spec",
+                "/nonexistent/spec.toml",
+                "--model",
+                "/nonexistent.gguf",
+            ][..],
+            "spec",
+        ),
+        (&["demo", "--depth=-0.5"][..], "depth"),
+    ] {
+        let (ok, _, stderr) = tq(args);
+        assert!(!ok, "tq {args:?} succeeded");
+        assert!(stderr.contains(says), "tq {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn needle_json_rows_have_the_contract_keys() {
+    if !model_present() {
+        return;
+    }
+    let (ok, stdout, stderr) = tq(&[
+        "needle",
+        "--contexts",
+        "300",
+        "--depths",
+        "0.5",
+        "--alloc",
+        "f16,tq3.5",
+        "--max-tokens",
+        "12",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout only");
+    let rows = rows.as_array().expect("an array");
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        for key in [
+            "alloc",
+            "context",
+            "depth",
+            "facts_found",
+            "facts_total",
+            "score",
+            "score_case_insensitive",
+            "answer",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key}: {row}");
+        }
+        assert_eq!(row["facts_total"], 1);
+        assert_eq!(row["context"], 300);
+    }
+}
+
+#[test]
+fn demo_prints_one_row_per_allocation() {
+    if !model_present() {
+        return;
+    }
+    let (ok, stdout, stderr) = tq(&["demo", "--context", "300"]);
+    assert!(ok, "{stderr}");
+    for preset in ["f16", "k5v4", "tq3.5"] {
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(preset)),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("cache bytes/token"), "{stdout}");
+}
+
+#[test]
+fn a_literal_two_fact_spec_file_is_scored_per_fact() {
+    if !model_present() {
+        return;
+    }
+    // The seed's two-fact test: no {key}, so the needle and facts are literal.
+    let spec = "filler = \"The grass is green. The sky is blue.\"\n\
+                needle = \"The vault code is FROSTBLOCK-7 and the tag is VcMYB4.\"\n\
+                question = \"What are the vault code and the tag?\"\n\
+                facts = [\"FROSTBLOCK-7\", \"VcMYB4\"]\n\
+                comment = \"extra keys are allowed\"\n";
+    let path = std::env::temp_dir().join(format!("tq-needle-spec-{}.toml", std::process::id()));
+    std::fs::write(&path, spec).expect("temp file");
+    let (ok, stdout, stderr) = tq(&[
+        "needle",
+        "--spec",
+        path.to_str().unwrap(),
+        "--contexts",
+        "300",
+        "--depths",
+        "0.5",
+        "--alloc",
+        "f16",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "{stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let row = &rows[0];
+    assert_eq!(row["facts_total"], 2);
+    assert_eq!(
+        row["expected"],
+        serde_json::json!(["FROSTBLOCK-7", "VcMYB4"])
+    );
+    let answer = row["answer"].as_str().unwrap();
+    let found = ["FROSTBLOCK-7", "VcMYB4"]
+        .iter()
+        .filter(|f| answer.contains(*f))
+        .count();
+    assert_eq!(row["facts_found"], found, "{row}");
+}

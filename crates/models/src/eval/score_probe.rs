@@ -1,0 +1,266 @@
+//! An instrumented [`AttentionBackend`]: attention runs on the CPU cache as usual, and every
+//! layer call also scores its queries twice — against the exact keys (f32, kept by the probe)
+//! and against the keys as the compressed cache stores them — to measure per layer how far
+//! quantization moves the attention scores and weights.
+//!
+//! Both score sets use the same queries and the same RoPE'd keys of *this* run, so the error
+//! is the cache's alone, not the drift of the hidden states that earlier quantized layers
+//! cause (that drift is what the KL divergence measures).
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::Serialize;
+use tq_cache::CacheError;
+use tq_cache::attention::{AttentionKernel, AttentionShape};
+use tq_cache::codec::CodecScratch;
+use tq_cache::kv_cache::KvCache;
+use tq_cache::states::ModelCache;
+
+use crate::llama::{AttentionBackend, CpuAttention, ModelError};
+
+/// Sums of the score differences of one layer over all its query rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LayerScoreStats {
+    /// `Σ (s̃ − s)²` over every (query row, visible key) pair, `s = scale·⟨q, k⟩`.
+    pub squared_error: f64,
+    /// `Σ s²` over the same pairs.
+    pub squared_exact: f64,
+    /// `Σ` over query rows of the total-variation distance `½ Σ_t |p̃_t − p_t|` between the
+    /// softmax weights of the compressed and the exact scores.
+    pub weight_tv_sum: f64,
+    /// Query rows (query token × query head) scored.
+    pub rows: usize,
+}
+
+impl LayerScoreStats {
+    /// `‖s̃ − s‖ / ‖s‖` over every score of the layer (0 when nothing was scored).
+    pub fn relative_error(&self) -> f64 {
+        if self.squared_exact > 0.0 {
+            (self.squared_error / self.squared_exact).sqrt()
+        } else {
+            0.0
+        }
+    }
+
+    /// Mean total-variation distance of the attention weights per query row, in [0, 1].
+    pub fn mean_weight_tv(&self) -> f64 {
+        self.weight_tv_sum / self.rows.max(1) as f64
+    }
+
+    fn merge(self, other: Self) -> Self {
+        Self {
+            squared_error: self.squared_error + other.squared_error,
+            squared_exact: self.squared_exact + other.squared_exact,
+            weight_tv_sum: self.weight_tv_sum + other.weight_tv_sum,
+            rows: self.rows + other.rows,
+        }
+    }
+}
+
+/// What a [`ScoreProbe`] keeps between calls: the exact keys of every layer and the running
+/// statistics. Owned by the caller so that one record spans many forward calls (chunks).
+#[derive(Clone, Debug, Default)]
+pub struct ScoreRecord {
+    /// Per layer, the exact keys `[tokens, kv_heads·head_dim]` in append order.
+    exact_keys: Vec<Vec<f32>>,
+    /// Per layer statistics.
+    stats: Vec<LayerScoreStats>,
+    /// Seconds spent on the extra scoring (to subtract from throughput figures).
+    seconds: f64,
+}
+
+impl ScoreRecord {
+    /// An empty record for a model of `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            exact_keys: vec![Vec::new(); layers],
+            stats: vec![LayerScoreStats::default(); layers],
+            seconds: 0.0,
+        }
+    }
+
+    /// Per layer statistics so far.
+    pub fn stats(&self) -> &[LayerScoreStats] {
+        &self.stats
+    }
+
+    /// Seconds the probe spent on its own scoring so far.
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+}
+
+/// [`CpuAttention`] plus the per layer score comparison.
+#[derive(Debug)]
+pub struct ScoreProbe<'a> {
+    /// The attention that produces the model's output (unchanged by the probe).
+    pub attention: CpuAttention<'a>,
+    /// Where the exact keys and statistics accumulate.
+    pub record: &'a mut ScoreRecord,
+}
+
+impl<'a> ScoreProbe<'a> {
+    /// A probe over `cache` with `kernel`, accumulating into `record`.
+    pub fn new(
+        cache: &'a mut ModelCache,
+        kernel: AttentionKernel,
+        record: &'a mut ScoreRecord,
+    ) -> Self {
+        Self {
+            attention: CpuAttention { cache, kernel },
+            record,
+        }
+    }
+}
+
+impl AttentionBackend for ScoreProbe<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        queries: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.attention
+            .attend(layer, queries, keys, values, positions, shape, out)?;
+        let clock = Instant::now();
+        let layers = self.record.exact_keys.len();
+        let (Some(exact), Some(stats)) = (
+            self.record.exact_keys.get_mut(layer),
+            self.record.stats.get_mut(layer),
+        ) else {
+            return Err(ModelError::InvalidCall(format!(
+                "layer {layer} of a score record for {layers} layers"
+            )));
+        };
+        exact.extend_from_slice(keys);
+        let kv = self.attention.cache.kv(layer)?;
+        let width = shape.q_heads * kv.layout().head_dim;
+        let n = queries.len() / width.max(1);
+        let query_positions = &positions[positions.len().saturating_sub(n)..];
+        let layer_stats = score_error(kv, exact, queries, query_positions, shape)?;
+        *stats = stats.merge(layer_stats);
+        self.record.seconds += clock.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+/// Scores `queries` (`[n, q_heads·head_dim]` at `query_positions`) against the cache's stored
+/// keys and against `exact_keys` (`[kv.len(), kv_heads·head_dim]`), over each query's visible
+/// tokens.
+fn score_error(
+    kv: &KvCache,
+    exact_keys: &[f32],
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+) -> Result<LayerScoreStats, CacheError> {
+    let layout = kv.layout();
+    let (d, kv_heads) = (layout.head_dim, layout.kv_heads);
+    let width = kv_heads * d;
+    if exact_keys.len() != kv.len() * width {
+        return Err(CacheError::ShapeMismatch {
+            what: "exact keys kept by the score probe (the cache was truncated or shared?)",
+            expected: kv.len() * width,
+            actual: exact_keys.len(),
+        });
+    }
+    if shape.q_heads == 0 || !shape.q_heads.is_multiple_of(kv_heads) {
+        return Err(CacheError::InvalidConfig(format!(
+            "{} query heads cannot share {kv_heads} KV heads evenly",
+            shape.q_heads
+        )));
+    }
+    if queries.len() != query_positions.len() * shape.q_heads * d {
+        return Err(CacheError::ShapeMismatch {
+            what: "queries",
+            expected: query_positions.len() * shape.q_heads * d,
+            actual: queries.len(),
+        });
+    }
+    let group = shape.q_heads / kv_heads;
+    let first = kv.first_stored();
+    // Decode every stored key once per call (not once per query row): `[len − first, d]` per
+    // head with the codec's score correction per token.
+    let decoded: Vec<(Vec<f32>, Vec<f32>)> = (0..kv_heads)
+        .into_par_iter()
+        .map(|h| -> Result<_, CacheError> {
+            let stream = kv.keys(h);
+            let mut scratch = CodecScratch::new(d);
+            let mut keys = vec![0.0f32; (kv.len() - first) * d];
+            let mut corrections = Vec::with_capacity(kv.len() - first);
+            for (t, row) in (first..kv.len()).zip(keys.chunks_exact_mut(d)) {
+                stream.decode(t, &mut scratch, row)?;
+                corrections.push(
+                    stream
+                        .token(t)
+                        .map_or(1.0, |(c, _, _)| c.score_correction()),
+                );
+            }
+            Ok((keys, corrections))
+        })
+        .collect::<Result<_, _>>()?;
+    let rows = query_positions.len() * shape.q_heads;
+    let scale = f64::from(shape.scale);
+    // Rows are summed in order after a parallel map, not by rayon's `reduce`, whose grouping
+    // depends on work stealing: the figures must not change with the thread count.
+    let per_row: Vec<LayerScoreStats> = (0..rows)
+        .into_par_iter()
+        .map(|row| {
+            let (i, h) = (row / shape.q_heads, row % shape.q_heads);
+            let kv_head = h / group;
+            let q = &queries[row * d..(row + 1) * d];
+            let (stored, corrections) = &decoded[kv_head];
+            let range = kv.visible(query_positions[i]);
+            let mut exact = Vec::with_capacity(range.len());
+            let mut approx = Vec::with_capacity(range.len());
+            for t in range {
+                let e = &exact_keys[t * width + kv_head * d..t * width + (kv_head + 1) * d];
+                let s = &stored[(t - first) * d..(t - first + 1) * d];
+                exact.push(scale * dot(q, e));
+                approx.push(scale * dot(q, s) * f64::from(corrections[t - first]));
+            }
+            row_stats(&exact, &approx)
+        })
+        .collect();
+    Ok(per_row
+        .into_iter()
+        .fold(LayerScoreStats::default(), LayerScoreStats::merge))
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// The statistics of one query row from its exact and compressed scores.
+fn row_stats(exact: &[f64], approx: &[f64]) -> LayerScoreStats {
+    if exact.is_empty() {
+        return LayerScoreStats::default();
+    }
+    let squared_error = exact.iter().zip(approx).map(|(e, a)| (a - e).powi(2)).sum();
+    let squared_exact = exact.iter().map(|e| e * e).sum();
+    let softmax = |s: &[f64]| {
+        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        w.into_iter().map(move |x| x / total)
+    };
+    let weight_tv_sum = 0.5
+        * softmax(exact)
+            .zip(softmax(approx))
+            .map(|(p, q)| (p - q).abs())
+            .sum::<f64>();
+    LayerScoreStats {
+        squared_error,
+        squared_exact,
+        weight_tv_sum,
+        rows: 1,
+    }
+}

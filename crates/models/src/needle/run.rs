@@ -1,0 +1,158 @@
+//! One cell of the needle grid: build the prompt, prefill it in chunks through the compressed
+//! cache, decode greedily, score the answer.
+
+use serde::Serialize;
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::AttentionKernel;
+
+use crate::chat::ChatTemplate;
+use crate::llama::generate::generate;
+use crate::llama::{GenerationOptions, Llama, Sampler};
+use crate::tokenizer::Tokenizer;
+
+use super::prompt::{NeedlePrompt, build_prompt};
+use super::score::score;
+use super::{NeedleError, NeedleSpec};
+
+/// How to run a cell.
+#[derive(Clone, Debug)]
+pub struct NeedleOptions {
+    /// New tokens at most (a 5-digit key and a short sentence need about 15).
+    pub max_tokens: usize,
+    /// Prompt tokens per forward call: each chunk attends to the compressed past.
+    pub prefill_chunk: usize,
+    /// CPU attention kernel.
+    pub kernel: AttentionKernel,
+}
+
+impl Default for NeedleOptions {
+    fn default() -> Self {
+        Self {
+            max_tokens: 32,
+            prefill_chunk: 256,
+            kernel: AttentionKernel::Fused,
+        }
+    }
+}
+
+/// The outcome of one (allocation, context, depth) cell.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NeedleRow {
+    /// Allocation name.
+    pub alloc: String,
+    /// Requested context in tokens.
+    pub context: usize,
+    /// Requested needle depth.
+    pub depth: f64,
+    /// Facts found with exact case.
+    pub facts_found: usize,
+    /// Facts asked for.
+    pub facts_total: usize,
+    /// Share of facts found with exact case.
+    pub score: f64,
+    /// Share of facts found ignoring case.
+    pub score_case_insensitive: f64,
+    /// The model's answer.
+    pub answer: String,
+    /// The facts with the key filled in (what the answer was searched for).
+    pub expected: Vec<String>,
+    /// Prompt tokens (the real context length).
+    pub prompt_tokens: usize,
+    /// Token index of the needle in the prompt.
+    pub needle_token: usize,
+    /// Cache bytes per token (all layers, keys and values), by the layout formula.
+    pub cache_bytes_per_token: usize,
+    /// Prompt tokens per second.
+    pub prefill_tokens_per_s: f64,
+    /// Decode steps per second.
+    pub decode_tokens_per_s: f64,
+}
+
+impl NeedleRow {
+    /// Whether every fact was found with exact case.
+    pub fn hit(&self) -> bool {
+        self.facts_total > 0 && self.facts_found == self.facts_total
+    }
+}
+
+/// Runs one cell: the prompt of `spec` at `context` tokens with the needle at `depth`, over a
+/// fresh cache with `allocation` (reported as `alloc_name`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_cell(
+    model: &Llama,
+    tokenizer: &Tokenizer,
+    spec: &NeedleSpec,
+    alloc_name: &str,
+    allocation: &Allocation,
+    context: usize,
+    depth: f64,
+    options: &NeedleOptions,
+) -> Result<NeedleRow, NeedleError> {
+    let template =
+        ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());
+    let prompt = build_prompt(tokenizer, &template, spec, context, depth)?;
+    run_prompt(
+        model, tokenizer, &prompt, alloc_name, allocation, context, depth, options,
+    )
+}
+
+/// Runs an already built prompt (callers that run one prompt over several allocations build it
+/// once); `context` and `depth` are recorded in the row as requested.
+#[allow(clippy::too_many_arguments)]
+pub fn run_prompt(
+    model: &Llama,
+    tokenizer: &Tokenizer,
+    prompt: &NeedlePrompt,
+    alloc_name: &str,
+    allocation: &Allocation,
+    context: usize,
+    depth: f64,
+    options: &NeedleOptions,
+) -> Result<NeedleRow, NeedleError> {
+    let needed = prompt.tokens.len() + options.max_tokens;
+    if needed > model.config.context_length {
+        return Err(NeedleError::ContextTooLong {
+            needed,
+            limit: model.config.context_length,
+        });
+    }
+    let mut cache = model.new_cache(allocation, needed)?;
+    let stop_tokens: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
+        .iter()
+        .filter_map(|t| tokenizer.token_id(t))
+        .chain(tokenizer.eos_id())
+        .collect();
+    let generation_options = GenerationOptions {
+        max_tokens: options.max_tokens,
+        prefill_chunk: options.prefill_chunk,
+        kernel: options.kernel,
+        stop_tokens,
+    };
+    let generation = generate(
+        model,
+        &mut cache,
+        &prompt.tokens,
+        &mut Sampler::Greedy,
+        &generation_options,
+        |_| {},
+    )?;
+    let answer = tokenizer.decode(&generation.tokens)?;
+    let found = score(&answer, &prompt.facts);
+    let cache_bytes_per_token = cache.memory().iter().map(|m| m.bytes_per_token).sum();
+    Ok(NeedleRow {
+        alloc: alloc_name.to_owned(),
+        context,
+        depth,
+        facts_found: found.found,
+        facts_total: found.total,
+        score: found.score(),
+        score_case_insensitive: found.score_case_insensitive(),
+        answer,
+        expected: prompt.facts.clone(),
+        prompt_tokens: prompt.tokens.len(),
+        needle_token: prompt.needle_token,
+        cache_bytes_per_token,
+        prefill_tokens_per_s: generation.prefill_tokens_per_s(),
+        decode_tokens_per_s: generation.decode_tokens_per_s(),
+    })
+}
