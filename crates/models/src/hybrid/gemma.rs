@@ -327,19 +327,13 @@ impl GemmaLike {
             })
             .collect();
         let output = Dense::random(config.vocab, e, &mut rng);
-        let state_names = config
-            .state_specs(Growth::Doubling { initial: 1 })
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        let stack = Stack {
+        let stack = Stack::new(
             embed,
             blocks,
-            output_norm: vec![1.0; e],
             output,
-            rms_eps: config.rms_eps,
-            state_names,
-        };
+            config.rms_eps,
+            config.state_specs(Growth::Doubling { initial: 1 }),
+        );
         Ok(Self { config, stack })
     }
 

@@ -57,6 +57,26 @@ fn resize(buffer: &mut Vec<f32>, len: usize) {
 }
 
 impl Stack {
+    /// A stack over `blocks` with unit output-norm weights, expecting the states `specs`
+    /// declares (the same list a cache for this model is built from).
+    pub fn new(
+        embed: Dense,
+        blocks: Vec<Block>,
+        output: Dense,
+        rms_eps: f32,
+        specs: Vec<tq_cache::states::StateSpec>,
+    ) -> Self {
+        let output_norm = vec![1.0; embed.cols()];
+        Self {
+            embed,
+            blocks,
+            output_norm,
+            output,
+            rms_eps,
+            state_names: specs.into_iter().map(|s| s.name).collect(),
+        }
+    }
+
     /// Vocabulary size.
     pub fn vocab(&self) -> usize {
         self.embed.rows()
