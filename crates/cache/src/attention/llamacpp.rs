@@ -5,7 +5,8 @@
 //! engine rounds: the query is converted to f16 before the dot products with the f16 keys,
 //! scores are `scale·⟨q₁₆, k⟩`, and the value accumulator itself is kept in f16 through an
 //! online softmax that visits tokens in order (`acc ← f16(acc·e^{m_old−m_new})`, then
-//! `acc ← f16(acc + v·e^{s−m})` per token). Only f16 key and value streams without sinks or a
+//! `acc ← f16(acc + v·e^{s−m})` per token), its denominator updated with one fused
+//! multiply-add (`S ← fma(S, e^{m_old−m_new}, e^{s−m})`, as the compiler fuses ggml's C). Only f16 key and value streams without sinks or a
 //! recent window qualify; anything else is refused — this kernel exists to reproduce one
 //! engine's f16 baseline, not to serve compressed caches.
 
@@ -116,7 +117,11 @@ pub fn llamacpp_f16_attention(
                 for (a, x) in acc.iter_mut().zip(&v) {
                     *a = f16::from_f32(x.mul_add(weight, a.to_f32()));
                 }
-                sum = sum * rescale + weight;
+                // ggml writes `S = S*ms + vs;`, which GCC (its default `-ffp-contract=fast`
+                // with FMA enabled by `-march=native`) compiles to one fused multiply-add.
+                // Rounding the product separately flips two of the four reference
+                // continuations at near-ties.
+                sum = sum.mul_add(rescale, weight);
             }
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             for (o, a) in o.iter_mut().zip(&acc) {
