@@ -40,14 +40,9 @@ fn ggml_avx2_dot(x: &[f32], y: &[f32]) -> f32 {
             }
         }
     }
-    for l in 0..8 {
-        sum[0][l] += sum[2][l];
-        sum[1][l] += sum[3][l];
-    }
-    for l in 0..8 {
-        sum[0][l] += sum[1][l];
-    }
-    let t: [f32; 4] = std::array::from_fn(|l| sum[0][l] + sum[0][l + 4]);
+    let add = |a: [f32; 8], b: [f32; 8]| -> [f32; 8] { std::array::from_fn(|l| a[l] + b[l]) };
+    let x = add(add(sum[0], sum[2]), add(sum[1], sum[3]));
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
     let hadd = [t[0] + t[1], t[2] + t[3]];
     hadd[0] + hadd[1]
 }
@@ -55,7 +50,7 @@ fn ggml_avx2_dot(x: &[f32], y: &[f32]) -> f32 {
 /// The one-chunk loop for one query row over tokens `0..visible` of one KV head.
 fn ggml_row(q: &[f32], keys: &[f32], values: &[f32], visible: usize, scale: f32) -> Vec<f32> {
     let q16: Vec<f32> = q.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
-    let mut vkq16 = vec![f16::ZERO; D];
+    let mut vkq16 = [f16::ZERO; D];
     let (mut s_sum, mut m) = (0.0f32, f32::NEG_INFINITY);
     for ic in 0..visible {
         let k: Vec<f32> = keys[ic * D..(ic + 1) * D]
