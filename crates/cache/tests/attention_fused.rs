@@ -135,3 +135,46 @@ fn fused_matches_reference_with_sinks_and_recent_window() {
         compare(&cache, 9, &[2], 6);
     }
 }
+
+/// A long prefill chunk (here 64 queries × 3 KV heads × 16 blocks = 3072 blocks, more than
+/// one wave of the fused kernel) gives every query row bit for bit what attending with that
+/// query alone gives: the wave split, like the thread count, never changes a result.
+#[test]
+fn fused_long_chunk_equals_one_query_at_a_time() {
+    let (dim, kv_heads, q_heads, tokens, chunk) = (64, 3, 9, 4096, 64);
+    let mut cache = KvCache::uniform(
+        growing(kv_heads, dim),
+        codec(5, dim, 4, 21),
+        codec(2, dim, 4, 22),
+    )
+    .unwrap();
+    fill(&mut cache, 0, tokens, 23);
+    let positions: Vec<u32> = (tokens - chunk..tokens).map(|p| p as u32).collect();
+    let queries = vectors(chunk * q_heads, dim, 24);
+    let shape = AttentionShape {
+        q_heads,
+        scale: 1.0 / (dim as f32).sqrt(),
+    };
+    let mut together = vec![0.0f32; queries.len()];
+    attend(
+        &cache,
+        &queries,
+        &positions,
+        shape,
+        AttentionKernel::Fused,
+        &mut together,
+    )
+    .unwrap();
+    let width = q_heads * dim;
+    for (i, &p) in positions.iter().enumerate() {
+        let mut alone = vec![0.0f32; width];
+        let q = &queries[i * width..(i + 1) * width];
+        attend(&cache, q, &[p], shape, AttentionKernel::Fused, &mut alone).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&together[i * width..(i + 1) * width]),
+            bits(&alone),
+            "query {i}"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 
 mod bench;
 mod commands;
+mod heap;
 mod output;
 mod plot;
 
@@ -49,6 +50,9 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
+
+#[global_allocator]
+static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

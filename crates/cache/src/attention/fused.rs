@@ -35,6 +35,10 @@ pub const BLOCK_TOKENS: usize = 256;
 /// Most visible tokens per work item.
 pub const MAX_BLOCK_TOKENS: usize = 2048;
 
+/// Most blocks one wave of a fused call holds partials for (see `attend_with`): about 1 MB of
+/// partials at head dim 64 and GQA 3, and still hundreds of blocks to spread over threads.
+const MAX_WAVE_TASKS: usize = 1024;
+
 /// Tokens per block for a visible range of `len` tokens: about `len/16` (so each (query, KV
 /// head) still splits into a dozen or more blocks to spread over threads), rounded to a power of
 /// two within `[BLOCK_TOKENS, MAX_BLOCK_TOKENS]`. A pure function of the range, so block
@@ -764,57 +768,75 @@ fn attend_with(
     } = workspace;
     // One item per (query token, KV head), item `k` = token `k / kv_heads`, head
     // `k % kv_heads`; its query rows, and its output rows, are the `k`-th `group·d` chunk.
+    // Items run in waves of at most `MAX_WAVE_TASKS` blocks (at least one item), so the
+    // prepared queries and block partials held at once are bounded whatever the chunk and
+    // context (a 512-token prefill chunk at 8K context is 24 576 blocks: about 24 MB of
+    // partials if held together). Each item's blocks and their combination are the same in
+    // any wave, so the result does not depend on the wave split either.
     let items = n * kv_heads;
     let width = group * d;
-    if prepared.len() < items {
-        prepared.resize_with(items, PreparedGroup::default);
-        combine_scratch.resize_with(items, CombineScratch::default);
-    }
-    prepared[..items]
-        .par_iter_mut()
-        .zip(queries.par_chunks(width))
-        .enumerate()
-        .try_for_each(|(k, (p, q))| {
-            let plan = head_plan(cache, k % kv_heads)?;
-            prepare(isa, &plan.key_parts, q, d, shape.scale, p)
-        })?;
-    tasks.clear();
-    first_task.clear();
-    task_count.clear();
-    for k in 0..items {
-        let range = cache.visible(query_positions[k / kv_heads]);
-        let block = block_tokens(range.len());
-        first_task.push(tasks.len());
-        let mut start = range.start;
-        while start < range.end {
-            let end = (start + block).min(range.end);
-            tasks.push((k, start..end));
-            start = end;
+    let mut wave_start = 0;
+    while wave_start < items {
+        tasks.clear();
+        first_task.clear();
+        task_count.clear();
+        let mut wave_end = wave_start;
+        while wave_end < items {
+            let range = cache.visible(query_positions[wave_end / kv_heads]);
+            let block = block_tokens(range.len());
+            let blocks = range.len().div_ceil(block);
+            if wave_end > wave_start && tasks.len() + blocks > MAX_WAVE_TASKS {
+                break;
+            }
+            first_task.push(tasks.len());
+            let mut start = range.start;
+            while start < range.end {
+                let end = (start + block).min(range.end);
+                tasks.push((wave_end - wave_start, start..end));
+                start = end;
+            }
+            task_count.push(blocks);
+            wave_end += 1;
         }
-        task_count.push(tasks.len() - first_task[k]);
+        let wave = wave_end - wave_start;
+        if prepared.len() < wave {
+            prepared.resize_with(wave, PreparedGroup::default);
+            combine_scratch.resize_with(wave, CombineScratch::default);
+        }
+        if partials.len() < tasks.len() {
+            partials.resize_with(tasks.len(), BlockPartial::default);
+        }
+        prepared[..wave]
+            .par_iter_mut()
+            .zip(queries[wave_start * width..wave_end * width].par_chunks(width))
+            .enumerate()
+            .try_for_each(|(i, (p, q))| {
+                let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
+                prepare(isa, &plan.key_parts, q, d, shape.scale, p)
+            })?;
+        let wave_prepared = &prepared[..wave];
+        partials[..tasks.len()]
+            .par_iter_mut()
+            .zip(tasks.par_iter())
+            .try_for_each(|(partial, (i, range))| {
+                let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
+                run_block(isa, &plan, &wave_prepared[*i], range.clone(), d, partial);
+                Ok::<(), CacheError>(())
+            })?;
+        // Combine the blocks of each item in order; items are independent.
+        let wave_partials = &partials[..tasks.len()];
+        out[wave_start * width..wave_end * width]
+            .par_chunks_mut(width)
+            .zip(combine_scratch[..wave].par_iter_mut())
+            .enumerate()
+            .try_for_each(|(i, (row, scratch))| {
+                let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
+                let blocks = &wave_partials[first_task[i]..first_task[i] + task_count[i]];
+                combine(isa, &plan.value_parts, blocks, group, d, row, scratch)
+            })?;
+        wave_start = wave_end;
     }
-    if partials.len() < tasks.len() {
-        partials.resize_with(tasks.len(), BlockPartial::default);
-    }
-    let prepared = &prepared[..items];
-    partials[..tasks.len()]
-        .par_iter_mut()
-        .zip(tasks.par_iter())
-        .try_for_each(|(partial, (k, range))| {
-            let plan = head_plan(cache, k % kv_heads)?;
-            run_block(isa, &plan, &prepared[*k], range.clone(), d, partial);
-            Ok::<(), CacheError>(())
-        })?;
-    // Combine the blocks of each item in order; items are independent.
-    let partials = &partials[..tasks.len()];
-    out.par_chunks_mut(width)
-        .zip(combine_scratch[..items].par_iter_mut())
-        .enumerate()
-        .try_for_each(|(k, (row, scratch))| {
-            let plan = head_plan(cache, k % kv_heads)?;
-            let blocks = &partials[first_task[k]..first_task[k] + task_count[k]];
-            combine(isa, &plan.value_parts, blocks, group, d, row, scratch)
-        })
+    Ok(())
 }
 
 /// Merges block partials (fixed order) and maps each part's accumulators back to the original

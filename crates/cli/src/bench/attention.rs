@@ -104,6 +104,51 @@ struct AttentionRow {
     note: Option<String>,
 }
 
+impl AttentionRow {
+    /// A configuration without figures, and why.
+    fn unmeasured(shape: &str, tokens: usize, config: &str, note: String) -> Self {
+        Self {
+            shape: shape.to_string(),
+            tokens,
+            config: config.to_string(),
+            seconds: None,
+            ratio_vs_f16: None,
+            bytes_read: None,
+            gb_per_s: None,
+            rel_error_vs_f32: None,
+            rel_diff_vs_cpu: None,
+            note: Some(note),
+        }
+    }
+
+    /// Table cells shared by the CPU and GPU tables: shape, tokens, config, ms, × f16, MB
+    /// read, GB/s, share of `bandwidth` (`-` when unknown), relative error, then the difference
+    /// from the CPU kernel when `vs_cpu`, then the note.
+    fn cells(&self, bandwidth: Option<f64>, vs_cpu: bool) -> Vec<String> {
+        let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
+        let mut cells = vec![
+            self.shape.clone(),
+            self.tokens.to_string(),
+            self.config.clone(),
+            opt(self.seconds, &|s| format!("{:.3}", s * 1e3)),
+            opt(self.ratio_vs_f16, &|x| format!("{x:.2}")),
+            self.bytes_read
+                .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1e6)),
+            opt(self.gb_per_s, &|x| format!("{x:.1}")),
+            match (self.gb_per_s, bandwidth) {
+                (Some(x), Some(bw)) => format!("{:.0}%", 100.0 * x / bw),
+                _ => "-".to_string(),
+            },
+            opt(self.rel_error_vs_f32, &|x| format!("{x:.1e}")),
+        ];
+        if vs_cpu {
+            cells.push(opt(self.rel_diff_vs_cpu, &|x| format!("{x:.1e}")));
+        }
+        cells.push(self.note.clone().unwrap_or_default());
+        cells
+    }
+}
+
 struct BenchShape {
     name: &'static str,
     q_heads: usize,
@@ -376,18 +421,12 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                             note: None,
                         }
                     }
-                    Err(reason) => AttentionRow {
-                        shape: shape.name.to_string(),
+                    Err(reason) => AttentionRow::unmeasured(
+                        shape.name,
                         tokens,
-                        config: config.to_string(),
-                        seconds: None,
-                        ratio_vs_f16: None,
-                        bytes_read: None,
-                        gb_per_s: None,
-                        rel_error_vs_f32: None,
-                        rel_diff_vs_cpu: None,
-                        note: Some(format!("not yet available: {reason}")),
-                    },
+                        config,
+                        format!("not yet available: {reason}"),
+                    ),
                 };
                 rows.push(row);
             }
@@ -412,24 +451,9 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         eprintln!("{check}");
         return Ok(());
     }
-    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
     let body: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
-            vec![
-                r.shape.clone(),
-                r.tokens.to_string(),
-                r.config.clone(),
-                opt(r.seconds, &|s| format!("{:.3}", s * 1e3)),
-                opt(r.ratio_vs_f16, &|x| format!("{x:.2}")),
-                r.bytes_read
-                    .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1e6)),
-                opt(r.gb_per_s, &|x| format!("{x:.1}")),
-                opt(r.gb_per_s, &|x| format!("{:.0}%", 100.0 * x / bandwidth)),
-                opt(r.rel_error_vs_f32, &|x| format!("{x:.1e}")),
-                r.note.clone().unwrap_or_default(),
-            ]
-        })
+        .map(|r| r.cells(Some(bandwidth), false))
         .collect();
     println!(
         "decode attention, one query token, fused kernel on {} with {threads} threads, median of {} rounds",

@@ -12,6 +12,15 @@
 //! and nothing else's (weights are memory-mapped: the pages it touches count once, as in any
 //! engine). The cost is one model map per child, a few milliseconds against seconds of work.
 //!
+//! Memory is split, not just totalled: the peak RSS (`VmHWM`) is compared with the model file
+//! (mapped, every page read at load) plus the cache plus one chunk of scratch, where the cache
+//! and the scratch are measured on the heap by the binary's counting allocator
+//! ([`crate::heap`]): the cache as the heap its creation took (buffers and codec state), the
+//! scratch as the most heap the forward passes held on top of it (activations, attention
+//! workspace, quantized activations, logits). The rest is fixed: the program's resident
+//! memory before loading, the parsed metadata, and a few MiB of stacks and allocator slack;
+//! the second ratio subtracts the program and the metadata.
+//!
 //! Prompts are token ids from a seeded generator (speed does not depend on what the text says);
 //! the prompt is prefilled in chunks through the cache, then `--decode-tokens` greedy decode steps
 //! follow. A context longer than the model's window minus the decode steps is shortened to fit
@@ -80,11 +89,17 @@ struct Measurement {
     decode_seconds: f64,
     cache_formula_bytes: usize,
     cache_allocated_bytes: usize,
-    scratch_bytes: usize,
-    weights_bytes: u64,
-    /// Anonymous resident memory right after loading the model, before any cache or forward
-    /// call: the program, the runtime and the parsed metadata (vocabulary, merges).
-    baseline_anon_bytes: Option<u64>,
+    /// Heap taken by creating the cache (its buffers plus codec state: rotations, codebooks).
+    cache_heap_bytes: usize,
+    /// Heap the forward passes added at their peak on top of the cache: activations, the
+    /// attention workspace, quantized activations, logits — one chunk's working memory.
+    scratch_heap_bytes: usize,
+    /// The size of the memory-mapped model file (every page is read while loading).
+    model_file_bytes: u64,
+    /// Resident memory before the model is loaded: the program's code and its runtime.
+    program_rss_bytes: Option<u64>,
+    /// Heap right after loading: the parsed metadata (vocabulary, merges, tensor index).
+    metadata_heap_bytes: usize,
     peak_rss_bytes: Option<u64>,
 }
 
@@ -106,15 +121,21 @@ struct E2eRow {
     cache_formula_bytes: usize,
     /// Largest peak over rounds (`null` where `/proc/self/status` is unavailable).
     peak_rss_bytes: Option<u64>,
-    /// Bytes of tensor data in the model file (memory-mapped).
+    /// The memory-mapped model file (tensors and metadata; all of it is resident).
     weights_bytes: u64,
-    /// The forward pass's buffers after the run (one prefill chunk's working memory).
+    /// Heap of the cache: its buffers and codec state (rotations, codebooks).
+    cache_heap_bytes: usize,
+    /// One prefill chunk's working memory: the heap the forward passes held at their peak on
+    /// top of the cache (activations, attention workspace, quantized activations, logits).
     scratch_bytes: usize,
-    /// Anonymous memory after loading the model (program, runtime, parsed metadata).
-    baseline_anon_bytes: Option<u64>,
-    /// `peak_rss − weights` over `cache + scratch` (target ≤ 1).
+    /// Resident memory before the model was loaded (program code and runtime).
+    program_bytes: Option<u64>,
+    /// Heap of the parsed model metadata (vocabulary, merges, tensor index).
+    metadata_heap_bytes: usize,
+    /// `peak_rss − weights` over `cache_heap + scratch` (target ≤ 1).
     memory_ratio: Option<f64>,
-    /// `peak_rss − weights − baseline` over `cache + scratch`: what grows with the context.
+    /// The same with the fixed part (program and parsed metadata) also subtracted: what the
+    /// run itself holds beyond the cache and one chunk of scratch (stacks, allocator slack).
     memory_ratio_net: Option<f64>,
     /// Our decode tokens/s over llama.cpp's (f16 cache, nearest depth).
     llamacpp_decode_ratio: Option<f64>,
@@ -232,8 +253,9 @@ fn measure(
     alloc: &str,
     context: usize,
 ) -> Result<Measurement, Box<dyn std::error::Error + Send + Sync>> {
+    let program_rss_bytes = status_bytes("VmRSS:");
     let model = Llama::load(path)?;
-    let baseline_anon_bytes = status_bytes("RssAnon:");
+    let metadata_heap_bytes = crate::heap::live_bytes();
     let allocation = Allocation::load(alloc)?;
     let window = model.config.context_length;
     let prefill_tokens = context
@@ -241,6 +263,8 @@ fn measure(
         .max(1);
     let total = prefill_tokens + args.decode_tokens;
     let mut cache = model.new_cache(&allocation, total)?;
+    let heap_with_cache = crate::heap::live_bytes();
+    crate::heap::reset_peak();
     let mut rng = ChaCha20Rng::seed_from_u64(PROMPT_SEED);
     let vocab = model.config.vocab as u32;
     let prompt: Vec<u32> = (0..prefill_tokens)
@@ -280,12 +304,7 @@ fn measure(
     }
     let decode_seconds = clock.elapsed().as_secs_f64();
     let memory = cache.memory();
-    let weights_bytes = model
-        .file()
-        .tensors()
-        .iter()
-        .filter_map(|t| t.byte_size())
-        .sum();
+    let model_file_bytes = std::fs::metadata(path)?.len();
     Ok(Measurement {
         prefill_tokens,
         prefill_seconds,
@@ -293,9 +312,11 @@ fn measure(
         decode_seconds,
         cache_formula_bytes: memory.iter().map(|m| m.formula_bytes).sum(),
         cache_allocated_bytes: memory.iter().map(|m| m.allocated_bytes).sum(),
-        scratch_bytes: scratch.allocated_bytes(),
-        weights_bytes,
-        baseline_anon_bytes,
+        cache_heap_bytes: heap_with_cache.saturating_sub(metadata_heap_bytes),
+        scratch_heap_bytes: crate::heap::peak_bytes().saturating_sub(heap_with_cache),
+        model_file_bytes,
+        program_rss_bytes,
+        metadata_heap_bytes,
         peak_rss_bytes: status_bytes("VmHWM:"),
     })
 }
@@ -344,7 +365,15 @@ fn summarize(
             .collect(),
     );
     let peak = samples.iter().filter_map(|m| m.peak_rss_bytes).max();
-    let budget = first.cache_allocated_bytes + first.scratch_bytes;
+    let scratch = samples
+        .iter()
+        .map(|m| m.scratch_heap_bytes)
+        .max()
+        .unwrap_or(0);
+    let budget = (first.cache_heap_bytes + scratch) as u64;
+    let fixed = first
+        .program_rss_bytes
+        .map(|p| p + first.metadata_heap_bytes as u64);
     E2eRow {
         alloc: alloc.to_string(),
         context,
@@ -354,14 +383,16 @@ fn summarize(
         cache_bytes: first.cache_allocated_bytes,
         cache_formula_bytes: first.cache_formula_bytes,
         peak_rss_bytes: peak,
-        weights_bytes: first.weights_bytes,
-        scratch_bytes: first.scratch_bytes,
-        baseline_anon_bytes: first.baseline_anon_bytes,
+        weights_bytes: first.model_file_bytes,
+        cache_heap_bytes: first.cache_heap_bytes,
+        scratch_bytes: scratch,
+        program_bytes: first.program_rss_bytes,
+        metadata_heap_bytes: first.metadata_heap_bytes,
         memory_ratio: peak
-            .map(|p| p.saturating_sub(first.weights_bytes) as f64 / budget.max(1) as f64),
-        memory_ratio_net: peak
-            .zip(first.baseline_anon_bytes)
-            .map(|(p, b)| p.saturating_sub(first.weights_bytes + b) as f64 / budget.max(1) as f64),
+            .map(|p| p.saturating_sub(first.model_file_bytes) as f64 / budget.max(1) as f64),
+        memory_ratio_net: peak.zip(fixed).map(|(p, f)| {
+            p.saturating_sub(first.model_file_bytes + f) as f64 / budget.max(1) as f64
+        }),
         llamacpp_decode_ratio: reference
             .decode_f16(first.prefill_tokens)
             .map(|r| decode / r.tokens_per_s),
@@ -387,7 +418,8 @@ fn print_table(args: &E2eBenchArgs, rows: &[E2eRow]) {
                 mib(r.cache_formula_bytes as u64),
                 mib(r.scratch_bytes as u64),
                 r.peak_rss_bytes.map_or("-".to_string(), mib),
-                r.baseline_anon_bytes.map_or("-".to_string(), mib),
+                r.program_bytes
+                    .map_or("-".to_string(), |p| mib(p + r.metadata_heap_bytes as u64)),
                 opt(r.memory_ratio),
                 opt(r.memory_ratio_net),
                 opt(r.llamacpp_prefill_ratio),
@@ -419,9 +451,9 @@ fn print_table(args: &E2eBenchArgs, rows: &[E2eRow]) {
                 "formula MiB",
                 "scratch MiB",
                 "peak RSS MiB",
-                "base MiB",
+                "fixed MiB",
                 "(RSS-w)/(cache+scr)",
-                "net of base",
+                "net of fixed",
                 "prefill x llama.cpp",
                 "decode x llama.cpp",
             ],
@@ -467,18 +499,25 @@ fn target_lines(rows: &[E2eRow], reference: &LlamaCppSpeed) -> String {
     }
     for r in rows {
         if let (Some(peak), Some(ratio)) = (r.peak_rss_bytes, r.memory_ratio) {
-            let net = r.memory_ratio_net.map_or(String::new(), |x| {
-                format!(
-                    "; {x:.2}x net of the {:.1} MiB baseline after load",
-                    r.baseline_anon_bytes.unwrap_or(0) as f64 / 1048576.0
-                )
-            });
+            let mib = |b: u64| b as f64 / 1048576.0;
+            let net = r
+                .memory_ratio_net
+                .zip(r.program_bytes)
+                .map_or(String::new(), |(x, program)| {
+                    format!(
+                        "; {x:.2}x net of the fixed {:.1} MiB (program {:.1}, parsed metadata {:.1})",
+                        mib(program + r.metadata_heap_bytes as u64),
+                        mib(program),
+                        mib(r.metadata_heap_bytes as u64),
+                    )
+                });
             lines.push(format!(
-                "- {} at {}: peak RSS - weights = {:.1} MiB vs cache + scratch = {:.1} MiB: {ratio:.2}x (target <= 1){net}",
+                "- {} at {}: peak RSS - model file = {:.1} MiB vs cache {:.1} + chunk scratch {:.1} MiB (heap, measured): {ratio:.2}x (target <= 1){net}",
                 r.alloc,
                 r.prefill_tokens,
-                peak.saturating_sub(r.weights_bytes) as f64 / 1048576.0,
-                (r.cache_bytes + r.scratch_bytes) as f64 / 1048576.0,
+                mib(peak.saturating_sub(r.weights_bytes)),
+                mib(r.cache_heap_bytes as u64),
+                mib(r.scratch_bytes as u64),
             ));
         }
     }

@@ -144,18 +144,12 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                 }
             }
             for (config, reason) in &failed {
-                rows.push(AttentionRow {
-                    shape: shape.name.to_string(),
+                rows.push(AttentionRow::unmeasured(
+                    shape.name,
                     tokens,
-                    config: config.to_string(),
-                    seconds: None,
-                    ratio_vs_f16: None,
-                    bytes_read: None,
-                    gb_per_s: None,
-                    rel_error_vs_f32: None,
-                    rel_diff_vs_cpu: None,
-                    note: Some(reason.clone()),
-                });
+                    config,
+                    reason.clone(),
+                ));
             }
         }
     }
@@ -172,28 +166,9 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         eprintln!("{banner}");
         return Ok(());
     }
-    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
     let body: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
-            vec![
-                r.shape.clone(),
-                r.tokens.to_string(),
-                r.config.clone(),
-                opt(r.seconds, &|s| format!("{:.3}", s * 1e3)),
-                opt(r.ratio_vs_f16, &|x| format!("{x:.2}")),
-                r.bytes_read
-                    .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1e6)),
-                opt(r.gb_per_s, &|x| format!("{x:.1}")),
-                match (r.gb_per_s, args.bandwidth_gbs) {
-                    (Some(x), Some(bw)) => format!("{:.0}%", 100.0 * x / bw),
-                    _ => "-".to_string(),
-                },
-                opt(r.rel_error_vs_f32, &|x| format!("{x:.1e}")),
-                opt(r.rel_diff_vs_cpu, &|x| format!("{x:.1e}")),
-                r.note.clone().unwrap_or_default(),
-            ]
-        })
+        .map(|r| r.cells(args.bandwidth_gbs, true))
         .collect();
     println!("{banner}");
     println!(
