@@ -7,6 +7,13 @@
 //! anything else. Two relaxed atomic operations per allocation: the decode step allocates
 //! nothing (see `tq_models`' `llama_no_alloc` test) and prefill allocates per chunk, not per
 //! token, so the counting does not move the speed figures.
+//!
+//! Hand-written rather than taken from a crate: `peak_alloc` (the small crate that does this)
+//! implements `alloc_zeroed` as `alloc` plus a write of every byte and `realloc` as
+//! allocate-copy-free, which would fault in pages the system's `calloc` leaves untouched and
+//! move every growing buffer: it would change the resident memory this module helps explain.
+//! This wrapper forwards every call unchanged to `System` and only counts sizes — the only
+//! `unsafe` outside the SIMD kernels and GPU buffers, as a `GlobalAlloc` must be.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
