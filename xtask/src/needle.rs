@@ -3,7 +3,7 @@
 //! The small grid (contexts 1K and 2K, depths 10/50/90%, `f16`, `k5v4`, `tq3.5`, `mse-k4v4`) is
 //! the one the goldens pin and takes minutes on two cores. `--full` runs contexts to 7.5K
 //! (where the brief's llama.cpp baseline was measured; the window is 8K), depths
-//! 10/25/50/75/90% and every preset — hours on two cores; its table goes into
+//! 10/25/50/75/90% and every preset — about two hours on two cores; its table goes into
 //! `docs/results.md`. Further arguments (`--json`, `--spec FILE`, ...) pass through to
 //! `tq needle`.
 
