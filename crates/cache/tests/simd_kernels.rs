@@ -92,6 +92,7 @@ struct Coded {
     sketch_dim: usize,
     centroids: Vec<f32>,
     scales: Vec<f32>,
+    scale_stride: usize,
 }
 
 impl Coded {
@@ -100,6 +101,8 @@ impl Coded {
         let sign_offset = offset + code_words;
         let record_words = sign_offset + sketch_dim.div_ceil(32) + (seed % 2) as usize;
         let spt = if sketch_dim > 0 { 2 } else { 1 };
+        // Odd seeds interleave the scales with another part's (a stride past the run's own).
+        let scale_stride = spt + (seed % 2) as usize;
         Self {
             words: words(n * record_words, seed),
             record_words,
@@ -109,7 +112,11 @@ impl Coded {
             dim,
             sketch_dim,
             centroids: floats(1 << bits, seed ^ 1),
-            scales: floats(n * spt, seed ^ 2).iter().map(|v| 1.5 + v).collect(),
+            scales: floats(n * scale_stride, seed ^ 2)
+                .iter()
+                .map(|v| 1.5 + v)
+                .collect(),
+            scale_stride,
         }
     }
 
@@ -124,6 +131,7 @@ impl Coded {
             sign_offset: self.sign_offset,
             sketch_dim: self.sketch_dim,
             scales: &self.scales,
+            scale_stride: self.scale_stride,
         }
     }
 
@@ -175,17 +183,17 @@ proptest! {
         let scalar = KeyQueries::new(Isa::Scalar, queries.clone(), sketch.clone(), dim, m, tables);
         let mut reference = out0.clone();
         simd::score_coded(Isa::Scalar, &coded.run(), &scalar, &mut reference, stride);
-        let spt = if prod { 2 } else { 1 };
+        let ss = coded.scale_stride;
         let mut bounds = vec![0.0f64; out0.len()];
         for h in 0..heads {
             for i in 0..n {
-                let norm = f64::from(coded.scales[i * spt]).abs();
+                let norm = f64::from(coded.scales[i * ss]).abs();
                 let codes: f64 = (0..dim)
                     .map(|j| (f64::from(queries[h * dim + j]) * coded.centroid(i, j)).abs())
                     .sum();
                 let mut abs = norm * codes;
                 if prod {
-                    let g = f64::from(coded.scales[i * spt + 1]).abs();
+                    let g = f64::from(coded.scales[i * ss + 1]).abs();
                     abs += g * (0..m).map(|j| f64::from(sketch[h * m + j]).abs()).sum::<f64>();
                 }
                 let k = h * stride + i;
@@ -197,6 +205,20 @@ proptest! {
             let mut got = out0.clone();
             simd::score_coded(isa, &coded.run(), &keys, &mut got, stride);
             check_close(isa, "score", &got, &reference, &bounds);
+        }
+        // Interleaved scales read through the stride score exactly as a compact copy does.
+        let spt = if prod { 2 } else { 1 };
+        let compact: Vec<f32> = coded.scales.chunks(coded.scale_stride).flat_map(|s| s[..spt].to_vec()).collect();
+        let compact_run = CodedRun { scales: &compact, scale_stride: spt, ..coded.run() };
+        for isa in Isa::available() {
+            let keys = KeyQueries::new(isa, queries.clone(), sketch.clone(), dim, m, tables);
+            let (mut strided, mut packed) = (out0.clone(), out0.clone());
+            simd::score_coded(isa, &coded.run(), &keys, &mut strided, stride);
+            simd::score_coded(isa, &compact_run, &keys, &mut packed, stride);
+            prop_assert!(
+                strided.iter().zip(&packed).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{:?}: strided scales score differently from compact ones", isa
+            );
         }
     }
 
@@ -339,55 +361,134 @@ proptest! {
         tables in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let (d1, d2) = dims;
-        let (b1, b2) = bits;
-        let m = if prod { d2 } else { 0 };
-        let w1 = (d1 * b1 as usize).div_ceil(32);
-        let w2 = (d2 * b2 as usize).div_ceil(32);
-        let record_words = w1 + w2 + m.div_ceil(32) + (seed % 2) as usize;
-        let packed = words(n * record_words, seed);
-        let c1 = floats(1 << b1, seed ^ 1);
-        let c2 = floats(1 << b2, seed ^ 2);
-        let s1: Vec<f32> = floats(n, seed ^ 3).iter().map(|v| 1.5 + v).collect();
-        let s2: Vec<f32> = floats(n * if prod { 2 } else { 1 }, seed ^ 4).iter().map(|v| 1.5 + v).collect();
-        let runs = [
-            CodedRun { words: &packed, record_words, code_offset: 0, bits: b1, dim: d1, centroids: &c1, sign_offset: w1, sketch_dim: 0, scales: &s1 },
-            CodedRun { words: &packed, record_words, code_offset: w1, bits: b2, dim: d2, centroids: &c2, sign_offset: w1 + w2, sketch_dim: m, scales: &s2 },
-        ];
-        let q1 = floats(heads * d1, seed ^ 5);
-        let q2 = floats(heads * d2, seed ^ 6);
-        let sketch = if prod { floats(heads * m, seed ^ 7) } else { Vec::new() };
-        let stride = n + 2;
-        let out0 = floats(heads * stride, seed ^ 8);
-        let scalar1 = KeyQueries::new(Isa::Scalar, q1.clone(), Vec::new(), d1, 0, tables);
-        let scalar2 = KeyQueries::new(Isa::Scalar, q2.clone(), sketch.clone(), d2, m, tables);
-        let mut reference = out0.clone();
-        simd::score_coded(Isa::Scalar, &runs[0], &scalar1, &mut reference, stride);
-        simd::score_coded(Isa::Scalar, &runs[1], &scalar2, &mut reference, stride);
-        let mut bounds = vec![0.0f64; out0.len()];
-        let code = |words: &[u32], b: u8, c: &[f32], j: usize| f64::from(c[code_at(words, b as usize, j)]);
-        for h in 0..heads {
-            for i in 0..n {
-                let record = &packed[i * record_words..(i + 1) * record_words];
-                let mut abs = f64::from(s1[i]).abs()
-                    * (0..d1).map(|j| (f64::from(q1[h * d1 + j]) * code(record, b1, &c1, j)).abs()).sum::<f64>();
-                let spt = if prod { 2 } else { 1 };
-                abs += f64::from(s2[i * spt]).abs()
-                    * (0..d2).map(|j| (f64::from(q2[h * d2 + j]) * code(&record[w1..], b2, &c2, j)).abs()).sum::<f64>();
-                if prod {
-                    abs += f64::from(s2[i * 2 + 1]).abs() * (0..m).map(|j| f64::from(sketch[h * m + j]).abs()).sum::<f64>();
-                }
-                let k = h * stride + i;
-                bounds[k] = 2.0 * gamma(d1 + d2 + m + 32) * abs + 8.0 * U * f64::from(out0[k]).abs();
+        check_two_parts(dims, bits, heads, n, prod, tables, seed);
+    }
+
+    /// The two-tier layouts of the presets (25% and 75% of d = 64 or 128 channels, codes of
+    /// at most 4 bits, no signs), which the AVX-512 path scores with unrolled chunk loops.
+    #[test]
+    fn score_two_tier_layouts_match_scalar(
+        dims in prop_oneof![Just((16usize, 48usize)), Just((32, 96))],
+        bits in (1u8..=4, 1u8..=4),
+        heads in 1usize..=9,
+        n in 1usize..40,
+        seed in any::<u64>(),
+    ) {
+        check_two_parts(dims, bits, heads, n, false, false, seed);
+    }
+}
+
+/// The body of the two-part tests: `runs` interleave their scales as the fused kernel does.
+#[allow(clippy::too_many_arguments)]
+fn check_two_parts(
+    (d1, d2): (usize, usize),
+    (b1, b2): (u8, u8),
+    heads: usize,
+    n: usize,
+    prod: bool,
+    tables: bool,
+    seed: u64,
+) {
+    let m = if prod { d2 } else { 0 };
+    let w1 = (d1 * b1 as usize).div_ceil(32);
+    let w2 = (d2 * b2 as usize).div_ceil(32);
+    let record_words = w1 + w2 + m.div_ceil(32) + (seed % 2) as usize;
+    let packed = words(n * record_words, seed);
+    let c1 = floats(1 << b1, seed ^ 1);
+    let c2 = floats(1 << b2, seed ^ 2);
+    let s1: Vec<f32> = floats(n, seed ^ 3).iter().map(|v| 1.5 + v).collect();
+    let s2: Vec<f32> = floats(n * if prod { 2 } else { 1 }, seed ^ 4)
+        .iter()
+        .map(|v| 1.5 + v)
+        .collect();
+    let spt2 = if prod { 2 } else { 1 };
+    let runs = [
+        CodedRun {
+            words: &packed,
+            record_words,
+            code_offset: 0,
+            bits: b1,
+            dim: d1,
+            centroids: &c1,
+            sign_offset: w1,
+            sketch_dim: 0,
+            scales: &s1,
+            scale_stride: 1,
+        },
+        CodedRun {
+            words: &packed,
+            record_words,
+            code_offset: w1,
+            bits: b2,
+            dim: d2,
+            centroids: &c2,
+            sign_offset: w1 + w2,
+            sketch_dim: m,
+            scales: &s2,
+            scale_stride: spt2,
+        },
+    ];
+    // What the fused kernel passes: both tiers' scales interleaved in one array per record.
+    let shared: Vec<f32> = (0..n)
+        .flat_map(|i| std::iter::once(s1[i]).chain(s2[i * spt2..(i + 1) * spt2].iter().copied()))
+        .collect();
+    let interleaved = [
+        CodedRun {
+            scales: &shared,
+            scale_stride: 1 + spt2,
+            ..runs[0]
+        },
+        CodedRun {
+            scales: &shared[1..],
+            scale_stride: 1 + spt2,
+            ..runs[1]
+        },
+    ];
+    let q1 = floats(heads * d1, seed ^ 5);
+    let q2 = floats(heads * d2, seed ^ 6);
+    let sketch = if prod {
+        floats(heads * m, seed ^ 7)
+    } else {
+        Vec::new()
+    };
+    let stride = n + 2;
+    let out0 = floats(heads * stride, seed ^ 8);
+    let scalar1 = KeyQueries::new(Isa::Scalar, q1.clone(), Vec::new(), d1, 0, tables);
+    let scalar2 = KeyQueries::new(Isa::Scalar, q2.clone(), sketch.clone(), d2, m, tables);
+    let mut reference = out0.clone();
+    simd::score_coded(Isa::Scalar, &runs[0], &scalar1, &mut reference, stride);
+    simd::score_coded(Isa::Scalar, &runs[1], &scalar2, &mut reference, stride);
+    let mut bounds = vec![0.0f64; out0.len()];
+    let code =
+        |words: &[u32], b: u8, c: &[f32], j: usize| f64::from(c[code_at(words, b as usize, j)]);
+    for h in 0..heads {
+        for i in 0..n {
+            let record = &packed[i * record_words..(i + 1) * record_words];
+            let mut abs = f64::from(s1[i]).abs()
+                * (0..d1)
+                    .map(|j| (f64::from(q1[h * d1 + j]) * code(record, b1, &c1, j)).abs())
+                    .sum::<f64>();
+            let spt = if prod { 2 } else { 1 };
+            abs += f64::from(s2[i * spt]).abs()
+                * (0..d2)
+                    .map(|j| (f64::from(q2[h * d2 + j]) * code(&record[w1..], b2, &c2, j)).abs())
+                    .sum::<f64>();
+            if prod {
+                abs += f64::from(s2[i * 2 + 1]).abs()
+                    * (0..m)
+                        .map(|j| f64::from(sketch[h * m + j]).abs())
+                        .sum::<f64>();
             }
+            let k = h * stride + i;
+            bounds[k] = 2.0 * gamma(d1 + d2 + m + 32) * abs + 8.0 * U * f64::from(out0[k]).abs();
         }
-        for isa in vector_isas() {
-            let k1 = KeyQueries::new(isa, q1.clone(), Vec::new(), d1, 0, tables);
-            let k2 = KeyQueries::new(isa, q2.clone(), sketch.clone(), d2, m, tables);
-            let mut got = out0.clone();
-            simd::score_coded_parts(isa, &runs, &[&k1, &k2], &mut got, stride);
-            check_close(isa, "two-part score", &got, &reference, &bounds);
-        }
+    }
+    for isa in vector_isas() {
+        let k1 = KeyQueries::new(isa, q1.clone(), Vec::new(), d1, 0, tables);
+        let k2 = KeyQueries::new(isa, q2.clone(), sketch.clone(), d2, m, tables);
+        let mut got = out0.clone();
+        simd::score_coded_parts(isa, &interleaved, &[&k1, &k2], &mut got, stride);
+        check_close(isa, "two-part score", &got, &reference, &bounds);
     }
 }
 

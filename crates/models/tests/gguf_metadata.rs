@@ -78,7 +78,15 @@ fn arrays_of_every_element_type_round_trip() {
     assert_eq!(f[0], 0.5);
     assert!(f[1] == 0.0 && f[1].is_sign_negative());
     assert_eq!(m.array_bool("a.bool").unwrap(), [false, true]);
-    assert_eq!(m.array_str("a.str").unwrap(), ["<|im_start|>", "Ġthe", ""]);
+    assert_eq!(
+        m.array_str("a.str").unwrap().iter().collect::<Vec<_>>(),
+        ["<|im_start|>", "Ġthe", ""]
+    );
+    let strings = m.array_str("a.str").unwrap();
+    assert_eq!(
+        (strings.len(), strings.get(2), strings.get(3)),
+        (3, Some(""), None)
+    );
     assert_eq!(m.array_u64("a.u64").unwrap(), [u64::MAX]);
     assert_eq!(m.array_i64("a.i64").unwrap(), [i64::MIN]);
     assert_eq!(m.array("a.f64").unwrap(), &MetadataArray::F64(vec![1e-300]));
@@ -95,7 +103,7 @@ fn nested_arrays_keep_each_inner_type() {
         nested,
         &MetadataArray::Array(vec![
             MetadataArray::I32(vec![1, -2, 3]),
-            MetadataArray::String(vec!["x".into()]),
+            MetadataArray::String(["x"].into_iter().collect()),
             MetadataArray::U8(vec![]),
         ])
     );
@@ -111,7 +119,10 @@ fn nested_arrays_keep_each_inner_type() {
     let MetadataArray::Array(level2) = &level1[0] else {
         panic!("inner array of arrays")
     };
-    assert_eq!(level2[0], MetadataArray::String(vec!["deep".into()]));
+    assert_eq!(
+        level2[0],
+        MetadataArray::String(["deep"].into_iter().collect())
+    );
 }
 
 #[test]
@@ -137,7 +148,10 @@ fn integer_accessors_convert_between_widths_with_range_checks() {
     assert!(gguf.metadata_bool("t.bool").unwrap());
     assert_eq!(gguf.metadata_str("t.string").unwrap(), "naïve 🙂");
     assert_eq!(
-        gguf.metadata_array_str("t.strings").unwrap(),
+        gguf.metadata_array_str("t.strings")
+            .unwrap()
+            .iter()
+            .collect::<Vec<_>>(),
         ["a", "", "ĠĊ"]
     );
     assert!(matches!(

@@ -74,8 +74,6 @@ struct Part<'a> {
     word_offset: usize,
     /// Index of the part's first scale within a record's scales.
     scale_offset: usize,
-    /// The part's scales per token.
-    scales: usize,
 }
 
 impl Part<'_> {
@@ -89,13 +87,13 @@ impl Part<'_> {
         }
     }
 
-    /// A coded run of this part over `words` (whole records of `record_words`) with the
-    /// part's f32 `scales`; `None` for plain parts.
+    /// A coded run of this part over `words` (whole records of `record_words`) reading its
+    /// norms from the run's f32 `scales`; `None` for plain parts.
     fn coded_run<'b>(
         &'b self,
         words: &'b [u32],
         record_words: usize,
-        scales: &'b [f32],
+        scales: &'b Scales,
     ) -> Option<CodedRun<'b>> {
         match &self.body {
             Body::Codes {
@@ -112,7 +110,8 @@ impl Part<'_> {
                 centroids,
                 sign_offset: self.word_offset + code_words,
                 sketch_dim: self.sketch_dim(),
-                scales,
+                scales: scales.of(self),
+                scale_stride: scales.per_token,
             }),
             Body::Plain(_) => None,
         }
@@ -178,7 +177,6 @@ fn no_part<'a>() -> Part<'a> {
         channels: None,
         word_offset: 0,
         scale_offset: 0,
-        scales: 0,
     }
 }
 
@@ -193,7 +191,6 @@ fn parts_of(codec: &TokenCodec) -> Result<Parts<'_>, CacheError> {
                     channels: Some(c.channels()),
                     word_offset: 0,
                     scale_offset: 0,
-                    scales: c.outlier().scales_per_token(),
                 },
                 Part {
                     body: body_of(c.rest())?,
@@ -201,7 +198,6 @@ fn parts_of(codec: &TokenCodec) -> Result<Parts<'_>, CacheError> {
                     channels: Some(c.rest_channels()),
                     word_offset: c.outlier().record_words(),
                     scale_offset: c.outlier().scales_per_token(),
-                    scales: c.rest().scales_per_token(),
                 },
             ],
             len: 2,
@@ -214,7 +210,6 @@ fn parts_of(codec: &TokenCodec) -> Result<Parts<'_>, CacheError> {
                     channels: None,
                     word_offset: 0,
                     scale_offset: 0,
-                    scales: codec.scales_per_token(),
                 },
                 no_part(),
             ],
@@ -461,74 +456,74 @@ fn ensure(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buffer
 }
 
-/// Reusable per-block buffers for the f32 scales of a run.
+/// Reusable per-block buffer for the f32 scales of a run: every scale of the run, `[n,
+/// per_token]`, converted once; each part reads its own column(s) through a stride instead of
+/// a copy of its own.
 #[derive(Default)]
 struct Scales {
-    /// Every scale of the run, `[n, per_token]`.
     all: Vec<f32>,
-    /// Each part's scales, `[n, part scales]` (filled only for records of several parts).
-    parts: Vec<Vec<f32>>,
     per_token: usize,
 }
 
 impl Scales {
-    /// Converts the run's scales and splits them per part.
-    fn load(&mut self, isa: Isa, halves: &[f16], n: usize, parts: &[Part<'_>]) {
-        let per_token = halves.len() / n.max(1);
-        reserve_for(&mut self.all, MAX_BLOCK_TOKENS.max(n) * per_token);
+    /// Converts the run's scales (`n` records' worth).
+    fn load(&mut self, isa: Isa, halves: &[f16], n: usize) {
+        self.per_token = halves.len() / n.max(1);
+        reserve_for(&mut self.all, MAX_BLOCK_TOKENS.max(n) * self.per_token);
         self.all.resize(halves.len(), 0.0);
         simd::f16_to_f32(isa, halves, &mut self.all);
-        self.per_token = halves.len() / n.max(1);
-        self.parts.resize(parts.len(), Vec::new());
-        for (part, buffer) in parts.iter().zip(self.parts.iter_mut()) {
-            if part.scales == 0 || part.scales == self.per_token {
-                continue;
-            }
-            reserve_for(buffer, MAX_BLOCK_TOKENS.max(n) * part.scales);
-            buffer.resize(n * part.scales, 0.0);
-            for (dst, src) in buffer
-                .chunks_exact_mut(part.scales)
-                .zip(self.all.chunks_exact(self.per_token))
-            {
-                for (d, s) in dst.iter_mut().zip(&src[part.scale_offset..]) {
-                    *d = *s;
-                }
-            }
-        }
     }
 
-    /// The scales of part `k`, compact.
-    fn of(&self, k: usize, part: &Part<'_>) -> &[f32] {
-        if part.scales == self.per_token {
-            &self.all
-        } else {
-            &self.parts[k]
-        }
+    /// The scales of `part`, from its first one: record `i`'s at `[i·per_token]`.
+    fn of(&self, part: &Part<'_>) -> &[f32] {
+        &self.all[part.scale_offset.min(self.all.len())..]
     }
 }
 
-/// `out[k·group + h] = weights[k·group + h]·scales[k·per_token + which]`: the token-major
+/// `out[k·group + h] = weights[k·group + h]·scales[k·stride + which]`: the token-major
 /// probabilities of a run times each token's norm (`which` = 0) or `γ` (1).
 fn scale_rows(
     weights: &[f32],
     scales: &[f32],
-    per_token: usize,
+    stride: usize,
     which: usize,
     group: usize,
     out: &mut Vec<f32>,
 ) {
     reserve_for(out, weights.len().max(MAX_BLOCK_TOKENS * group));
     out.clear();
-    out.resize(weights.len(), 0.0);
-    for ((o, w), s) in out
-        .chunks_exact_mut(group)
-        .zip(weights.chunks_exact(group))
-        .zip(scales.iter().skip(which).step_by(per_token))
-    {
-        for (o, w) in o.iter_mut().zip(w) {
-            *o = w * s;
+    let scales = scales.get(which..).unwrap_or_default();
+    match group {
+        1 => scale_rows_of::<1>(weights, scales, stride, out),
+        2 => scale_rows_of::<2>(weights, scales, stride, out),
+        3 => scale_rows_of::<3>(weights, scales, stride, out),
+        4 => scale_rows_of::<4>(weights, scales, stride, out),
+        _ => {
+            for (w, s) in weights
+                .chunks_exact(group)
+                .zip(scales.iter().step_by(stride.max(1)))
+            {
+                out.extend(w.iter().map(|w| w * s));
+            }
         }
     }
+}
+
+/// [`scale_rows`] for a GQA group of `G` heads (the common 1 to 4): fixed-size rows let the
+/// compiler unroll what the generic loop runs as nested iterators. The same products, so the
+/// same bits.
+fn scale_rows_of<const G: usize>(
+    weights: &[f32],
+    scales: &[f32],
+    stride: usize,
+    out: &mut Vec<f32>,
+) {
+    let (rows, _) = weights.as_chunks::<G>();
+    out.extend(
+        rows.iter()
+            .zip(scales.iter().step_by(stride.max(1)))
+            .flat_map(|(w, &s)| w.map(|w| w * s)),
+    );
 }
 
 /// Scores, softmax statistics and value accumulators of the tokens `range` of one item into
@@ -581,11 +576,11 @@ fn run_block_with(
             simd::score_plain(isa, &run, &prepared.plain, out, len);
             return;
         }
-        scales.load(isa, halves, n, &plan.key_parts);
+        scales.load(isa, halves, n);
         // At most two coded parts (a two-tier record): scored together in one pass.
         let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
         let mut count = 0;
-        for (k, (part, pp)) in plan.key_parts.iter().zip(&prepared.parts).enumerate() {
+        for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
             match &part.body {
                 Body::Plain(kind) => {
                     let run = PlainRun {
@@ -598,7 +593,7 @@ fn run_block_with(
                     simd::score_plain(isa, &run, &pp.gathered, out, len);
                 }
                 Body::Codes { .. } => {
-                    if let Some(run) = part.coded_run(words, record_words, scales.of(k, part)) {
+                    if let Some(run) = part.coded_run(words, record_words, scales) {
                         coded[count] = Some((run, &pp.keys));
                         count += 1;
                     }
@@ -662,8 +657,8 @@ fn run_block_with(
             simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
             return;
         }
-        scales.load(isa, halves, n, &plan.value_parts);
-        for (k, (part, acc)) in plan.value_parts.iter().zip(parts.iter_mut()).enumerate() {
+        scales.load(isa, halves, n);
+        for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
             match &part.body {
                 Body::Plain(kind) => {
                     let run = PlainRun {
@@ -677,15 +672,14 @@ fn run_block_with(
                     simd::accumulate_plain(isa, &run, weights, values);
                 }
                 Body::Codes { .. } => {
-                    let part_scales = scales.of(k, part);
-                    let Some(run) = part.coded_run(words, record_words, part_scales) else {
+                    let Some(run) = part.coded_run(words, record_words, scales) else {
                         continue;
                     };
-                    let spt = run.scales_per_token();
                     let m = run.sketch_dim;
-                    scale_rows(weights, part_scales, spt, 0, group, code_weights);
+                    let stride = run.scale_stride;
+                    scale_rows(weights, run.scales, stride, 0, group, code_weights);
                     if m > 0 {
-                        scale_rows(weights, part_scales, spt, 1, group, sign_weights);
+                        scale_rows(weights, run.scales, stride, 1, group, sign_weights);
                         ensure(&mut acc.signs, group * m);
                     }
                     let values = ensure(&mut acc.values, group * part.dim);

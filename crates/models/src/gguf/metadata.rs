@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::error::{GgufError, Result};
+use super::string_array::StringArray;
 
 /// Arrays nested deeper than this are refused: each level costs a stack frame while parsing, and
 /// no real file nests at all (llama.cpp refuses nested arrays outright).
@@ -123,7 +124,8 @@ pub enum MetadataArray {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    /// Packed: one buffer for all the strings (see [`StringArray`]).
+    String(StringArray),
     Array(Vec<MetadataArray>),
     U64(Vec<u64>),
     I64(Vec<i64>),
@@ -397,10 +399,17 @@ impl Metadata {
         }
     }
 
-    array_accessor!(
-        /// An array of strings.
-        array_str, String, String
-    );
+    /// An array of strings.
+    pub fn array_str(&self, key: &str) -> Result<&StringArray> {
+        match self.require(key)? {
+            MetadataValue::Array(MetadataArray::String(values)) => Ok(values),
+            other => Err(GgufError::WrongType {
+                key: key.to_owned(),
+                expected: "array of String",
+                found: other.describe(),
+            }),
+        }
+    }
     array_accessor!(
         /// An array of `u8`.
         array_u8, U8, u8

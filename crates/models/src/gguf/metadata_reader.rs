@@ -4,6 +4,7 @@
 use super::error::{GgufError, Result};
 use super::metadata::{MAX_ARRAY_NESTING, MetadataArray, MetadataValue, ValueType};
 use super::reader::Reader;
+use super::string_array::StringArray;
 
 /// Reads a value type id, refusing unknown ids.
 pub(crate) fn read_value_type(reader: &mut Reader<'_>, what: &'static str) -> Result<ValueType> {
@@ -98,11 +99,14 @@ pub(crate) fn read_array(reader: &mut Reader<'_>, depth: usize) -> Result<Metada
                 .map(|_| read_bool(reader))
                 .collect::<Result<_>>()?,
         ),
-        ValueType::String => MetadataArray::String(
-            (0..count)
-                .map(|_| reader.string("metadata string"))
-                .collect::<Result<_>>()?,
-        ),
+        ValueType::String => {
+            let mut strings = StringArray::with_capacity(count, 0);
+            for _ in 0..count {
+                strings.push(reader.str("metadata string")?);
+            }
+            strings.shrink_to_fit();
+            MetadataArray::String(strings)
+        }
         ValueType::Array => MetadataArray::Array(
             (0..count)
                 .map(|_| read_array(reader, depth + 1))

@@ -39,6 +39,7 @@ mod metadata_reader;
 mod parse;
 mod reader;
 mod storage;
+mod string_array;
 mod tensor;
 
 use std::path::Path;
@@ -46,6 +47,7 @@ use std::path::Path;
 pub use error::{GgufError, Result};
 pub use metadata::{MAX_ARRAY_NESTING, Metadata, MetadataArray, MetadataValue, ValueType};
 pub use parse::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
+pub use string_array::StringArray;
 pub use tensor::{BlockLayout, GgmlType, MAX_DIMS, TensorInfo, TensorView};
 
 use parse::{Header, parse_header};
@@ -125,7 +127,7 @@ impl Gguf {
     }
 
     /// `metadata().array_str(key)`: an array of strings.
-    pub fn metadata_array_str(&self, key: &str) -> Result<&[String]> {
+    pub fn metadata_array_str(&self, key: &str) -> Result<&StringArray> {
         self.metadata().array_str(key)
     }
 

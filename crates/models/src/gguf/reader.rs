@@ -66,15 +66,18 @@ impl<'a> Reader<'a> {
 
     /// A GGUF string: a u64 byte length, then that many UTF-8 bytes.
     pub(crate) fn string(&mut self, what: &'static str) -> Result<String> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the buffer.
+    pub(crate) fn str(&mut self, what: &'static str) -> Result<&'a str> {
         let len = self.u64(what)?;
         let start = self.position();
         let bytes = self.take(len, what)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| GgufError::InvalidUtf8 {
-                what,
-                offset: start,
-            })
+        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 {
+            what,
+            offset: start,
+        })
     }
 
     /// Checks that `count` elements of at least `min_size` bytes each can fit in what remains,

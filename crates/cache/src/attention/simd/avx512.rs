@@ -16,6 +16,13 @@
 //! gather (b ≥ 6) reads the codebook. A dimension that is not a multiple of 16 ends with a
 //! masked chunk.
 //!
+//! Scores: each token's dot products leave one 16-lane accumulator per head; sixteen tokens'
+//! accumulators are summed together by [`reduce16`] (a 4-level shuffle tree, the same for every
+//! token) and added to the scores with one masked read-modify-write per head, instead of a
+//! horizontal add and scalar stores per token. Records whose coded parts are the presets'
+//! layouts (one or two parts of whole, directly readable chunks, no signs) take
+//! [`score_flat`], whose chunk loops unroll with the queries held in registers.
+//!
 //! These intrinsics are stable since Rust 1.89, hence the module-wide `incompatible_msrv`
 //! allowance (see the crate's `rust-version`).
 #![allow(clippy::incompatible_msrv)]
@@ -212,6 +219,128 @@ unsafe fn merge(a: &[__m512; 4], heads: usize) -> [__m256; 4] {
     out
 }
 
+/// Slot of token `k` (< 16) in a [`TokenBatch`]: the 4×4 transpose that [`reduce16`]'s
+/// shuffles undo, so its sums come out in token order.
+const fn batch_slot(k: usize) -> usize {
+    4 * (k % 4) + k / 4
+}
+
+/// Sixteen lanes of each of sixteen vectors summed by one fixed pairwise tree: lane `s` of the
+/// result is the sum of `v[batch_slot(s)]`. Every vector goes through the same tree (halves
+/// `(0+2)` and `(1+3)` of its 128-bit quarters, then of the remaining four floats), so a
+/// token's sum never depends on its neighbours or on its place in the batch. Four levels of
+/// two shuffles and an add give all sixteen sums with 45 instructions, where reducing one
+/// token at a time takes a fold and a share of three horizontal adds per token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+fn reduce16(v: &[__m512; 16]) -> __m512 {
+    // Level 1: 128-bit quarters (0, 1) + (2, 3) of a pair of vectors, side by side.
+    let mut half = [_mm512_setzero_ps(); 8];
+    for (k, h) in half.iter_mut().enumerate() {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        let x = _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b);
+        let y = _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b);
+        *h = _mm512_add_ps(x, y);
+    }
+    // Level 2: the two remaining quarters of four vectors: quarter `j` of `quarter[k]` holds the
+    // four partial sums of vector `4k + j`.
+    let mut quarter = [_mm512_setzero_ps(); 4];
+    for (k, q) in quarter.iter_mut().enumerate() {
+        let (a, b) = (half[2 * k], half[2 * k + 1]);
+        let x = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
+        let y = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
+        *q = _mm512_add_ps(x, y);
+    }
+    // Levels 3 and 4, inside each 128-bit quarter: floats (0+2, 1+3), then their sum.
+    let pair = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (p0, p1) = (pair(quarter[0], quarter[1]), pair(quarter[2], quarter[3]));
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(p0, p1),
+        _mm512_shuffle_ps::<0b11_01_11_01>(p0, p1),
+    )
+}
+
+/// Up to sixteen consecutive tokens' score accumulators (one 16-lane register per head, and a
+/// per-head term added after the reduction) awaiting one batched reduction: the score kernels
+/// push a token at a time and flush every sixteen, adding the sums to `out` with one masked
+/// read-modify-write per head instead of a horizontal add and a scalar store per token.
+struct TokenBatch {
+    acc: [[__m512; 16]; 4],
+    extra: [[f32; 16]; 4],
+    count: usize,
+    /// Token index of the batch's first token.
+    first: usize,
+}
+
+impl TokenBatch {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    fn new() -> Self {
+        Self {
+            acc: [[_mm512_setzero_ps(); 16]; 4],
+            extra: [[0.0; 16]; 4],
+            count: 0,
+            first: 0,
+        }
+    }
+
+    /// Adds token `first + count`'s accumulators of heads `h < H` and, with `EXTRA`, its
+    /// per-head terms (lane `h` of `extra`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    fn push<const H: usize, const EXTRA: bool>(&mut self, acc: &[__m512; 4], extra: __m128) {
+        let slot = batch_slot(self.count);
+        for (row, &a) in self.acc.iter_mut().zip(acc).take(H) {
+            row[slot] = a;
+        }
+        if EXTRA {
+            let mut t = [0.0f32; 4];
+            // SAFETY: `t` holds four floats.
+            unsafe { _mm_storeu_ps(t.as_mut_ptr(), extra) };
+            for (row, &e) in self.extra.iter_mut().zip(&t).take(H) {
+                row[self.count] = e;
+            }
+        }
+        self.count += 1;
+    }
+
+    /// Reduces the waiting tokens and adds score `s` of head `h` to `out[h·stride + first + s]`;
+    /// the next batch starts after them.
+    ///
+    /// # Safety
+    /// AVX-512 features; `out[h·stride + first + s]` is writable for `h < H`, `s < count`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn flush<const H: usize, const EXTRA: bool>(&mut self, out: *mut f32, stride: usize) {
+        if self.count == 0 {
+            return;
+        }
+        let mask = lanes(self.count);
+        for h in 0..H {
+            for k in self.count..16 {
+                self.acc[h][batch_slot(k)] = _mm512_setzero_ps();
+            }
+            let mut sums = reduce16(&self.acc[h]);
+            // SAFETY: caller contract; masked lanes are neither read nor written.
+            unsafe {
+                if EXTRA {
+                    sums = _mm512_add_ps(sums, _mm512_loadu_ps(self.extra[h].as_ptr()));
+                }
+                let o = out.add(h * stride + self.first);
+                let old = _mm512_maskz_loadu_ps(mask, o);
+                _mm512_mask_storeu_ps(o, mask, _mm512_add_ps(old, sums));
+            }
+        }
+        self.first += self.count;
+        self.count = 0;
+    }
+}
+
 macro_rules! by_heads {
     ($heads:expr, $f:ident::<$($c:tt),*>($($arg:expr),* $(,)?)) => {
         match $heads {
@@ -262,9 +391,9 @@ struct Segment<'a> {
     sketch_dim: usize,
     /// The tile's sign tables (`ceil(m/8)·256·4` floats), empty without.
     tables: &'a [f32],
-    /// Norm (and `γ`) per token.
+    /// Norm (and `γ`) of record `i` at `scales[i·scale_stride]`.
     scales: &'a [f32],
-    per_token: usize,
+    scale_stride: usize,
 }
 
 /// Whether [`score_parts`] handles these runs: every part has codes of at most 4 bits.
@@ -342,7 +471,7 @@ pub(super) unsafe fn score_parts<'r>(
                     &[]
                 },
                 scales: run.scales,
-                per_token: run.scales_per_token(),
+                scale_stride: run.scale_stride,
             }
         };
         let o = &mut out[first * stride..];
@@ -389,7 +518,7 @@ unsafe fn score_token<const H: usize>(
         let mut signed = _mm_setzero_ps();
         for seg in segments {
             let (d, m) = (seg.dim, seg.sketch_dim);
-            let norm = *seg.scales.get_unchecked(i * seg.per_token);
+            let norm = *seg.scales.get_unchecked(i * seg.scale_stride);
             let table = _mm512_mul_ps(seg.table, _mm512_set1_ps(norm));
             let codes = rec.add(seg.code_offset);
             let lookup = |bits: __m512i| {
@@ -419,11 +548,11 @@ unsafe fn score_token<const H: usize>(
                 }
             }
             if m > 0 && !seg.tables.is_empty() {
-                let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                let gamma = *seg.scales.get_unchecked(i * seg.scale_stride + 1);
                 let sum = sign_table_sum(seg.tables, rec.add(seg.sign_offset), m.div_ceil(8));
                 signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
             } else if m > 0 {
-                let gamma = *seg.scales.get_unchecked(i * seg.per_token + 1);
+                let gamma = *seg.scales.get_unchecked(i * seg.scale_stride + 1);
                 let plus = _mm512_set1_ps(gamma);
                 let minus = _mm512_set1_ps(-gamma);
                 let signs = rec.add(seg.sign_offset);
@@ -465,15 +594,126 @@ unsafe fn score_parts_tile<const H: usize>(
     unsafe {
         let base = words.as_ptr() as *const u8;
         let op = out.as_mut_ptr();
-        for i in 0..n {
-            let rec = base.add(i * record_bytes);
-            prefetch_record(rec, record_bytes, record_bytes);
-            let (acc, signed) = score_token::<H>(segments, rec, i);
-            let mut t = [0.0f32; 4];
-            _mm_storeu_ps(t.as_mut_ptr(), _mm_add_ps(hsum4(&merge(&acc, H)), signed));
-            for (h, &score) in t.iter().enumerate().take(H) {
-                *op.add(h * stride + i) += score;
+        let flat = |s: &Segment<'_>| s.sketch_dim == 0 && s.tail == 0 && s.fast == s.full;
+        if segments.iter().all(flat) {
+            let args = (segments, base, record_bytes, n, op, stride);
+            // The layouts of the presets at d = 64 and 128: a two-tier record of 25% and 75%
+            // of the channels, or one part.
+            match segments {
+                [a, b] if (a.full, b.full) == (1, 3) => return score_flat::<H, 1, 3>(args),
+                [a, b] if (a.full, b.full) == (2, 6) => return score_flat::<H, 2, 6>(args),
+                [a] if a.full == 4 => return score_flat::<H, 4, 0>(args),
+                [a] if a.full == 8 => return score_flat::<H, 8, 0>(args),
+                _ => {}
             }
+        }
+        let signed = segments
+            .iter()
+            .any(|s| s.sketch_dim > 0 && !s.tables.is_empty());
+        if signed {
+            score_parts_batched::<H, true>(segments, base, record_bytes, n, op, stride);
+        } else {
+            score_parts_batched::<H, false>(segments, base, record_bytes, n, op, stride);
+        }
+    }
+}
+
+/// The arguments of [`score_flat`]: segments, records (base, bytes each, count), scores
+/// (base, row stride).
+type FlatArgs<'s, 'a> = (&'s [Segment<'a>], *const u8, usize, usize, *mut f32, usize);
+
+/// [`score_parts_batched`] for records of one or two segments of `C0` and `C1` whole chunks
+/// (`C1` = 0: one segment), all read directly and none with signs: the chunk loops unroll, the
+/// queries stay in registers and no segment field is reloaded per token. The same
+/// multiply-adds in the same order as the general loop, so the same bits.
+///
+/// # Safety
+/// As [`score_parts_tile`]; every segment has `full` chunks (`C0`, `C1`), no tail, no signs,
+/// and all its chunks are fast.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize>(
+    (segments, base, record_bytes, n, out, stride): FlatArgs<'_, '_>,
+) {
+    let s0 = &segments[0];
+    let s1 = &segments[segments.len() - 1];
+    // SAFETY: caller contract: chunk `c` of segment `s` reads 8 bytes at `code_offset +
+    // chunk_bytes·c`, inside the record (fast); query rows `h < H` hold `16·C` floats.
+    unsafe {
+        let rows = |s: &Segment<'_>, c: usize| -> [__m512; 4] {
+            std::array::from_fn(|h| {
+                if h < H {
+                    _mm512_loadu_ps(s.queries.add(h * s.dim + 16 * c))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            })
+        };
+        let q0: [[__m512; 4]; C0] = std::array::from_fn(|c| rows(s0, c));
+        let q1: [[__m512; 4]; C1] = std::array::from_fn(|c| rows(s1, c));
+        let chunk = |codes: *const u8, step: usize, c: usize, control: __m512i, table: __m512| {
+            let bits = _mm512_set1_epi64((codes.add(step * c) as *const i64).read_unaligned());
+            _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(control, bits), table)
+        };
+        let mut batch = TokenBatch::new();
+        for first in (0..n).step_by(16) {
+            for i in first..n.min(first + 16) {
+                let rec = base.add(i * record_bytes);
+                prefetch_record(rec, record_bytes, record_bytes);
+                let mut acc = [_mm512_setzero_ps(); 4];
+                let norm = *s0.scales.get_unchecked(i * s0.scale_stride);
+                let table = _mm512_mul_ps(s0.table, _mm512_set1_ps(norm));
+                let codes = rec.add(s0.code_offset);
+                for (c, q) in q0.iter().enumerate() {
+                    let v = chunk(codes, s0.chunk_bytes, c, s0.control, table);
+                    for h in 0..H {
+                        acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
+                    }
+                }
+                if C1 > 0 {
+                    let norm = *s1.scales.get_unchecked(i * s1.scale_stride);
+                    let table = _mm512_mul_ps(s1.table, _mm512_set1_ps(norm));
+                    let codes = rec.add(s1.code_offset);
+                    for (c, q) in q1.iter().enumerate() {
+                        let v = chunk(codes, s1.chunk_bytes, c, s1.control, table);
+                        for h in 0..H {
+                            acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
+                        }
+                    }
+                }
+                batch.push::<H, false>(&acc, _mm_setzero_ps());
+            }
+            batch.flush::<H, false>(out, stride);
+        }
+    }
+}
+
+/// The token loop of [`score_parts_tile`]; `SIGNED`: some segment adds sign-table terms.
+///
+/// # Safety
+/// As [`score_parts_tile`]: `base` holds `n` records of `record_bytes`, `out` the scores.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_parts_batched<const H: usize, const SIGNED: bool>(
+    segments: &[Segment<'_>],
+    base: *const u8,
+    record_bytes: usize,
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let mut batch = TokenBatch::new();
+        // One call site each for the token and the flush, so both inline into the loop.
+        for first in (0..n).step_by(16) {
+            for i in first..n.min(first + 16) {
+                let rec = base.add(i * record_bytes);
+                prefetch_record(rec, record_bytes, record_bytes);
+                let (acc, signed) = score_token::<H>(segments, rec, i);
+                batch.push::<H, SIGNED>(&acc, signed);
+            }
+            batch.flush::<H, SIGNED>(out, stride);
         }
     }
 }
@@ -530,7 +770,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     let full = d / 16;
     let tail = d % 16;
     let fast = fast_chunks(full, B, bytes);
-    let spt = run.scales_per_token();
+    let scale_stride = run.scale_stride;
     let sign_full = m / 16;
     let sign_tail = m % 16;
     // SAFETY: score writes go to `out[h·stride + i]` with `h < H ≤ heads` and `i < n`, inside
@@ -572,7 +812,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                     *acc = _mm512_fmadd_ps(qv, c, *acc);
                 }
             }
-            let norm = run.scales[i * spt];
+            let norm = run.scales[i * scale_stride];
             let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&merge(&a, H)));
             if m > 0 {
                 let signs = record.as_ptr().add(run.sign_offset) as *const u8;
@@ -596,7 +836,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                 } else {
                     sign_table_sum(tables, signs, m.div_ceil(8))
                 };
-                let gamma = run.scales[i * spt + 1];
+                let gamma = run.scales[i * scale_stride + 1];
                 scores = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, scores);
             }
             let mut t = [0.0f32; 4];
@@ -673,29 +913,32 @@ unsafe fn score_plain_tile<const F16: bool, const H: usize>(
         let qp = q.as_ptr();
         let op = out.as_mut_ptr();
         let all = lanes(16);
-        for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
-            let rec = record[run.offset..].as_ptr() as *const u8;
-            prefetch_record(rec, 4 * run.record_words, 4 * run.record_words);
-            let mut a = [_mm512_setzero_ps(); 4];
-            for j in 0..full {
-                let x = plain_chunk::<F16>(rec, j, all);
-                for (h, acc) in a.iter_mut().enumerate().take(H) {
-                    let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
-                    *acc = _mm512_fmadd_ps(qv, x, *acc);
+        let mut batch = TokenBatch::new();
+        let records = run.words.chunks_exact(run.record_words);
+        let n = records.len();
+        // One call site for the flush, so it inlines into the loop.
+        for first in (0..n).step_by(16) {
+            for i in first..n.min(first + 16) {
+                let rec = run.words.as_ptr().add(i * run.record_words + run.offset) as *const u8;
+                prefetch_record(rec, 4 * run.record_words, 4 * run.record_words);
+                let mut a = [_mm512_setzero_ps(); 4];
+                for j in 0..full {
+                    let x = plain_chunk::<F16>(rec, j, all);
+                    for (h, acc) in a.iter_mut().enumerate().take(H) {
+                        let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
+                        *acc = _mm512_fmadd_ps(qv, x, *acc);
+                    }
                 }
-            }
-            if tail > 0 {
-                let x = plain_chunk::<F16>(rec, full, lanes(tail));
-                for (h, acc) in a.iter_mut().enumerate().take(H) {
-                    let qv = _mm512_maskz_loadu_ps(lanes(tail), qp.add(h * d + 16 * full));
-                    *acc = _mm512_fmadd_ps(qv, x, *acc);
+                if tail > 0 {
+                    let x = plain_chunk::<F16>(rec, full, lanes(tail));
+                    for (h, acc) in a.iter_mut().enumerate().take(H) {
+                        let qv = _mm512_maskz_loadu_ps(lanes(tail), qp.add(h * d + 16 * full));
+                        *acc = _mm512_fmadd_ps(qv, x, *acc);
+                    }
                 }
+                batch.push::<H, false>(&a, _mm_setzero_ps());
             }
-            let mut t = [0.0f32; 4];
-            _mm_storeu_ps(t.as_mut_ptr(), hsum4(&merge(&a, H)));
-            for (h, &score) in t.iter().enumerate().take(H) {
-                *op.add(h * stride + i) += score;
-            }
+            batch.flush::<H, false>(op, stride);
         }
     }
 }

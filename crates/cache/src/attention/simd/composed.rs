@@ -72,18 +72,19 @@ pub(crate) fn score_coded<P: Prims>(
 ) {
     let d = run.dim;
     let m = run.sketch_dim;
-    let spt = run.scales_per_token();
+    let scale_stride = run.scale_stride;
     let mut stack = [0.0f32; STACK_DIM];
     let mut heap = Vec::new();
     let vector = work_vector(d, &mut stack, &mut heap);
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
         P::dequantize(&record[run.code_offset..], run.bits, run.centroids, vector);
-        let norm = run.scales[i * spt];
+        let norm = run.scales[i * scale_stride];
         for (h, q) in queries.chunks_exact(d).enumerate() {
             let mut s = norm * P::dot(q, vector);
             if m > 0 {
                 let w = &sketch_queries[h * m..(h + 1) * m];
-                s += run.scales[i * spt + 1] * P::signed_dot(w, &record[run.sign_offset..]);
+                s +=
+                    run.scales[i * scale_stride + 1] * P::signed_dot(w, &record[run.sign_offset..]);
             }
             out[h * stride + i] += s;
         }

@@ -249,8 +249,13 @@ pub struct CodedRun<'a> {
     pub sign_offset: usize,
     /// Sketch dimension `m` (0: no QJL signs).
     pub sketch_dim: usize,
-    /// Per token, the norm and (with signs) `γ`, as f32: `n · (1 or 2)` values.
+    /// Per token, the norm and (with signs) `γ`, as f32: record `i`'s scales start at
+    /// `scales[i · scale_stride]`.
     pub scales: &'a [f32],
+    /// Floats from one record's scales to the next: [`scales_per_token`](Self::scales_per_token)
+    /// for compact scales, more when they are interleaved with other parts' (the tiers of a
+    /// two-tier record share one scale array, so no per-tier copy is made).
+    pub scale_stride: usize,
 }
 
 impl CodedRun<'_> {
@@ -299,10 +304,17 @@ impl CodedRun<'_> {
             0,
             "coded run: words are not whole records"
         );
-        assert_eq!(
-            self.scales.len(),
-            self.len() * self.scales_per_token(),
-            "coded run: scales do not match the records"
+        assert!(
+            self.scale_stride >= self.scales_per_token(),
+            "coded run: scale stride below the scales per token"
+        );
+        let scales_needed = match self.len() {
+            0 => 0,
+            n => (n - 1) * self.scale_stride + self.scales_per_token(),
+        };
+        assert!(
+            self.scales.len() >= scales_needed,
+            "coded run: scales do not cover the records"
         );
     }
 }

@@ -638,7 +638,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     let sign_words = sign_chunks / 4;
     let sign_bytes = m.div_ceil(8);
     let use_tables = !tables.is_empty();
-    let spt = run.scales_per_token();
+    let scale_stride = run.scale_stride;
     let b = B as usize;
     // SAFETY: score writes go to `out[h·stride + i]` with `h < H ≤ heads` and `i < n`, inside
     // `out` (checked by the dispatcher: `(heads − 1)·stride + n ≤ out.len()`); record `i` is
@@ -671,12 +671,12 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                     *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), c, *acc);
                 }
             }
-            let norm = run.scales[i * spt];
+            let norm = run.scales[i * scale_stride];
             let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&a));
             if m > 0 && use_tables {
                 let signs = record.as_ptr().add(run.sign_offset) as *const u8;
                 let sum = sign_table_sum(tables, signs, sign_bytes);
-                let gamma = run.scales[i * spt + 1];
+                let gamma = run.scales[i * scale_stride + 1];
                 scores = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, scores);
             } else if m > 0 {
                 let sp = record.as_ptr().add(run.sign_offset);
@@ -697,7 +697,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                         *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
                     }
                 }
-                let gamma = run.scales[i * spt + 1];
+                let gamma = run.scales[i * scale_stride + 1];
                 scores = _mm_fmadd_ps(_mm_set1_ps(gamma), hsum4(&s), scores);
             }
             let mut t = [0.0f32; 4];
@@ -717,7 +717,7 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
                     for j in 8 * sign_chunks..m {
                         tail += w[h * m + j] * sign_at(signs, j);
                     }
-                    v += run.scales[i * spt + 1] * tail;
+                    v += run.scales[i * scale_stride + 1] * tail;
                 }
                 *op.add(h * stride + i) += v;
             }
