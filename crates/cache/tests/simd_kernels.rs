@@ -365,16 +365,19 @@ proptest! {
     }
 
     /// The two-tier layouts of the presets (25% and 75% of d = 64 or 128 channels, codes of
-    /// at most 4 bits, no signs), which the AVX-512 path scores with unrolled chunk loops.
+    /// at most 4 bits, signs on the second part or none), which the AVX-512 path scores with
+    /// unrolled chunk loops when the signs go through tables.
     #[test]
     fn score_two_tier_layouts_match_scalar(
         dims in prop_oneof![Just((16usize, 48usize)), Just((32, 96))],
         bits in (1u8..=4, 1u8..=4),
         heads in 1usize..=9,
         n in 1usize..40,
+        prod in any::<bool>(),
+        tables in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        check_two_parts(dims, bits, heads, n, false, false, seed);
+        check_two_parts(dims, bits, heads, n, prod, tables, seed);
     }
 }
 

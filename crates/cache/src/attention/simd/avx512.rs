@@ -20,8 +20,9 @@
 //! accumulators are summed together by [`reduce16`] (a 4-level shuffle tree, the same for every
 //! token) and added to the scores with one masked read-modify-write per head, instead of a
 //! horizontal add and scalar stores per token. Records whose coded parts are the presets'
-//! layouts (one or two parts of whole, directly readable chunks, no signs) take
-//! [`score_flat`], whose chunk loops unroll with the queries held in registers.
+//! layouts (one or two parts of whole, directly readable chunks; QJL signs, if any, through
+//! sign tables) take [`score_flat`], whose chunk loops unroll with the queries held in
+//! registers.
 //!
 //! These intrinsics are stable since Rust 1.89, hence the module-wide `incompatible_msrv`
 //! allowance (see the crate's `rust-version`).
@@ -594,17 +595,20 @@ unsafe fn score_parts_tile<const H: usize>(
     unsafe {
         let base = words.as_ptr() as *const u8;
         let op = out.as_mut_ptr();
-        let flat = |s: &Segment<'_>| s.sketch_dim == 0 && s.tail == 0 && s.fast == s.full;
+        // Sign terms through tables are a load per byte either way; multiply-add signs stay on
+        // the general loop.
+        let flat = |s: &Segment<'_>| {
+            s.tail == 0 && s.fast == s.full && (s.sketch_dim == 0 || !s.tables.is_empty())
+        };
         if segments.iter().all(flat) {
             let args = (segments, base, record_bytes, n, op, stride);
-            // The layouts of the presets at d = 64 and 128: a two-tier record of 25% and 75%
-            // of the channels, or one part.
-            match segments {
-                [a, b] if (a.full, b.full) == (1, 3) => return score_flat::<H, 1, 3>(args),
-                [a, b] if (a.full, b.full) == (2, 6) => return score_flat::<H, 2, 6>(args),
-                [a] if a.full == 4 => return score_flat::<H, 4, 0>(args),
-                [a] if a.full == 8 => return score_flat::<H, 8, 0>(args),
-                _ => {}
+            let done = if segments.iter().any(|s| s.sketch_dim > 0) {
+                score_flat_layouts::<H, true>(args)
+            } else {
+                score_flat_layouts::<H, false>(args)
+            };
+            if done {
+                return;
             }
         }
         let signed = segments
@@ -618,27 +622,49 @@ unsafe fn score_parts_tile<const H: usize>(
     }
 }
 
+/// Runs [`score_flat`] if the segments have one of the presets' layouts at d = 64 and 128 (a
+/// two-tier record of 25% and 75% of the channels, or one part); `false` if not.
+///
+/// # Safety
+/// As [`score_flat`], but for the chunk counts, which this checks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_flat_layouts<const H: usize, const SIGNED: bool>(args: FlatArgs<'_, '_>) -> bool {
+    // SAFETY: forwarded contract; the match checks the chunk counts.
+    unsafe {
+        match args.0 {
+            [a, b] if (a.full, b.full) == (1, 3) => score_flat::<H, 1, 3, SIGNED>(args),
+            [a, b] if (a.full, b.full) == (2, 6) => score_flat::<H, 2, 6, SIGNED>(args),
+            [a] if a.full == 4 => score_flat::<H, 4, 0, SIGNED>(args),
+            [a] if a.full == 8 => score_flat::<H, 8, 0, SIGNED>(args),
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// The arguments of [`score_flat`]: segments, records (base, bytes each, count), scores
 /// (base, row stride).
 type FlatArgs<'s, 'a> = (&'s [Segment<'a>], *const u8, usize, usize, *mut f32, usize);
 
 /// [`score_parts_batched`] for records of one or two segments of `C0` and `C1` whole chunks
-/// (`C1` = 0: one segment), all read directly and none with signs: the chunk loops unroll, the
-/// queries stay in registers and no segment field is reloaded per token. The same
-/// multiply-adds in the same order as the general loop, so the same bits.
+/// (`C1` = 0: one segment), all read directly, signs (`SIGNED`) only through sign tables: the
+/// chunk loops unroll, the queries stay in registers and no segment field is reloaded per
+/// token. The same multiply-adds in the same order as the general loop, so the same bits.
 ///
 /// # Safety
-/// As [`score_parts_tile`]; every segment has `full` chunks (`C0`, `C1`), no tail, no signs,
-/// and all its chunks are fast.
+/// As [`score_parts_tile`]; every segment has `full` chunks (`C0`, `C1`), no tail, all its
+/// chunks fast, and signs only with sign tables.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize>(
+unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize, const SIGNED: bool>(
     (segments, base, record_bytes, n, out, stride): FlatArgs<'_, '_>,
 ) {
     let s0 = &segments[0];
     let s1 = &segments[segments.len() - 1];
     // SAFETY: caller contract: chunk `c` of segment `s` reads 8 bytes at `code_offset +
-    // chunk_bytes·c`, inside the record (fast); query rows `h < H` hold `16·C` floats.
+    // chunk_bytes·c`, inside the record (fast); query rows `h < H` hold `16·C` floats; sign
+    // reads and table loads as in `score_token`.
     unsafe {
         let rows = |s: &Segment<'_>, c: usize| -> [__m512; 4] {
             std::array::from_fn(|h| {
@@ -681,9 +707,18 @@ unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize>(
                         }
                     }
                 }
-                batch.push::<H, false>(&acc, _mm_setzero_ps());
+                let mut signed = _mm_setzero_ps();
+                if SIGNED {
+                    for s in segments.iter().filter(|s| s.sketch_dim > 0) {
+                        let gamma = *s.scales.get_unchecked(i * s.scale_stride + 1);
+                        let bytes = s.sketch_dim.div_ceil(8);
+                        let sum = sign_table_sum(s.tables, rec.add(s.sign_offset), bytes);
+                        signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
+                    }
+                }
+                batch.push::<H, SIGNED>(&acc, signed);
             }
-            batch.flush::<H, false>(out, stride);
+            batch.flush::<H, SIGNED>(out, stride);
         }
     }
 }
