@@ -136,9 +136,10 @@ fn fused_matches_reference_with_sinks_and_recent_window() {
     }
 }
 
-/// A long prefill chunk (here 64 queries × 3 KV heads × 16 blocks = 3072 blocks, more than
-/// one wave of the fused kernel) gives every query row bit for bit what attending with that
-/// query alone gives: the wave split, like the thread count, never changes a result.
+/// A long prefill chunk (here 64 queries × 3 KV heads × 16 blocks = 3072 blocks and 192
+/// items, more than one wave of the fused kernel by either bound) gives every query row bit
+/// for bit what attending with that query alone gives: the wave split, like the thread count,
+/// never changes a result.
 #[test]
 fn fused_long_chunk_equals_one_query_at_a_time() {
     let (dim, kv_heads, q_heads, tokens, chunk) = (64, 3, 9, 4096, 64);

@@ -39,6 +39,12 @@ pub const MAX_BLOCK_TOKENS: usize = 2048;
 /// partials at head dim 64 and GQA 3, and still hundreds of blocks to spread over threads.
 const MAX_WAVE_TASKS: usize = 1024;
 
+/// Most (query, KV head) items one wave prepares queries for: with QJL keys each item holds
+/// sign tables of `ceil(m/8)·4 KiB` per tile of heads (32 KiB at m = 64), so 128 items are
+/// about 4 MB, where a 256-token chunk's 768 items would be 24 MB; still 128 or more blocks
+/// per wave to spread over threads.
+const MAX_WAVE_ITEMS: usize = 128;
+
 /// Tokens per block for a visible range of `len` tokens: about `len/16` (so each (query, KV
 /// head) still splits into a dozen or more blocks to spread over threads), rounded to a power of
 /// two within `[BLOCK_TOKENS, MAX_BLOCK_TOKENS]`. A pure function of the range, so block
@@ -762,9 +768,9 @@ fn attend_with(
     } = workspace;
     // One item per (query token, KV head), item `k` = token `k / kv_heads`, head
     // `k % kv_heads`; its query rows, and its output rows, are the `k`-th `group·d` chunk.
-    // Items run in waves of at most `MAX_WAVE_TASKS` blocks (at least one item), so the
-    // prepared queries and block partials held at once are bounded whatever the chunk and
-    // context (a 512-token prefill chunk at 8K context is 24 576 blocks: about 24 MB of
+    // Items run in waves of at most `MAX_WAVE_TASKS` blocks and `MAX_WAVE_ITEMS` items (at
+    // least one item), so the prepared queries and block partials held at once are bounded
+    // whatever the chunk and context (a 512-token prefill chunk at 8K context is 24 576 blocks: about 24 MB of
     // partials if held together). Each item's blocks and their combination are the same in
     // any wave, so the result does not depend on the wave split either.
     let items = n * kv_heads;
@@ -779,7 +785,9 @@ fn attend_with(
             let range = cache.visible(query_positions[wave_end / kv_heads]);
             let block = block_tokens(range.len());
             let blocks = range.len().div_ceil(block);
-            if wave_end > wave_start && tasks.len() + blocks > MAX_WAVE_TASKS {
+            let full =
+                tasks.len() + blocks > MAX_WAVE_TASKS || wave_end - wave_start >= MAX_WAVE_ITEMS;
+            if wave_end > wave_start && full {
                 break;
             }
             first_task.push(tasks.len());
