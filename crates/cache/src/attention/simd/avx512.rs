@@ -397,6 +397,44 @@ struct Segment<'a> {
     scale_stride: usize,
 }
 
+impl Segment<'_> {
+    /// The centroid table scaled by record `i`'s norm.
+    ///
+    /// # Safety
+    /// AVX-512 features; `i` is a record of the run.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn scaled_table(&self, i: usize) -> __m512 {
+        // SAFETY: caller contract; `CodedRun::check` made the scales cover every record.
+        let norm = unsafe { *self.scales.get_unchecked(i * self.scale_stride) };
+        _mm512_mul_ps(self.table, _mm512_set1_ps(norm))
+    }
+
+    /// The centroids (of `table`) of the sixteen codes in `bits`, a chunk's 8 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    fn decode(&self, bits: i64, table: __m512) -> __m512 {
+        let idx = _mm512_multishift_epi64_epi8(self.control, _mm512_set1_epi64(bits));
+        _mm512_permutexvar_ps(idx, table)
+    }
+
+    /// `signed + γ·(sign-table sum)` of record `i` (at `rec`), for a segment with sign tables.
+    ///
+    /// # Safety
+    /// AVX-512 features; `rec` is record `i` of the run and the segment has sign tables.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn add_sign_term(&self, rec: *const u8, i: usize, signed: __m128) -> __m128 {
+        // SAFETY: caller contract; sign reads as in `sign_table_sum`.
+        unsafe {
+            let gamma = *self.scales.get_unchecked(i * self.scale_stride + 1);
+            let bytes = self.sketch_dim.div_ceil(8);
+            let sum = sign_table_sum(self.tables, rec.add(self.sign_offset), bytes);
+            _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed)
+        }
+    }
+}
+
 /// Whether [`score_parts`] handles these runs: every part has codes of at most 4 bits.
 pub(super) fn parts_supported(runs: &[CodedRun<'_>]) -> bool {
     runs.iter().all(|r| r.bits <= 4)
@@ -519,17 +557,11 @@ unsafe fn score_token<const H: usize>(
         let mut signed = _mm_setzero_ps();
         for seg in segments {
             let (d, m) = (seg.dim, seg.sketch_dim);
-            let norm = *seg.scales.get_unchecked(i * seg.scale_stride);
-            let table = _mm512_mul_ps(seg.table, _mm512_set1_ps(norm));
+            let table = seg.scaled_table(i);
             let codes = rec.add(seg.code_offset);
-            let lookup = |bits: __m512i| {
-                _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(seg.control, bits), table)
-            };
             for j in 0..seg.fast {
-                let bits = _mm512_set1_epi64(
-                    (codes.add(seg.chunk_bytes * j) as *const i64).read_unaligned(),
-                );
-                let c = lookup(bits);
+                let bits = (codes.add(seg.chunk_bytes * j) as *const i64).read_unaligned();
+                let c = seg.decode(bits, table);
                 for (h, a) in acc.iter_mut().enumerate().take(H) {
                     let qv = _mm512_loadu_ps(seg.queries.add(h * d + 16 * j));
                     *a = _mm512_fmadd_ps(qv, c, *a);
@@ -537,7 +569,7 @@ unsafe fn score_token<const H: usize>(
             }
             for j in seg.fast..seg.full + usize::from(seg.tail > 0) {
                 let x = read_padded(codes, seg.bytes, seg.chunk_bytes * j, 8);
-                let c = lookup(_mm512_set1_epi64(x as i64));
+                let c = seg.decode(x as i64, table);
                 let mask = if j < seg.full {
                     lanes(16)
                 } else {
@@ -549,9 +581,7 @@ unsafe fn score_token<const H: usize>(
                 }
             }
             if m > 0 && !seg.tables.is_empty() {
-                let gamma = *seg.scales.get_unchecked(i * seg.scale_stride + 1);
-                let sum = sign_table_sum(seg.tables, rec.add(seg.sign_offset), m.div_ceil(8));
-                signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
+                signed = seg.add_sign_term(rec, i, signed);
             } else if m > 0 {
                 let gamma = *seg.scales.get_unchecked(i * seg.scale_stride + 1);
                 let plus = _mm512_set1_ps(gamma);
@@ -677,43 +707,33 @@ unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize, const SIG
         };
         let q0: [[__m512; 4]; C0] = std::array::from_fn(|c| rows(s0, c));
         let q1: [[__m512; 4]; C1] = std::array::from_fn(|c| rows(s1, c));
-        let chunk = |codes: *const u8, step: usize, c: usize, control: __m512i, table: __m512| {
-            let bits = _mm512_set1_epi64((codes.add(step * c) as *const i64).read_unaligned());
-            _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(control, bits), table)
-        };
+        // Segment `s`'s codes of record `i` against its query rows `q`, into `acc`.
+        let add_codes =
+            |acc: &mut [__m512; 4], s: &Segment<'_>, q: &[[__m512; 4]], rec: *const u8, i| {
+                let table = s.scaled_table(i);
+                let codes = rec.add(s.code_offset);
+                for (c, q) in q.iter().enumerate() {
+                    let bits = (codes.add(s.chunk_bytes * c) as *const i64).read_unaligned();
+                    let v = s.decode(bits, table);
+                    for h in 0..H {
+                        acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
+                    }
+                }
+            };
         let mut batch = TokenBatch::new();
         for first in (0..n).step_by(16) {
             for i in first..n.min(first + 16) {
                 let rec = base.add(i * record_bytes);
                 prefetch_record(rec, record_bytes, record_bytes);
                 let mut acc = [_mm512_setzero_ps(); 4];
-                let norm = *s0.scales.get_unchecked(i * s0.scale_stride);
-                let table = _mm512_mul_ps(s0.table, _mm512_set1_ps(norm));
-                let codes = rec.add(s0.code_offset);
-                for (c, q) in q0.iter().enumerate() {
-                    let v = chunk(codes, s0.chunk_bytes, c, s0.control, table);
-                    for h in 0..H {
-                        acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
-                    }
-                }
+                add_codes(&mut acc, s0, &q0, rec, i);
                 if C1 > 0 {
-                    let norm = *s1.scales.get_unchecked(i * s1.scale_stride);
-                    let table = _mm512_mul_ps(s1.table, _mm512_set1_ps(norm));
-                    let codes = rec.add(s1.code_offset);
-                    for (c, q) in q1.iter().enumerate() {
-                        let v = chunk(codes, s1.chunk_bytes, c, s1.control, table);
-                        for h in 0..H {
-                            acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
-                        }
-                    }
+                    add_codes(&mut acc, s1, &q1, rec, i);
                 }
                 let mut signed = _mm_setzero_ps();
                 if SIGNED {
                     for s in segments.iter().filter(|s| s.sketch_dim > 0) {
-                        let gamma = *s.scales.get_unchecked(i * s.scale_stride + 1);
-                        let bytes = s.sketch_dim.div_ceil(8);
-                        let sum = sign_table_sum(s.tables, rec.add(s.sign_offset), bytes);
-                        signed = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, signed);
+                        signed = s.add_sign_term(rec, i, signed);
                     }
                 }
                 batch.push::<H, SIGNED>(&acc, signed);
