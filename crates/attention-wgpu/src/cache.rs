@@ -155,9 +155,9 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Errors: a two-tier codec, full-precision sink or recent copies, heads of one stream
-    /// with different codec kinds, a head dimension above 512, or a page of one token that
-    /// does not fit one binding.
+    /// Errors: a two-tier codec, full-precision sink or recent copies, a mean-centered stream,
+    /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
+    /// one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
@@ -172,6 +172,13 @@ impl GpuKvCache {
                 if l.outliers.is_some() {
                     return Err(GpuError::Unsupported(
                         "two-tier (outlier channel) codecs".into(),
+                    ));
+                }
+                // The GPU kernels would read centered records as true vectors and never add
+                // the value mean back.
+                if l.center.is_centered() || l.mean.is_some() {
+                    return Err(GpuError::Unsupported(
+                        "mean-centered streams (`center`)".into(),
                     ));
                 }
             }

@@ -21,8 +21,8 @@
 //! What the GPU supports: keys and values stored as f32, f16, TQ_mse (b = 1..8), debiased
 //! TQ_mse, or TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), one codec per stream
 //! (per-head rotation and sketch seeds), head dimension ≤ 512, growing or sliding layers.
-//! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs and full-precision
-//! sink / recent-window copies. All arithmetic is f32 (no `SHADER_F16` path yet).
+//! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs, full-precision
+//! sink / recent-window copies and mean-centered streams (`center = "first-chunk"`). All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

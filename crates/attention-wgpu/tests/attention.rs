@@ -295,6 +295,22 @@ fn errors_are_typed() {
         GpuKvCache::new(&ctx, &two_tier),
         Err(GpuError::Unsupported(_))
     ));
+    // Neither are mean-centered streams: the kernels would read `x − μ` as `x` and never add
+    // the value mean back. Refused before and after the mean is chosen.
+    for name in ["mse-k4v4-c", "k5v3-c"] {
+        let mut centered =
+            KvCache::with_allocation(growing(1, 128), &Allocation::preset(name).unwrap(), 3, 8)
+                .unwrap();
+        for _ in 0..2 {
+            match GpuKvCache::new(&ctx, &centered) {
+                Err(GpuError::Unsupported(what)) => assert!(what.contains("centered"), "{what}"),
+                other => panic!("{name}: a centered cache must be refused, got {other:?}"),
+            }
+            let kv = vectors(16, 128, 5);
+            let positions: Vec<u32> = (centered.len() as u32..centered.len() as u32 + 16).collect();
+            centered.append(&kv, &kv, &positions).unwrap();
+        }
+    }
 }
 
 /// GQA groups larger than one workgroup's eight heads split into equal head chunks (the

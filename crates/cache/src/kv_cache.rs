@@ -87,7 +87,7 @@ pub struct KvCache {
     scratch: Vec<[CodecScratch; 2]>,
 }
 
-/// Stream layouts with the same codec on every head and no full-precision extras.
+/// Stream layouts with the same codec on every head, no full-precision extras and no centering.
 pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout> {
     let growth = match layout.kind {
         KvKind::Growing { growth } => growth,
@@ -98,6 +98,8 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             codec,
             outliers: None,
             channels: None,
+            center: crate::center::CenterPolicy::None,
+            mean: None,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
@@ -269,8 +271,8 @@ impl KvCache {
     }
 
     /// Bytes the cache allocates, from the layout formula: every allocated token slot costs
-    /// [`bytes_per_token`](Self::bytes_per_token), plus the fixed full-precision copies
-    /// ([`fixed_bytes`](Self::fixed_bytes)). Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
+    /// [`bytes_per_token`](Self::bytes_per_token), plus what is stored once
+    /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams). Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
     pub fn formula_bytes(&self) -> usize {
         self.positions.capacity() * self.bytes_per_token() + self.fixed_bytes()
     }
@@ -281,7 +283,9 @@ impl KvCache {
         4 + self.body_bytes_per_token()
     }
 
-    /// Bytes of the full-precision sink and recent copies, allocated once.
+    /// Bytes stored once rather than per token: the full-precision sink and recent copies and
+    /// the means of centered streams (`4·head_dim` each, once chosen); see
+    /// [`Stream::fixed_bytes`].
     pub fn fixed_bytes(&self) -> usize {
         self.keys
             .iter()
@@ -433,7 +437,9 @@ impl KvCache {
         attend(self, queries, new_positions, shape, kernel, out)
     }
 
-    /// Forgets every token, keeping the allocations (a reset, always exact).
+    /// Forgets every token, keeping the allocations (a reset, always exact: two-tier outlier
+    /// channels and the means of centered streams are chosen again from the next first batch,
+    /// as in a fresh cache).
     pub fn clear(&mut self) {
         for s in self.keys.iter_mut().chain(self.values.iter_mut()) {
             s.clear();
@@ -447,6 +453,8 @@ impl KvCache {
     /// Exact — the cache equals one that never saw the dropped tokens — within the limits the
     /// layout keeps: a ring must still hold the window of the new last token, and full-precision
     /// recent copies must still exist; otherwise [`CacheError::RewindTooFar`] and nothing changes.
+    /// A rewind keeps the means of centered streams (the remaining tokens were stored centered
+    /// on them), except a rewind to zero tokens, which forgets them like [`clear`](Self::clear).
     pub fn truncate(&mut self, new_len: usize) -> Result<(), CacheError> {
         if new_len >= self.len {
             return Ok(());

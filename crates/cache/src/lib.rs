@@ -31,6 +31,7 @@ pub mod token_store;
 pub use error::CacheError;
 pub mod allocation;
 pub mod attention;
+pub mod center;
 pub mod kv_cache;
 pub mod persist;
 pub mod states;

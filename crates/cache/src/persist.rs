@@ -7,11 +7,17 @@
 //! | 8 | magic `TQCACHE\0` |
 //! | 4 | format version ([`FORMAT_VERSION`]) |
 //! | 8 | header length `H` |
-//! | H | JSON header: the state specs, every stream's layout (codec parameters and seeds), and the identity of every codebook (distribution, bits, and a hash of its centroids) |
+//! | H | JSON header: the state specs, every stream's layout (codec parameters and seeds, chosen outlier channels, centering policy and chosen mean as f32 bit patterns), and the identity of every codebook (distribution, bits, and a hash of its centroids) |
 //! | … | body: per state, lengths and the raw pages (packed codes, f16 scales, positions) |
 //! | 4 | CRC-32 of everything before it |
 //!
 //! Rotations and sketches are not stored: they are pure functions of the seeds in the header.
+//! A centered stream's mean is stored as the `u32` bit patterns of its f32 values
+//! (`mean_bits`), since JSON numbers need not round-trip an f32 bit for bit.
+//!
+//! Versions: 2 added the centering fields to the stream layouts. This build writes version 2
+//! and reads 1 and 2 (a version-1 header has no centering fields, which default to "not
+//! centered", exactly what a version-1 writer stored).
 //! The codebook identity guards against a future solver producing different centroids for the
 //! same parameters: such a file is refused rather than decoded with the wrong levels. A file
 //! that is truncated, corrupted (checksum), of another version, or internally inconsistent is
@@ -29,8 +35,11 @@ use crate::token_store::TokenStore;
 /// The first bytes of every saved cache.
 pub const MAGIC: &[u8; 8] = b"TQCACHE\0";
 
-/// The version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version this build writes (and the newest it reads).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest version this build reads.
+pub const MIN_FORMAT_VERSION: u32 = 1;
 
 /// Why a saved cache could not be read (or written).
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +51,10 @@ pub enum PersistError {
     #[error("not a turboquant cache file (bad magic)")]
     BadMagic,
     /// Written by another format version.
-    #[error("unsupported cache file version {found} (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "unsupported cache file version {found} \
+         (this build reads versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION})"
+    )]
     UnsupportedVersion {
         /// The version in the file.
         found: u32,
@@ -185,7 +197,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<ModelCache, PersistError> {
         return Err(PersistError::BadMagic);
     }
     let version = input.u32()?;
-    if version != FORMAT_VERSION {
+    if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(PersistError::UnsupportedVersion { found: version });
     }
     if bytes.len() < 4 {

@@ -10,10 +10,16 @@
 //! In ring mode (sliding-window layers) the body itself is a ring of `slots` records and token
 //! `t` lives in slot `t % slots`; sinks and recent copies are not used there (the window already
 //! bounds the memory).
+//!
+//! A mean-centered stream ([`CenterPolicy`], see [`center`](crate::center)) stores `x − μ`
+//! everywhere — body, sinks and recent copies — so every record, and every kernel reading it,
+//! is in one (centered) domain. `μ` is chosen from the first appended batch, like the outlier
+//! channels of a two-tier stream, and forgotten with them when the stream is emptied.
 
 use half::f16;
 
-use crate::codec::CodecScratch;
+use crate::center::CenterPolicy;
+use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
@@ -41,6 +47,14 @@ pub struct StreamLayout {
     /// The outlier channels once chosen (recorded so a saved cache reloads them).
     #[serde(default)]
     pub channels: Option<Vec<u16>>,
+    /// Mean-centering: whether the stream stores `x − μ` (default: not centered).
+    #[serde(default)]
+    pub center: CenterPolicy,
+    /// The mean `μ` once chosen (`head_dim` values; all zero when the first batch was too
+    /// short). Recorded so a saved cache reloads it; saved as f32 bit patterns (`mean_bits`),
+    /// so it reloads bit for bit.
+    #[serde(default, rename = "mean_bits", with = "crate::center::mean_bits")]
+    pub mean: Option<Vec<f32>>,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
     /// First tokens kept at full precision.
@@ -61,6 +75,10 @@ pub struct Stream {
     layout: StreamLayout,
     codec: TokenCodec,
     fp_codec: TokenCodec,
+    /// `x − μ` of the token being pushed (`head_dim` values for a centered stream, else empty):
+    /// working memory kept so a push allocates nothing, not counted in the stream's bytes (like
+    /// the encoder scratch).
+    centered: Vec<f32>,
     body: TokenStore,
     sinks: TokenStore,
     recent: TokenStore,
@@ -110,6 +128,21 @@ impl Stream {
                 "full-precision copies must be f16 or f32 of the stream's dimension".into(),
             ));
         }
+        let head_dim = layout.head_dim();
+        match (&layout.mean, layout.center.is_centered()) {
+            (Some(_), false) => {
+                return Err(CacheError::InvalidConfig(
+                    "a recorded mean on a stream that is not centered".into(),
+                ));
+            }
+            (Some(mean), true) if mean.len() != head_dim || mean.iter().any(|m| !m.is_finite()) => {
+                return Err(CacheError::InvalidConfig(format!(
+                    "a stream's mean must be {head_dim} finite values, got {} values",
+                    mean.len()
+                )));
+            }
+            _ => {}
+        }
         let ring = layout.ring_slots;
         if ring == Some(0) {
             return Err(CacheError::InvalidConfig(
@@ -142,6 +175,11 @@ impl Stream {
             body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth),
             sinks: fp_store(sink_tokens),
             recent: fp_store(recent_slots),
+            centered: if layout.center.is_centered() {
+                vec![0.0; head_dim]
+            } else {
+                Vec::new()
+            },
             codec,
             fp_codec,
             sink_tokens,
@@ -184,19 +222,55 @@ impl Stream {
         &self.body
     }
 
-    /// Bytes held by every buffer of the stream, measured from the buffers.
+    /// Bytes held by every buffer of the stream, measured from the buffers (the mean of a
+    /// centered stream included).
     pub fn allocated_bytes(&self) -> usize {
-        self.body.allocated_bytes() + self.sinks.allocated_bytes() + self.recent.allocated_bytes()
+        self.body.allocated_bytes()
+            + self.sinks.allocated_bytes()
+            + self.recent.allocated_bytes()
+            + self.layout.mean.as_ref().map_or(0, |m| 4 * m.capacity())
     }
 
-    /// Bytes of the full-precision sink and recent copies (allocated at creation), by formula.
+    /// Bytes stored once rather than per token, by formula: the full-precision sink and recent
+    /// copies (allocated at creation) and, once chosen, the mean of a centered stream
+    /// (`4·head_dim`).
     pub fn fixed_bytes(&self) -> usize {
         (self.sink_tokens + self.recent_slots) * self.fp_codec.bytes_per_token()
+            + self.layout.center.mean_bytes(self.layout.head_dim())
+                * usize::from(self.layout.mean.is_some())
     }
 
-    /// Appends one token.
+    /// The stream's centering policy.
+    pub fn center(&self) -> CenterPolicy {
+        self.layout.center
+    }
+
+    /// The mean `μ` a centered stream subtracts from every vector it stores, once chosen from
+    /// its first batch (all zero if that batch was too short); `None` for a stream that is not
+    /// centered or has not seen a token since it was created or emptied.
+    pub fn mean(&self) -> Option<&[f32]> {
+        self.layout.mean.as_deref()
+    }
+
+    /// Appends one token. A centered stream stores `x − μ` (body, sink and recent copies).
     pub fn push(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
         let t = self.len;
+        let x = match &self.layout.mean {
+            Some(mean) => {
+                if x.len() != mean.len() {
+                    return Err(CacheError::Codec(CodecError::LengthMismatch {
+                        what: "input vector",
+                        expected: mean.len(),
+                        actual: x.len(),
+                    }));
+                }
+                for ((c, &v), &m) in self.centered.iter_mut().zip(x).zip(mean) {
+                    *c = v - m;
+                }
+                &self.centered[..]
+            }
+            None => x,
+        };
         match self.ring_slots {
             Some(slots) => {
                 let (record, scales) = if t % slots < self.body.len() {
@@ -269,7 +343,8 @@ impl Stream {
         self.oldest_body
     }
 
-    /// The record and codec of token `t`.
+    /// The record and codec of token `t`, in the stored domain (`x − μ` for a centered
+    /// stream, see [`mean`](Self::mean)).
     pub fn token(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
         if t >= self.len || t < self.first_stored() {
             return None;
@@ -283,7 +358,9 @@ impl Stream {
         Some((codec, record, scales))
     }
 
-    /// Decodes token `t` into `out`.
+    /// Decodes token `t` into `out` **in the stored domain**: `x − μ` for a centered stream
+    /// (what every attention kernel reads), `x` otherwise. [`reconstruct`](Self::reconstruct)
+    /// gives the true vector.
     pub fn decode(
         &self,
         t: usize,
@@ -299,21 +376,77 @@ impl Stream {
         Ok(())
     }
 
-    /// Whether the next append must choose the outlier channels first.
-    pub fn needs_calibration(&self) -> bool {
-        self.len == 0 && self.layout.outliers.is_some() && self.layout.channels.is_none()
+    /// Decodes token `t` into `out` as a true vector: [`decode`](Self::decode) plus the mean of
+    /// a centered stream (the same as `decode` for a stream that is not centered).
+    pub fn reconstruct(
+        &self,
+        t: usize,
+        scratch: &mut CodecScratch,
+        out: &mut [f32],
+    ) -> Result<(), CacheError> {
+        self.decode(t, scratch, out)?;
+        if let Some(mean) = self.mean() {
+            for (o, m) in out.iter_mut().zip(mean) {
+                *o += m;
+            }
+        }
+        Ok(())
     }
 
-    /// Chooses the outlier channels from `tokens` (`[n, head_dim]`, the first appended batch)
-    /// and rebuilds the two-tier codec with them. The record size does not change.
+    /// Whether the next append must calibrate first: choose the outlier channels of a two-tier
+    /// stream, or the mean of a centered one, from its first batch.
+    pub fn needs_calibration(&self) -> bool {
+        self.len == 0 && (self.needs_channels() || self.needs_mean())
+    }
+
+    fn needs_channels(&self) -> bool {
+        self.layout.outliers.is_some() && self.layout.channels.is_none()
+    }
+
+    fn needs_mean(&self) -> bool {
+        self.layout.center.is_centered() && self.layout.mean.is_none()
+    }
+
+    /// Calibrates from `tokens` (`[n, head_dim]`, the first appended batch): chooses the mean
+    /// of a centered stream, then the outlier channels of a two-tier stream — from the centered
+    /// tokens, since those are what its tiers will store — and rebuilds the two-tier codec with
+    /// them (the record size does not change). On error nothing changes.
     pub(crate) fn calibrate(&mut self, tokens: &[f32]) -> Result<(), CacheError> {
-        let Some(plan) = self.layout.outliers else {
-            return Ok(());
+        let head_dim = self.layout.head_dim();
+        let mean = if self.needs_mean() {
+            Some(crate::center::first_chunk_mean(tokens, head_dim)?)
+        } else {
+            None
         };
-        let channels =
-            crate::two_tier::select_outlier_channels(tokens, plan.head_dim(), plan.channels)?;
-        self.layout.channels = Some(channels);
-        self.codec = self.layout.build_codec()?;
+        if self.needs_channels()
+            && let Some(plan) = self.layout.outliers
+        {
+            let channels = match mean.as_ref().or(self.layout.mean.as_ref()) {
+                Some(mean) => {
+                    let centered: Vec<f32> = tokens
+                        .chunks_exact(head_dim)
+                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                        .collect();
+                    // A ragged batch is refused here as it would be without centering.
+                    if centered.len() != tokens.len() {
+                        return Err(crate::two_tier::TwoTierError::TokensShape {
+                            len: tokens.len(),
+                            head_dim,
+                        }
+                        .into());
+                    }
+                    crate::two_tier::select_outlier_channels(&centered, head_dim, plan.channels)?
+                }
+                None => crate::two_tier::select_outlier_channels(tokens, head_dim, plan.channels)?,
+            };
+            let mut layout = self.layout.clone();
+            layout.channels = Some(channels);
+            self.codec = layout.build_codec()?;
+            self.layout.channels = layout.channels;
+        }
+        if mean.is_some() {
+            self.layout.mean = mean;
+        }
         Ok(())
     }
 
@@ -358,6 +491,11 @@ impl Stream {
     /// Drops tokens from `new_len` on; call [`check_rewind`](Self::check_rewind) first.
     pub(crate) fn truncate(&mut self, new_len: usize) {
         if new_len >= self.len {
+            // A first batch that failed before any token went in still calibrated the stream
+            // from that batch: forget it, so the next first batch calibrates afresh.
+            if new_len == 0 {
+                self.forget_calibration();
+            }
             return;
         }
         self.len = new_len;
@@ -373,9 +511,12 @@ impl Stream {
         }
     }
 
-    /// An empty stream chooses its outlier channels again from its next first batch, exactly
-    /// as a stream that never saw the dropped tokens would.
+    /// An empty stream chooses its mean and outlier channels again from its next first batch,
+    /// exactly as a stream that never saw the dropped tokens would.
     fn forget_calibration(&mut self) {
+        if self.layout.center.is_centered() {
+            self.layout.mean = None;
+        }
         if self.layout.outliers.is_some() && self.layout.channels.is_some() {
             self.layout.channels = None;
             if let Ok(codec) = self.layout.build_codec() {
@@ -413,12 +554,17 @@ impl Stream {
             && self.oldest_recent <= self.len
             && self.sinks.len() == self.len.min(self.sink_tokens)
             && self.recent.len() <= self.recent_slots;
-        if consistent {
-            Ok(())
-        } else {
-            Err(crate::persist::PersistError::Inconsistent(
+        if !consistent {
+            return Err(crate::persist::PersistError::Inconsistent(
                 "stream lengths disagree",
-            ))
+            ));
         }
+        // Centered records are meaningless without the mean they were centered on.
+        if self.len > 0 && self.needs_mean() {
+            return Err(crate::persist::PersistError::Inconsistent(
+                "a centered stream holds tokens but no mean",
+            ));
+        }
+        Ok(())
     }
 }

@@ -45,7 +45,12 @@ fn the_preset_list_is_the_documented_one() {
             "mse-k5v4",
             "tq3.5",
             "tq2.5",
-            "paper-prod"
+            "paper-prod",
+            "mse-k4v4-c",
+            "k5v3-c",
+            "rec4.25",
+            "rec3.25",
+            "rec2.75"
         ]
     );
     let readme = include_str!("../presets/README.md");
@@ -99,7 +104,7 @@ fn every_preset_resolves_and_builds_with_honest_bytes() {
 /// Bits per value (keys, values) at d = 64 and d = 128, as `presets/README.md` states them.
 #[test]
 fn preset_costs_are_pinned() {
-    let expected: [(&str, [f64; 2], [f64; 2]); 7] = [
+    let expected: [(&str, [f64; 2], [f64; 2]); 12] = [
         ("f16", [16.0, 16.0], [16.0, 16.0]),
         ("mse-k4v4", [4.25, 4.25], [4.125, 4.125]),
         ("k5v4", [5.5, 4.25], [5.25, 4.125]),
@@ -107,6 +112,11 @@ fn preset_costs_are_pinned() {
         ("tq3.5", [4.0, 4.0], [3.5, 3.5]),
         ("tq2.5", [3.0, 3.0], [2.5, 2.5]),
         ("paper-prod", [4.5, 4.5], [4.25, 4.25]),
+        ("mse-k4v4-c", [4.25, 4.25], [4.125, 4.125]),
+        ("k5v3-c", [5.25, 3.25], [5.125, 3.125]),
+        ("rec4.25", [5.25, 3.25], [5.125, 3.125]),
+        ("rec3.25", [4.25, 2.25], [4.125, 2.125]),
+        ("rec2.75", [3.25, 2.25], [3.125, 2.125]),
     ];
     for (name, small, large) in expected {
         let allocation = Allocation::preset(name).unwrap();
@@ -140,6 +150,65 @@ fn two_tier_presets_split_a_quarter_of_the_channels() {
                 other => panic!("{name}: unexpected tiers {other:?}"),
             }
         }
+    }
+}
+
+/// The centered presets center every key and value stream, and only those; their means are
+/// per-head metadata (`4·head_dim` bytes, not per token), so the bits per value above are the
+/// uncentered presets' own.
+#[test]
+fn centered_presets_center_every_stream_and_pin_the_mean_bytes() {
+    use tq_cache::center::CenterPolicy;
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        let centered = name.ends_with("-c") || Allocation::recommended_names().any(|r| r == name);
+        for shape in [SMALL, LARGE] {
+            for layer in [0, shape.num_layers - 1] {
+                for stream in StreamKind::BOTH {
+                    let r = allocation
+                        .resolve_stream(layer, shape.num_layers, 0, shape.head_dim, stream)
+                        .unwrap();
+                    let expected = if centered {
+                        CenterPolicy::FirstChunk
+                    } else {
+                        CenterPolicy::None
+                    };
+                    assert_eq!(r.center, expected, "{name} {stream}");
+                    let mean_bytes = if centered { 4 * shape.head_dim } else { 0 };
+                    assert_eq!(
+                        r.metadata_bytes_per_head(),
+                        r.plan.metadata_bytes_per_head() + mean_bytes,
+                        "{name}"
+                    );
+                }
+            }
+        }
+    }
+    let uncentered = Allocation::preset("mse-k4v4").unwrap();
+    let centered = Allocation::preset("mse-k4v4-c").unwrap();
+    for stream in StreamKind::BOTH {
+        assert_eq!(
+            centered.resolve(3, 30, 1, 64, stream).unwrap(),
+            uncentered.resolve(3, 30, 1, 64, stream).unwrap(),
+            "the same codecs and seeds: centering is the only difference"
+        );
+    }
+}
+
+/// The recommended presets are presets, keep the first four tokens in f16, and are listed best
+/// quality (most bits) first.
+#[test]
+fn recommended_presets_are_shipped_with_sinks() {
+    let mut last = f64::INFINITY;
+    for name in Allocation::recommended_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        assert_eq!(allocation.sink_tokens, 4, "{name}");
+        let bits = allocation.bits_per_value(&SMALL, StreamKind::Key).unwrap()
+            + allocation
+                .bits_per_value(&SMALL, StreamKind::Value)
+                .unwrap();
+        assert!(bits < last, "{name}");
+        last = bits;
     }
 }
 
@@ -192,4 +261,31 @@ fn load_takes_a_preset_name_or_a_path() {
         err.contains("k5v4") && err.contains("nor an existing file"),
         "{err}"
     );
+}
+
+/// Every allocation file shipped beside the presets (the QJL and lever ablations that
+/// docs/results.md measures, the exact/Gaussian/debiased variants) loads, is valid for the
+/// reference shape and is named after its file: a results table can always be rerun.
+#[test]
+fn every_shipped_allocation_file_loads_and_is_named_after_itself() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets");
+    let mut files = Vec::new();
+    for dir in [root.clone(), root.join("qjl-ablation"), root.join("levers")] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 20, "{files:?}");
+    for path in files {
+        let allocation = Allocation::load(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        assert_eq!(
+            Some(allocation.name.as_str()),
+            path.file_stem().and_then(|s| s.to_str()),
+            "{path:?}"
+        );
+        allocation.validate_for(&SMALL).unwrap();
+    }
 }

@@ -35,6 +35,9 @@ enum Command {
     /// Quality and memory of allocations on a real text against the f16 cache: perplexity,
     /// next-token KL divergence, top-1 agreement, per layer attention-score error, bytes, RSS.
     Eval(commands::eval::EvalArgs),
+    /// Perplexity and KL divergence in the reference engine's `llama-perplexity` protocol
+    /// (chunks of --ctx tokens, second half scored), with all-in bits per value.
+    Perplexity(commands::perplexity::PerplexityArgs),
     /// Needle + quality evaluation of allocation files, then a table and plots (bits per value
     /// against KL divergence, needle score and decode speed, Pareto front marked).
     Sweep(commands::sweep::SweepArgs),
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Needle(args) => commands::needle::run(&args),
         Command::Eval(args) => commands::eval::run(&args),
+        Command::Perplexity(args) => commands::perplexity::run(&args),
         Command::Sweep(args) => commands::sweep::run(&args),
         Command::Codebook(args) => commands::codebook::run(&args),
         Command::FetchModel => commands::model::fetch(),

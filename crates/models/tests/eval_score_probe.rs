@@ -188,3 +188,63 @@ fn a_layer_outside_the_record_is_an_error() {
     );
     assert!(result.is_err());
 }
+
+/// The probe's reconstruction error of the compressed body, against what it must be: zero for
+/// f32, the Lloyd-Max codebook's own distortion for TQ_mse (a rotated unit vector's expected
+/// squared error; 192 vectors put the sample mean within a few percent of it, so the factor
+/// 0.7–1.4 has a false-failure rate far below 1e-6 and still catches a decode of the wrong
+/// record or a missing norm), and for a centered stream the error of `x − μ` with μ added back
+/// (without the add-back the error would be ‖μ‖² per vector, 9× the energy of the rest).
+#[test]
+fn reconstruction_error_is_the_codecs() {
+    use tq_lloyd_max::{CoordinateDistribution, LloydMaxCodebook};
+    let run_keys = |codec: &str, offset: f32| {
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let mut probed = cache(&allocation(codec));
+        let mut record = ScoreRecord::new(LAYERS);
+        let shape = AttentionShape {
+            q_heads: Q_HEADS,
+            scale: 1.0 / (D as f32).sqrt(),
+        };
+        let positions: Vec<u32> = (0..TOKENS as u32).collect();
+        for layer in 0..LAYERS {
+            let (q, mut k, v) = inputs(&mut rng, TOKENS);
+            for (i, x) in k.iter_mut().enumerate() {
+                *x += offset * if i % 2 == 0 { 1.0 } else { -1.0 };
+            }
+            let mut out = vec![0.0; q.len()];
+            ScoreProbe::new(&mut probed, AttentionKernel::Fused, &mut record)
+                .attend(layer, &q, &k, &v, &positions, shape, &mut out)
+                .expect("probe attends");
+        }
+        let r = record.reconstruction();
+        assert_eq!(r.len(), LAYERS);
+        let mut sum = tq_models::eval::ReconstructionStats::default();
+        for layer in r {
+            assert_eq!(layer[0].vectors, TOKENS * KV_HEADS);
+            sum.squared_error += layer[0].squared_error;
+            sum.squared_energy += layer[0].squared_energy;
+        }
+        sum.relative_mse()
+    };
+    assert_eq!(run_keys("{ codec = \"f32\" }", 0.0), 0.0);
+    let book = LloydMaxCodebook::new(CoordinateDistribution::Beta { dim: D }, 4).unwrap();
+    let expected = book.unit_vector_distortion();
+    let plain = run_keys("{ codec = \"mse\", bits = 4 }", 0.0);
+    assert!(
+        (0.7..1.4).contains(&(plain / expected)),
+        "{plain} vs the codebook's {expected}"
+    );
+    // The keys' spread has energy 4·64 + 60 = 316 per head (four channels of standard
+    // deviation 8): an offset of 3·√(316/64) per coordinate carries 9× that.
+    let offset = 3.0 * (316.0 / D as f32).sqrt();
+    let uncentered = run_keys("{ codec = \"mse\", bits = 4 }", offset);
+    let centered = run_keys(
+        "{ codec = \"mse\", bits = 4, center = \"first-chunk\" }",
+        offset,
+    );
+    assert!(
+        centered < 0.3 * uncentered,
+        "centering shrinks the error relative to the uncentered energy: {centered} vs {uncentered}"
+    );
+}

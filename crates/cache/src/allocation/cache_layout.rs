@@ -9,8 +9,9 @@ use crate::token_store::Growth;
 
 impl Allocation {
     /// The per-head stream layouts of the keys or values of `layer` (of `num_layers`), for a
-    /// cache of the given layout: codecs from [`resolve`](Self::resolve), full-precision sinks
-    /// and recent window from the allocation.
+    /// cache of the given layout: codecs and centering from
+    /// [`resolve_stream`](Self::resolve_stream), full-precision sinks and recent window from
+    /// the allocation.
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -24,8 +25,9 @@ impl Allocation {
         };
         (0..layout.kv_heads)
             .map(|head| {
-                let plan = self.resolve(layer, num_layers, head, layout.head_dim, stream)?;
-                let (codec, outliers) = match plan {
+                let resolved =
+                    self.resolve_stream(layer, num_layers, head, layout.head_dim, stream)?;
+                let (codec, outliers) = match resolved.plan {
                     StreamPlan::Single(spec) => (spec, None),
                     // The rest tier's spec stands in the `codec` field; the tiers are used.
                     StreamPlan::TwoTier(tiers) => (tiers.rest, Some(tiers)),
@@ -34,6 +36,8 @@ impl Allocation {
                     codec,
                     outliers,
                     channels: None,
+                    center: resolved.center,
+                    mean: None,
                     fp: self.fp_codec(layout.head_dim),
                     sink_tokens: self.sink_tokens,
                     recent_tokens: self.recent_fp_tokens,

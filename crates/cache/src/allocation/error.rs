@@ -146,6 +146,12 @@ pub enum FieldProblem {
         /// Its codec.
         codec: CodecKind,
     },
+    /// A setting of the whole stream given for one tier (`center` in `[outliers]`).
+    #[error(
+        "applies to the whole stream, not to one tier: set it in the stream's own settings \
+         (base, `[boundary]` or `[[override]]`)"
+    )]
+    WholeStreamOnly,
     /// A layer index outside the model (negative indices count from the end).
     #[error("layer {index} is out of range for a {num_layers}-layer model")]
     LayerOutOfRange {

@@ -14,7 +14,15 @@ const PRESETS: &[(&str, &str)] = &[
     ("tq3.5", include_str!("../../presets/tq3.5.toml")),
     ("tq2.5", include_str!("../../presets/tq2.5.toml")),
     ("paper-prod", include_str!("../../presets/paper-prod.toml")),
+    ("mse-k4v4-c", include_str!("../../presets/mse-k4v4-c.toml")),
+    ("k5v3-c", include_str!("../../presets/k5v3-c.toml")),
+    ("rec4.25", include_str!("../../presets/rec4.25.toml")),
+    ("rec3.25", include_str!("../../presets/rec3.25.toml")),
+    ("rec2.75", include_str!("../../presets/rec2.75.toml")),
 ];
+
+/// The recommended presets, best quality first: what `--alloc recommended` stands for.
+const RECOMMENDED: &[&str] = &["rec4.25", "rec3.25", "rec2.75"];
 
 impl Allocation {
     /// Parses and [validates](Allocation::validate) an allocation from TOML text.
@@ -83,6 +91,20 @@ impl Allocation {
     /// The names of the shipped presets.
     pub fn preset_names() -> impl ExactSizeIterator<Item = &'static str> {
         PRESETS.iter().map(|(name, _)| *name)
+    }
+
+    /// The recommended presets (the best measured quality at about 4.25, 3.25 and 2.75 bits
+    /// per value; see `presets/README.md`), best quality first.
+    ///
+    /// ```
+    /// use tq_cache::allocation::Allocation;
+    /// for name in Allocation::recommended_names() {
+    ///     assert_eq!(Allocation::preset(name)?.name, name);
+    /// }
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn recommended_names() -> impl ExactSizeIterator<Item = &'static str> {
+        RECOMMENDED.iter().copied()
     }
 
     /// A shipped preset if `name_or_path` is a preset name, else the file at that path.

@@ -10,6 +10,7 @@ use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::plan::StreamKind;
 use crate::allocation::schema::{CodecKind, StreamSettings};
+use crate::center::CenterPolicy;
 use crate::codec::{MseSpec, ProdSpec};
 
 /// The table a patch comes from.
@@ -67,6 +68,7 @@ pub(crate) struct Merged {
     scale: Option<Sourced<SketchScale>>,
     shrinkage: Option<Sourced<f64>>,
     norm_correction: Option<Sourced<bool>>,
+    center: Option<Sourced<CenterPolicy>>,
 }
 
 /// Fully resolved settings of one tier: every default filled in and every rule checked.
@@ -81,6 +83,8 @@ pub(crate) struct Resolved {
     scale: SketchScale,
     shrinkage: f32,
     norm_correction: bool,
+    /// Mean-centering of the stream (one policy for both tiers of a two-tier stream).
+    pub center: CenterPolicy,
 }
 
 fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
@@ -101,6 +105,7 @@ impl Merged {
             scale: None,
             shrinkage: None,
             norm_correction: None,
+            center: None,
         }
     }
 
@@ -109,6 +114,7 @@ impl Merged {
     /// A patch that names a codec first drops the inherited fields the new codec has no use
     /// for (so `key = { codec = "f16" }` over a `prod` base does not trip over the base's
     /// `qjl`), while fields the patch itself gives are kept and checked by [`Merged::finish`].
+    /// `center` applies to every codec and is never dropped.
     pub fn apply(&mut self, patch: &StreamSettings, section: Section) {
         let origin = Origin {
             section,
@@ -133,6 +139,7 @@ impl Merged {
         set(&mut self.scale, patch.scale, origin);
         set(&mut self.shrinkage, patch.shrinkage, origin);
         set(&mut self.norm_correction, patch.norm_correction, origin);
+        set(&mut self.center, patch.center, origin);
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.
@@ -148,6 +155,14 @@ impl Merged {
             ));
         };
         let kind = codec.value;
+        if let Some(c) = self.center
+            && c.origin.section == Section::Outliers
+        {
+            return Err(AllocationError::field(
+                c.origin.path("center"),
+                FieldProblem::WholeStreamOnly,
+            ));
+        }
         let not_applicable = |origin: Origin, field: &str| {
             AllocationError::field(
                 origin.path(field),
@@ -229,6 +244,7 @@ impl Merged {
             scale: self.scale.map_or(default_scale, |s| s.value),
             shrinkage,
             norm_correction: self.norm_correction.is_some_and(|n| n.value),
+            center: self.center.map_or(CenterPolicy::None, |c| c.value),
         })
     }
 }

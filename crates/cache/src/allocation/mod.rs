@@ -18,7 +18,7 @@
 //! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
 //!
 //! # Base settings, every layer and head. `codec` is required.
-//! key   = { codec = "prod", bits = 5, qjl = "haar", shrinkage = 0.7 }
+//! key   = { codec = "prod", bits = 5, qjl = "haar", shrinkage = 0.7, center = "first-chunk" }
 //! value = { codec = "mse", bits = 4 }
 //!
 //! [boundary]                       # the first N and the last N layers
@@ -51,6 +51,16 @@
 //! | `qjl` | `gaussian`, `haar`, `hadamard` | `haar` | prod |
 //! | `scale` | `paper`, `asymptotic`, `exact` | `paper` for gaussian, else `exact` | prod |
 //! | `shrinkage` | finite, > 0 (the seed's "damping 0.7" is 0.7) | 1 (unbiased) | prod |
+//! | `center` | `none`, `first-chunk` (store `x − μ`, μ = mean of the stream's first batch) | `none` | all codecs; not in `[outliers]` |
+//!
+//! `center` mean-centers a stream: exact up to quantization error (keys: a softmax ignores a
+//! common shift of its scores; values: attention adds `μ` back, the weights summing to one), at
+//! `4·head_dim` bytes per stream, once. See [`center`](crate::center) for the argument, where
+//! `μ` comes from and the fallback for short first batches. Like every stream field it can
+//! differ per layer (`[boundary]`, `[[override]]`) and per KV head (`heads`); it is a setting
+//! of the whole stream, so `[outliers]` tables may not give it. It applies to KV states only:
+//! fixed (conv / recurrent) states are never quantized nor centered, and an allocation whose
+//! centering reaches no KV state is not an error.
 //!
 //! A field given for a codec it does not apply to is an error (`qjl` on `mse`). A patch that
 //! switches the codec drops the inherited fields the new codec cannot use, so
@@ -80,7 +90,8 @@
 //! [`StreamPlan::bytes_per_token`] is everything a token stores: packed codes, QJL sign words,
 //! the f16 norm of each tier and `γ` of each `prod` tier, with each tier's codes padded to whole
 //! `u32` words. It equals what the built codecs allocate. The outlier channel list (`2·k`
-//! bytes) is per head, not per token: [`StreamPlan::metadata_bytes_per_head`].
+//! bytes) and the mean of a centered stream (`4·head_dim` bytes) are per head, not per token:
+//! [`ResolvedStream::metadata_bytes_per_head`] (from [`Allocation::resolve_stream`]).
 //!
 //! # Errors
 //!
@@ -98,8 +109,9 @@ mod schema;
 mod seed;
 mod validate;
 
+pub use crate::center::CenterPolicy;
 pub use error::{AllocationError, FieldProblem};
-pub use plan::{ModelShape, OutlierPlan, StreamKind, StreamPlan};
+pub use plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
 pub use schema::{
     Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerOverride, OutlierRule,
     StreamSettings,

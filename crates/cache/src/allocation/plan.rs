@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::center::CenterPolicy;
 use crate::codec::packing::words_for;
 use crate::two_tier::{TwoTierCodec, TwoTierError};
 use crate::{CodecSpec, TokenCodec};
@@ -144,7 +145,8 @@ impl StreamPlan {
     }
 
     /// Bytes stored once per head rather than per token (the outlier channel list), 0 for a
-    /// single codec.
+    /// single codec. The mean of a centered stream is a setting of the stream, not of its
+    /// plan: see [`ResolvedStream::metadata_bytes_per_head`].
     pub fn metadata_bytes_per_head(&self) -> usize {
         self.two_tier()
             .map_or(0, OutlierPlan::metadata_bytes_per_head)
@@ -154,6 +156,25 @@ impl StreamPlan {
     /// the head's outlier channels ([`OutlierPlan::build`]).
     pub fn build_single(&self) -> Option<Result<TokenCodec, crate::codec::CodecError>> {
         self.single().map(TokenCodec::new)
+    }
+}
+
+/// Everything an allocation decides for one stream: how each token is stored ([`StreamPlan`])
+/// and the settings of the stream as a whole (its mean-centering). From
+/// [`Allocation::resolve_stream`](crate::allocation::Allocation::resolve_stream).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ResolvedStream {
+    /// How each token is stored.
+    pub plan: StreamPlan,
+    /// Whether the stream stores `x − μ` (see [`center`](crate::center)).
+    pub center: CenterPolicy,
+}
+
+impl ResolvedStream {
+    /// Bytes stored once per head rather than per token: the outlier channel list of a
+    /// two-tier plan and the mean of a centered stream (`4·head_dim`).
+    pub fn metadata_bytes_per_head(&self) -> usize {
+        self.plan.metadata_bytes_per_head() + self.center.mean_bytes(self.plan.head_dim())
     }
 }
 

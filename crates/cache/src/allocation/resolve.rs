@@ -4,7 +4,7 @@
 use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::merge::{Merged, Resolved, Section};
-use crate::allocation::plan::{ModelShape, OutlierPlan, StreamKind, StreamPlan};
+use crate::allocation::plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
 use crate::allocation::schema::{Allocation, FpDtype, OutlierRule, StreamSettings};
 use crate::allocation::seed::{SeedRole, Tier, derive_seed};
 
@@ -40,6 +40,31 @@ impl Allocation {
         head_dim: usize,
         stream: StreamKind,
     ) -> Result<StreamPlan, AllocationError> {
+        self.resolve_stream(layer, num_layers, kv_head, head_dim, stream)
+            .map(|resolved| resolved.plan)
+    }
+
+    /// Everything [`resolve`](Self::resolve) decides for one stream plus the settings of the
+    /// stream as a whole: its [`StreamPlan`] and its mean-centering
+    /// ([`CenterPolicy`](crate::center::CenterPolicy)), resolved in the same order.
+    ///
+    /// ```
+    /// use tq_cache::allocation::{Allocation, StreamKind};
+    /// use tq_cache::center::CenterPolicy;
+    /// let centered = Allocation::preset("mse-k4v4-c")?.resolve_stream(3, 30, 0, 64, StreamKind::Key)?;
+    /// assert_eq!(centered.center, CenterPolicy::FirstChunk);
+    /// assert_eq!(centered.plan.bytes_per_token(), 34);      // 4-bit codes + the f16 norm
+    /// assert_eq!(centered.metadata_bytes_per_head(), 256); // the mean: 64 f32, once
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn resolve_stream(
+        &self,
+        layer: usize,
+        num_layers: usize,
+        kv_head: usize,
+        head_dim: usize,
+        stream: StreamKind,
+    ) -> Result<ResolvedStream, AllocationError> {
         if layer >= num_layers {
             return Err(AllocationError::Shape(format!(
                 "layer {layer} is out of range for a {num_layers}-layer model"
@@ -78,11 +103,12 @@ impl Allocation {
             }
         }
         let whole = merged.finish()?;
+        let center = whole.center;
         let seed = |tier, role| derive_seed(self.seed, layer, kv_head, stream, tier, role);
         let split = self.outliers.as_ref().and_then(|rule| {
             stream_patch(stream, &rule.key, &rule.value).map(|patch| (rule, patch))
         });
-        match split {
+        let plan = match split {
             Some((rule, patch)) if whole.codec.is_quantized() => {
                 let (channels, count_field) = outlier_channels(rule, head_dim)?;
                 let mut outlier_merged = merged;
@@ -90,7 +116,7 @@ impl Allocation {
                 let outlier = outlier_merged.finish()?;
                 check_width(&outlier, channels, "outlier tier", count_field)?;
                 check_width(&whole, head_dim - channels, "rest tier", count_field)?;
-                Ok(StreamPlan::TwoTier(OutlierPlan {
+                StreamPlan::TwoTier(OutlierPlan {
                     channels,
                     outlier: outlier.spec(
                         channels,
@@ -102,17 +128,18 @@ impl Allocation {
                         seed(Tier::Rest, SeedRole::Rotation),
                         seed(Tier::Rest, SeedRole::Sketch),
                     ),
-                }))
+                })
             }
             _ => {
                 check_width(&whole, head_dim, "head", &whole.codec_origin.path("codec"))?;
-                Ok(StreamPlan::Single(whole.spec(
+                StreamPlan::Single(whole.spec(
                     head_dim,
                     seed(Tier::Whole, SeedRole::Rotation),
                     seed(Tier::Whole, SeedRole::Sketch),
-                )))
+                ))
             }
-        }
+        };
+        Ok(ResolvedStream { plan, center })
     }
 
     /// Checks the allocation against a whole model: every override's layer and head indices,
@@ -151,9 +178,9 @@ impl Allocation {
 
     /// Stored bits per value of one stream kind, averaged over every layer and KV head of the
     /// model, everything per token included (codes, sign bits, f16 norms and residual norms of
-    /// every tier). Excludes what does not scale with tokens (the outlier channel lists, see
-    /// [`StreamPlan::metadata_bytes_per_head`]) and the unquantized sink and recent tokens,
-    /// whose share depends on the sequence length.
+    /// every tier). Excludes what does not scale with tokens (the outlier channel lists and the
+    /// means of centered streams, see [`ResolvedStream::metadata_bytes_per_head`]) and the
+    /// unquantized sink and recent tokens, whose share depends on the sequence length.
     ///
     /// ```
     /// use tq_cache::allocation::{Allocation, ModelShape, StreamKind};

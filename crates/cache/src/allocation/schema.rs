@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use tq_qjl::{SketchKind, SketchScale};
 use tq_rotation::RotationKind;
 
+use crate::center::CenterPolicy;
+
 /// The base seed used when a file gives none ("TQ-ALLOC" in ASCII; below 2⁶³ because TOML
 /// integers are signed 64-bit).
 pub const DEFAULT_SEED: u64 = 0x5451_2D41_4C4C_4F43;
@@ -176,6 +178,11 @@ pub struct StreamSettings {
     /// Store `‖x‖/‖c[idx]‖` instead of `‖x‖` (quantized codecs; default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm_correction: Option<bool>,
+    /// Mean-centering of the whole stream, any codec (default `none`; see
+    /// [`center`](crate::center)). Not allowed in `[outliers]`: both tiers store one centered
+    /// vector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub center: Option<CenterPolicy>,
 }
 
 impl StreamSettings {

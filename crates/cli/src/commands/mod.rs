@@ -5,4 +5,5 @@ pub mod demo;
 pub mod eval;
 pub mod model;
 pub mod needle;
+pub mod perplexity;
 pub mod sweep;

@@ -101,12 +101,17 @@ pub fn run(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Loads each allocation; `all` stands for every shipped preset.
+/// Loads each allocation; `all` stands for every shipped preset, `recommended` for the
+/// recommended ones.
 fn load_allocations(names: &[String]) -> Result<Vec<Allocation>, Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     for name in names {
         if name == "all" {
             for preset in Allocation::preset_names() {
+                out.push(Allocation::preset(preset)?);
+            }
+        } else if name == "recommended" {
+            for preset in Allocation::recommended_names() {
                 out.push(Allocation::preset(preset)?);
             }
         } else {

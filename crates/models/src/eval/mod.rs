@@ -17,14 +17,17 @@
 //! (200 MB at 1K tokens for a 49K vocabulary); chunk by chunk it is one chunk's worth, and the
 //! reference runs once however many allocations are compared.
 
+pub mod kld;
 pub mod memory;
 pub mod metrics;
+pub mod perplexity;
 mod run;
 pub mod score_probe;
 pub mod sensitivity;
 
+pub use perplexity::{PerplexityOptions, PerplexityReport, PerplexityRow, perplexity};
 pub use run::{EvalOptions, EvalReport, EvalRow, evaluate};
-pub use score_probe::{LayerScoreStats, ScoreProbe};
+pub use score_probe::{LayerScoreStats, ReconstructionStats, ScoreProbe};
 
 use tq_cache::CacheError;
 use tq_cache::allocation::AllocationError;

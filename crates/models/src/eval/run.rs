@@ -3,14 +3,14 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use tq_cache::allocation::{Allocation, ModelShape};
+use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
 use tq_cache::attention::AttentionKernel;
 use tq_cache::states::ModelCache;
 
 use super::EvalError;
 use super::memory::{CacheCost, cache_cost, peak_rss_bytes, reset_peak_rss};
 use super::metrics::{TextMetrics, TextSummary, argmax, log_softmax_into};
-use super::score_probe::{ScoreProbe, ScoreRecord};
+use super::score_probe::{ReconstructionStats, ScoreProbe, ScoreRecord};
 use crate::llama::{AttentionBackend, CpuAttention, ForwardScratch, Llama, Logits};
 
 /// How to evaluate.
@@ -61,6 +61,21 @@ pub struct EvalRow {
     pub mean_score_error: f64,
     /// Mean of `layer_weight_tv` over layers.
     pub mean_weight_tv: f64,
+    /// Per layer all-in bits per key value at this text's length: codes, norms, per-head
+    /// metadata and the fixed full-precision copies and means, spread over the tokens.
+    pub layer_key_bits: Vec<f64>,
+    /// The same for the values.
+    pub layer_value_bits: Vec<f64>,
+    /// Per layer distance of the key reconstruction error to the rate-distortion limit,
+    /// `10·log10(Σ‖k − k̃‖²/Σ‖k‖² · 4^b)` dB with `b` that layer's all-in key bits
+    /// ([`ReconstructionStats::distance_db`]; empty when not measured).
+    pub layer_key_distance_db: Vec<Option<f64>>,
+    /// The same for the values.
+    pub layer_value_distance_db: Vec<Option<f64>>,
+    /// The keys' distance over all layers (errors and energies summed, mean all-in bits).
+    pub key_distance_db: Option<f64>,
+    /// The values' distance over all layers.
+    pub value_distance_db: Option<f64>,
     /// Seconds of forward passes, the probe's own scoring excluded.
     pub seconds: f64,
     /// Text tokens per second of those forward passes (prefill with logits at every
@@ -320,6 +335,44 @@ fn store_log_probs(logits: &[f32], vocab: usize, out: &mut [f32]) -> Result<(), 
     Ok(())
 }
 
+/// Per layer all-in bits per key value and per value-stream value for `tokens` cached tokens:
+/// each head's per-token record, its per-head metadata (outlier channels) and the fixed bytes
+/// of its built stream (full-precision sinks and recent copies, the mean of a centered
+/// stream), averaged over the KV heads.
+fn layer_all_in_bits(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    cache: &ModelCache,
+    tokens: usize,
+) -> Result<(Vec<f64>, Vec<f64>), EvalError> {
+    let tokens = tokens.max(1);
+    let mut keys = Vec::with_capacity(shape.num_layers);
+    let mut values = Vec::with_capacity(shape.num_layers);
+    for layer in 0..shape.num_layers {
+        let kv = cache.kv(layer)?;
+        for (kind, out) in [
+            (StreamKind::Key, &mut keys),
+            (StreamKind::Value, &mut values),
+        ] {
+            let mut bits = 0.0;
+            for head in 0..shape.num_kv_heads {
+                let plan =
+                    allocation.resolve(layer, shape.num_layers, head, shape.head_dim, kind)?;
+                let stream = match kind {
+                    StreamKind::Key => kv.keys(head),
+                    StreamKind::Value => kv.values(head),
+                };
+                let bytes = tokens * plan.bytes_per_token()
+                    + plan.metadata_bytes_per_head()
+                    + stream.fixed_bytes();
+                bits += 8.0 * bytes as f64 / (tokens * shape.head_dim) as f64;
+            }
+            out.push(bits / shape.num_kv_heads.max(1) as f64);
+        }
+    }
+    Ok((keys, values))
+}
+
 fn row(
     lane: &Lane,
     shape: &ModelShape,
@@ -331,7 +384,35 @@ fn row(
     let layer_score_error: Vec<f64> = stats.iter().map(|s| s.relative_error()).collect();
     let layer_weight_tv: Vec<f64> = stats.iter().map(|s| s.mean_weight_tv()).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (layer_key_bits, layer_value_bits) =
+        layer_all_in_bits(&lane.allocation, shape, &lane.cache, tokens + decode_steps)?;
+    let reconstruction = lane
+        .record
+        .as_ref()
+        .map_or(&[][..], ScoreRecord::reconstruction);
+    let distances = |which: usize, bits: &[f64]| -> Vec<Option<f64>> {
+        reconstruction
+            .iter()
+            .zip(bits)
+            .map(|(r, &b)| r[which].distance_db(b))
+            .collect()
+    };
+    let total = |which: usize, bits: &[f64]| -> Option<f64> {
+        let mut sum = ReconstructionStats::default();
+        for r in reconstruction {
+            sum.squared_error += r[which].squared_error;
+            sum.squared_energy += r[which].squared_energy;
+            sum.vectors += r[which].vectors;
+        }
+        sum.distance_db(mean(bits))
+    };
     Ok(EvalRow {
+        layer_key_distance_db: distances(0, &layer_key_bits),
+        layer_value_distance_db: distances(1, &layer_value_bits),
+        key_distance_db: total(0, &layer_key_bits),
+        value_distance_db: total(1, &layer_value_bits),
+        layer_key_bits,
+        layer_value_bits,
         alloc: lane.name.clone(),
         text: lane.metrics.summary(),
         cost,

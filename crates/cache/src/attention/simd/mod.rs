@@ -49,8 +49,8 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+use super::AttentionShape;
 use super::primitives;
-use super::{AttentionShape, fused};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 
@@ -922,5 +922,12 @@ pub fn fused_attention_on(
     shape: AttentionShape,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
-    fused::fused_attention_on(isa.usable(), cache, queries, query_positions, shape, out)
+    super::attend(
+        cache,
+        queries,
+        query_positions,
+        shape,
+        super::AttentionKernel::FusedOn(isa.usable()),
+        out,
+    )
 }

@@ -1,0 +1,174 @@
+//! `tq_models::eval::perplexity` against the reference engine's own `llama-perplexity` figures
+//! for SmolLM2 on the GPL-3 text (`tests/data/llamacpp_perplexity_smollm2.json`).
+//!
+//! The bound is the engine's own spread, not a rounding allowance: its two builds and its two
+//! attention kernels put the f16 perplexity at 18.3459, 18.3541 and 18.3914 at ctx 512 (0.25%
+//! apart), so a protocol error — wrong chunking, a missing or extra BOS, the wrong half
+//! scored, an off-by-one in the scored positions — shows up as several percent (scoring the
+//! first half instead of the second raises it by ~30%), far outside 0.3%.
+//! - The default fused kernel (f32 scores and accumulator) is within 0.3% of both builds at
+//!   ctx 512 and 2048 (measured: +0.13% / −0.11% at 512, −0.03% / +0.09% at 2048).
+//! - The kernel that rounds like the engine's decode-path flash attention (f16 query and f16
+//!   value accumulator: what greedy parity needs) is within 0.3% of both at ctx 512
+//!   (measured +0.23% against the first build, −0.02% against the later one). The issue's
+//!   0.05% against the first build is not met, and at ctx 2048 it is +0.5%: the engine
+//!   itself switches prompt micro-batches of 64 rows or more to a tiled kernel with an f32
+//!   accumulator, which this kernel does not reproduce (docs/results.md), so it is checked
+//!   where it applies, at 512 only.
+//!
+//! Needs the reference model (skipped with a message when absent, failing instead when
+//! `TQ_REQUIRE_MODEL=1`).
+
+mod gguf_common;
+
+use gguf_common::reference_model_or_skip;
+use serde_json::Value;
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::AttentionKernel;
+use tq_models::eval::{PerplexityOptions, perplexity};
+use tq_models::llama::Llama;
+use tq_models::tokenizer::Tokenizer;
+
+fn reference() -> Value {
+    serde_json::from_str(include_str!("data/llamacpp_perplexity_smollm2.json"))
+        .expect("reference JSON parses")
+}
+
+/// The text as `llama-perplexity -f` reads it: one trailing newline dropped.
+fn text() -> &'static str {
+    include_str!("data/GPL-3.txt")
+        .strip_suffix('\n')
+        .expect("the file ends with a newline")
+}
+
+/// The f16/f16 perplexity of a build's rows at `ctx` (flash attention on where recorded).
+fn f16_ppl(rows: &Value, ctx: u64) -> f64 {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["ctx"] == ctx
+                && r["cache_k"] == "f16"
+                && r["cache_v"] == "f16"
+                && r.get("flash_attn").is_none_or(|f| f == "on")
+        })
+        .and_then(|r| r["ppl"].as_f64())
+        .expect("an f16 row at this context")
+}
+
+#[test]
+fn f16_perplexity_matches_the_reference_engine() {
+    let Some(path) = reference_model_or_skip() else {
+        return;
+    };
+    let model = Llama::load(&path).expect("the reference model loads");
+    let tokenizer = Tokenizer::from_gguf(model.file()).expect("tokenizer");
+    let reference = reference();
+    let tokens = tokenizer.encode(text()).unwrap();
+    assert_eq!(
+        tokens.len() as u64,
+        reference["text_tokens"].as_u64().unwrap(),
+        "the text must tokenize as the engine tokenized it"
+    );
+    assert!(!tokenizer.add_bos(), "SmolLM2 adds no BOS");
+    let f16 = vec![("f16".to_string(), Allocation::preset("f16").unwrap())];
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for ctx in [512u64, 2048] {
+        let first = f16_ppl(&reference["first_build"], ctx);
+        let later = f16_ppl(&reference["later_build"], ctx);
+        let mut kernels = vec![AttentionKernel::Fused];
+        if ctx == 512 {
+            kernels.push(AttentionKernel::LlamaCppF16);
+        }
+        for kernel in kernels {
+            let (bound, against) = (0.003, [first, later]);
+            let options = PerplexityOptions {
+                ctx: ctx as usize,
+                kernel,
+                ..PerplexityOptions::default()
+            };
+            let run = perplexity(&model, &tokens, None, None, &f16, &options, |_, _| {}).unwrap();
+            let row = &run.rows[0];
+            let expected_chunks = tokens.len() / ctx as usize;
+            assert_eq!(run.chunks, expected_chunks);
+            assert_eq!(row.scored_tokens, expected_chunks * (ctx as usize / 2 - 1));
+            assert!((row.bits_per_value - 16.0).abs() < 1e-12);
+            for r in against {
+                let off = row.ppl / r - 1.0;
+                report.push(format!(
+                    "ctx {ctx} {kernel:?}: {:.4} vs {r} ({:+.3}%)",
+                    row.ppl,
+                    100.0 * off
+                ));
+                if off.abs() > bound {
+                    failures.push(report.last().unwrap().clone());
+                }
+            }
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "outside the bound: {failures:?}");
+}
+
+/// The KL-divergence mode on a short run: the base row reports 0 and 100% by definition, a
+/// quantized cache a positive KL that grows as bits fall, and the base run's perplexity does
+/// not change when allocations run beside it (the lanes share nothing but the text).
+#[test]
+fn kl_divergence_mode_orders_allocations() {
+    let Some(path) = reference_model_or_skip() else {
+        return;
+    };
+    let model = Llama::load(&path).expect("the reference model loads");
+    let tokenizer = Tokenizer::from_gguf(model.file()).expect("tokenizer");
+    let tokens = tokenizer.encode(text()).unwrap();
+    let f16 = Allocation::preset("f16").unwrap();
+    let allocations: Vec<(String, Allocation)> = ["mse-k4v4", "tq2.5", "rec4.25"]
+        .iter()
+        .map(|n| (n.to_string(), Allocation::preset(n).unwrap()))
+        .collect();
+    let options = PerplexityOptions {
+        ctx: 256,
+        max_chunks: Some(2),
+        ..PerplexityOptions::default()
+    };
+    let run = perplexity(
+        &model,
+        &tokens,
+        None,
+        Some(("f16", &f16)),
+        &allocations,
+        &options,
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(run.rows.len(), 4);
+    let base = &run.rows[0];
+    assert!(base.base && base.alloc == "f16");
+    assert_eq!(base.kld_mean, Some(0.0));
+    assert_eq!(base.same_top_p, Some(100.0));
+    let alone = perplexity(
+        &model,
+        &tokens,
+        None,
+        None,
+        &[("f16".to_string(), f16.clone())],
+        &options,
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(alone.rows[0].ppl, base.ppl, "lanes must not interact");
+    let (k4, k25) = (&run.rows[1], &run.rows[2]);
+    assert!(k4.kld_mean.unwrap() > 0.0);
+    assert!(
+        k25.kld_mean.unwrap() > k4.kld_mean.unwrap(),
+        "fewer bits, more divergence: {k4:?} {k25:?}"
+    );
+    assert!(k25.bits_per_value < k4.bits_per_value);
+    assert!(k4.same_top_p.unwrap() < 100.0);
+    // All-in bits at 256 tokens, per KV head and layer: keys 42 B and values 26 B per token
+    // (5- and 3-bit codes plus an f16 norm), 4 f16 sink tokens (128 B) and a 64-f32 mean
+    // (256 B) per stream: 8·(256·68 + 2·768) / (2·256·64) = 4.625 bits.
+    assert_eq!(run.rows[3].bits_per_value, 4.625, "{:?}", run.rows[3]);
+    assert_eq!(k4.bits_per_value, 4.25);
+}
