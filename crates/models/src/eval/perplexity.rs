@@ -11,7 +11,7 @@
 //!   next token, `ctx/2 − 1` tokens per chunk; natural log throughout;
 //! - PPL = `exp(mean NLL)` over every scored token of every chunk, `±` as in [`kld`];
 //! - the KL-divergence mode compares each scored position's distribution with the base
-//!   (f16-cache) run's, stored as in [`kld::BaseLogProbs`].
+//!   (f16-cache) run's, stored as in [`BaseLogProbs`].
 //!
 //! Each chunk runs through the cache under test in prefill pieces of
 //! [`PerplexityOptions::prefill_chunk`] tokens (every piece attends to the compressed past,
