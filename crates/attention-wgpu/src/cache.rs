@@ -155,7 +155,8 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Errors: a two-tier codec, full-precision sink or recent copies, a mean-centered stream,
+    /// Errors: a two-tier codec, full-precision sink or recent copies, a mean-centered stream, a
+    /// stream with a data-aware basis,
     /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
     /// one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -179,6 +180,13 @@ impl GpuKvCache {
                 if l.center.is_centered() || l.mean.is_some() {
                     return Err(GpuError::Unsupported(
                         "mean-centered streams (`center`)".into(),
+                    ));
+                }
+                // Refused by policy, not only once fitted: a basis chosen by the first batch
+                // must not turn a cache that uploaded fine into one that cannot.
+                if l.basis.is_pca() || l.basis_fit.is_some() {
+                    return Err(GpuError::Unsupported(
+                        "streams with a data-aware basis (`basis`)".into(),
                     ));
                 }
             }

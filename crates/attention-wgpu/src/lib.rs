@@ -22,7 +22,8 @@
 //! TQ_mse, or TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), one codec per stream
 //! (per-head rotation and sketch seeds), head dimension ≤ 512, growing or sliding layers.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs, full-precision
-//! sink / recent-window copies and mean-centered streams (`center = "first-chunk"`). All arithmetic is f32 (no `SHADER_F16` path yet).
+//! sink / recent-window copies, mean-centered streams (`center = "first-chunk"`) and streams
+//! with a data-aware basis (`basis = "pca"`). All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

@@ -85,6 +85,11 @@ fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
                 "two-tier (outlier channel) codecs".into(),
             ));
         }
+        TokenCodec::Basis(_) => {
+            return Err(GpuError::Unsupported(
+                "streams with a data-aware basis (`basis`)".into(),
+            ));
+        }
     })
 }
 

@@ -17,7 +17,6 @@
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{AttentionKernel, AttentionShape, attend};
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
 use crate::stream::{Stream, StreamLayout};
@@ -100,6 +99,8 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             channels: None,
             center: crate::center::CenterPolicy::None,
             mean: None,
+            basis: crate::basis::BasisPolicy::None,
+            basis_fit: None,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
@@ -391,52 +392,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// The one entry point for prefill, chunked prefill and decode.
-    ///
-    /// `positions` are the positions of the whole sequence so far (cached tokens and the new
-    /// ones); `queries` `[query_len, q_heads, d]` and `keys`/`values` `[query_len, kv_heads, d]`
-    /// belong to the newest `query_len` tokens. `offset = positions.len − query_len` must equal
-    /// [`len`](Self::len). The new tokens are written first, then every query attends (causal
-    /// and window masks from positions) and `out` receives `[query_len, q_heads, d]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &mut self,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        kernel: AttentionKernel,
-        out: &mut [f32],
-    ) -> Result<(), CacheError> {
-        let width = shape.q_heads * self.layout.head_dim;
-        if width == 0 || !queries.len().is_multiple_of(width) {
-            return Err(CacheError::ShapeMismatch {
-                what: "queries",
-                expected: width,
-                actual: queries.len(),
-            });
-        }
-        let query_len = queries.len() / width;
-        let offset = positions
-            .len()
-            .checked_sub(query_len)
-            .ok_or(CacheError::ShapeMismatch {
-                what: "positions",
-                expected: query_len,
-                actual: positions.len(),
-            })?;
-        if offset != self.len {
-            return Err(CacheError::OffsetMismatch {
-                cached: self.len,
-                offset,
-            });
-        }
-        let new_positions = &positions[offset..];
-        self.append(keys, values, new_positions)?;
-        attend(self, queries, new_positions, shape, kernel, out)
-    }
-
     /// Forgets every token, keeping the allocations (a reset, always exact: two-tier outlier
     /// channels and the means of centered streams are chosen again from the next first batch,
     /// as in a fresh cache).
@@ -451,10 +406,14 @@ impl KvCache {
     /// Drops every token from `new_len` on (speculative decoding, edited prompts).
     ///
     /// Exact — the cache equals one that never saw the dropped tokens — within the limits the
-    /// layout keeps: a ring must still hold the window of the new last token, and full-precision
-    /// recent copies must still exist; otherwise [`CacheError::RewindTooFar`] and nothing changes.
-    /// A rewind keeps the means of centered streams (the remaining tokens were stored centered
-    /// on them), except a rewind to zero tokens, which forgets them like [`clear`](Self::clear).
+    /// layout keeps: a ring must still hold every token the *next* query's window reaches (from
+    /// token `new_len + 1 − window` on; with no earlier rewind a ring of `window + max_rewind`
+    /// slots allows dropping `max_rewind + 1` tokens), and the full-precision recent copies of
+    /// the tokens that become recent must still exist; otherwise [`CacheError::RewindTooFar`]
+    /// and nothing changes (a wrapped ring refuses even a rewind to zero: use
+    /// [`clear`](Self::clear)). A rewind keeps what streams calibrated on their first batch
+    /// (means, outlier channels, bases: the remaining tokens were stored with them), except a
+    /// rewind to zero tokens, which forgets them like [`clear`](Self::clear).
     pub fn truncate(&mut self, new_len: usize) -> Result<(), CacheError> {
         if new_len >= self.len {
             return Ok(());

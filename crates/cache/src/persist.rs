@@ -7,7 +7,7 @@
 //! | 8 | magic `TQCACHE\0` |
 //! | 4 | format version ([`FORMAT_VERSION`]) |
 //! | 8 | header length `H` |
-//! | H | JSON header: the state specs, every stream's layout (codec parameters and seeds, chosen outlier channels, centering policy and chosen mean as f32 bit patterns), and the identity of every codebook (distribution, bits, and a hash of its centroids) |
+//! | H | JSON header: the state specs, every stream's layout (codec parameters and seeds, chosen outlier channels, centering policy and chosen mean as f32 bit patterns, basis policy and fitted basis as integers), and the identity of every codebook (distribution, bits, and a hash of its centroids) |
 //! | … | body: per state, lengths and the raw pages (packed codes, f16 scales, positions) |
 //! | 4 | CRC-32 of everything before it |
 //!
@@ -15,9 +15,16 @@
 //! A centered stream's mean is stored as the `u32` bit patterns of its f32 values
 //! (`mean_bits`), since JSON numbers need not round-trip an f32 bit for bit.
 //!
-//! Versions: 2 added the centering fields to the stream layouts. This build writes version 2
-//! and reads 1 and 2 (a version-1 header has no centering fields, which default to "not
-//! centered", exactly what a version-1 writer stored).
+//! Versions: 2 added the centering fields to the stream layouts, 3 the data-aware basis
+//! (`basis` policy and `basis_fit`: the f16 rows, groups and f32 scales as integer bit
+//! patterns, one codebook identity per group). This build writes version 3 and reads 1 to 3
+//! (older headers lack the newer fields, which default to "not centered" and "no basis",
+//! exactly what those writers stored); an older build refuses a version-3 file by its version
+//! rather than silently decoding a basis stream as a plain one.
+//! [`save`] is crash-safe ([`write_atomically`]): a save that fails or is killed leaves the
+//! previous file intact. [`load_matching`] also checks that the file is a cache of the expected
+//! model and allocation ([`PersistError::Mismatch`] otherwise).
+//!
 //! The codebook identity guards against a future solver producing different centroids for the
 //! same parameters: such a file is refused rather than decoded with the wrong levels. A file
 //! that is truncated, corrupted (checksum), of another version, or internally inconsistent is
@@ -36,7 +43,7 @@ use crate::token_store::TokenStore;
 pub const MAGIC: &[u8; 8] = b"TQCACHE\0";
 
 /// The version this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The oldest version this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -86,6 +93,10 @@ pub enum PersistError {
     /// The contents contradict the header.
     #[error("cache file is inconsistent: {0}")]
     Inconsistent(&'static str),
+    /// A valid cache, but not of the model or allocation it was loaded for
+    /// ([`load_matching`]).
+    #[error("cache file is for another model or allocation: {0}")]
+    Mismatch(String),
     /// Rebuilding the states from the header failed.
     #[error(transparent)]
     Cache(#[from] CacheError),
@@ -114,6 +125,11 @@ fn codebook_identities(layout: &StreamLayout) -> Result<Vec<Option<CodebookIdent
             codebook_identity(c.outlier())?,
             codebook_identity(c.rest())?,
         ]),
+        TokenCodec::Basis(c) => Ok(c
+            .groups()
+            .iter()
+            .map(|g| Some(identity_of(&g.codebook)))
+            .collect()),
         single => Ok(vec![codebook_identity(&single)?]),
     }
 }
@@ -123,20 +139,26 @@ fn codebook_identity(codec: &TokenCodec) -> Result<Option<CodebookIdentity>, Cac
         TokenCodec::Mse(c) => c,
         TokenCodec::DebiasedMse(c) => c.codec(),
         TokenCodec::Prod(c) => c.mse(),
-        TokenCodec::F32 { .. } | TokenCodec::F16 { .. } | TokenCodec::TwoTier(_) => {
+        TokenCodec::F32 { .. }
+        | TokenCodec::F16 { .. }
+        | TokenCodec::TwoTier(_)
+        | TokenCodec::Basis(_) => {
             return Ok(None);
         }
     };
-    let book = mse.codebook();
+    Ok(Some(identity_of(mse.codebook())))
+}
+
+fn identity_of(book: &tq_lloyd_max::LloydMaxCodebook) -> CodebookIdentity {
     let mut hasher = crc32fast::Hasher::new();
     for c in book.centroids() {
         hasher.update(&c.to_bits().to_le_bytes());
     }
-    Ok(Some(CodebookIdentity {
+    CodebookIdentity {
         distribution: format!("{:?}", book.distribution()),
         bits: book.bits(),
         centroid_hash: format!("{:08x}", hasher.finalize()),
-    }))
+    }
 }
 
 /// Per state, per stream (keys then values), per tier.
@@ -250,15 +272,146 @@ pub fn from_bytes(bytes: &[u8]) -> Result<ModelCache, PersistError> {
     Ok(cache)
 }
 
-/// Writes the cache to `path` (see the module docs for the format).
+/// Writes the cache to `path` (see the module docs for the format), crash-safe: the bytes go
+/// to a temporary file in the same directory, which is synced and then renamed over `path`
+/// ([`write_atomically`]). A save that fails or is killed at any point leaves the previous
+/// file at `path` untouched.
 pub fn save(cache: &ModelCache, path: impl AsRef<std::path::Path>) -> Result<(), PersistError> {
-    std::fs::write(path, to_bytes(cache)?)?;
+    let bytes = to_bytes(cache)?;
+    write_atomically(path.as_ref(), |file| {
+        std::io::Write::write_all(file, &bytes)
+    })?;
     Ok(())
 }
 
 /// Reads a cache written by [`save`].
 pub fn load(path: impl AsRef<std::path::Path>) -> Result<ModelCache, PersistError> {
     from_bytes(&std::fs::read(path)?)
+}
+
+/// Reads a cache written by [`save`] and checks that it is a cache of `expected`'s shape and
+/// allocation: the same states and, stream by stream, the same layouts (codecs, seeds, policies
+/// and windows), whatever each stream has calibrated since (outlier channels, means, bases).
+/// A file written for another model or allocation is [`PersistError::Mismatch`] naming the
+/// first difference, so a caller can recompute instead of trusting it.
+pub fn load_matching(
+    path: impl AsRef<std::path::Path>,
+    expected: &ModelCache,
+) -> Result<ModelCache, PersistError> {
+    let cache = load(path)?;
+    check_matches(&cache, expected)?;
+    Ok(cache)
+}
+
+/// The check of [`load_matching`] on a cache already in memory.
+pub fn check_matches(cache: &ModelCache, expected: &ModelCache) -> Result<(), PersistError> {
+    if cache.specs() != expected.specs() {
+        return Err(PersistError::Mismatch(
+            "the states (layers, head counts, head dimensions or windows) differ".into(),
+        ));
+    }
+    let uncalibrated = |l: &StreamLayout| StreamLayout {
+        channels: None,
+        mean: None,
+        basis_fit: None,
+        ..l.clone()
+    };
+    for (state, (found, wanted)) in cache
+        .kv_stream_layouts()
+        .iter()
+        .zip(expected.kv_stream_layouts())
+        .enumerate()
+    {
+        let (Some((fk, fv)), Some((wk, wv))) = (found, wanted) else {
+            continue;
+        };
+        for (kind, found, wanted) in [("key", fk, wk), ("value", fv, wv)] {
+            for (head, (f, w)) in found.iter().zip(&wanted).enumerate() {
+                if uncalibrated(f) != uncalibrated(w) {
+                    return Err(PersistError::Mismatch(format!(
+                        "state `{}`, {kind} stream of KV head {head}: the file's layout \
+                         {:?} is not the expected {:?} (another allocation?)",
+                        cache.specs()[state].name,
+                        f.codec,
+                        w.codec
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the file at `path` with what `write` writes, crash-safe: `write` fills a new
+/// temporary file in the same directory (`.NAME.PID.N.tmp`, created exclusively), which is
+/// flushed and synced to disk, then renamed over `path` (atomic on POSIX file systems), and
+/// the directory is synced so the rename itself survives a power loss. If `write`, the sync or
+/// the rename fails — or the process dies anywhere before the rename — `path` still holds its
+/// previous contents; on an error the temporary file is removed.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("tq-atomic-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("cache.tq");
+/// std::fs::write(&path, b"old")?;
+/// let failed = tq_cache::persist::write_atomically(&path, |_| Err(std::io::Error::other("disk full")));
+/// assert!(failed.is_err());
+/// assert_eq!(std::fs::read(&path)?, b"old");
+/// tq_cache::persist::write_atomically(&path, |f| std::io::Write::write_all(f, b"new"))?;
+/// assert_eq!(std::fs::read(&path)?, b"new");
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn write_atomically(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} names no file", path.display()),
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let temp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)?;
+    let written = write(&mut file)
+        .and_then(|()| std::io::Write::flush(&mut file))
+        .and_then(|()| file.sync_all());
+    drop(file);
+    if let Err(e) = written.and_then(|()| std::fs::rename(&temp, path)) {
+        // Best effort: the error that matters is the one returned.
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    sync_directory(&dir)
+}
+
+/// Makes a rename in `dir` durable (POSIX: fsync the directory). Elsewhere a no-op: Windows
+/// cannot open a directory as a file, and its rename is already journaled by NTFS.
+fn sync_directory(dir: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
 }
 
 /// Little-endian output buffer.

@@ -14,7 +14,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{AttentionKernel, AttentionShape, attend};
 use crate::error::CacheError;
 use crate::kv_cache::{KvCache, KvLayout};
 use crate::stream::StreamLayout;
@@ -188,7 +187,7 @@ impl ModelCache {
         &self.specs
     }
 
-    fn kv_index(&self, layer: usize) -> Result<(usize, bool), CacheError> {
+    pub(crate) fn kv_index(&self, layer: usize) -> Result<(usize, bool), CacheError> {
         let index = self
             .layer_state
             .get(layer)
@@ -212,60 +211,19 @@ impl ModelCache {
         }
     }
 
-    /// Attention for `layer` with the one-entry-point semantics of [`KvCache::forward`].
-    ///
-    /// A producer layer passes its new `keys`/`values`; a sharer passes `None` for both and
-    /// attends over what its producer wrote this step (the producer must run first).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_layer(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys_values: Option<(&[f32], &[f32])>,
-        positions: &[u32],
-        shape: AttentionShape,
-        kernel: AttentionKernel,
-        out: &mut [f32],
-    ) -> Result<(), CacheError> {
-        let (index, shared) = self.kv_index(layer)?;
-        // The state's name is only cloned on the error paths: decode calls this once per layer
-        // per token and must not allocate.
-        let StateStorage::Kv(cache) = &mut self.storage[index] else {
-            unreachable!("kv_index resolves to a KV state");
-        };
-        match (shared, keys_values) {
-            (false, Some((keys, values))) => {
-                cache.forward(queries, keys, values, positions, shape, kernel, out)
-            }
-            (true, None) => {
-                let width = shape.q_heads * cache.layout().head_dim;
-                let query_len = queries.len().checked_div(width).unwrap_or(0);
-                if positions.len() != cache.len() || query_len > positions.len() {
-                    return Err(CacheError::OffsetMismatch {
-                        cached: cache.len(),
-                        offset: positions.len().saturating_sub(query_len),
-                    });
-                }
-                attend(
-                    cache,
-                    queries,
-                    &positions[positions.len() - query_len..],
-                    shape,
-                    kernel,
-                    out,
-                )
-            }
-            (false, None) => Err(CacheError::Unsupported {
-                state: self.specs[index].name.clone(),
-                reason: "a producer layer must pass its new keys and values",
-            }),
-            (true, Some(_)) => Err(CacheError::Unsupported {
-                state: self.specs[self.layer_state[layer].unwrap_or(index)]
-                    .name
-                    .clone(),
-                reason: "a KV-sharing layer reads its producer's cache and writes nothing",
-            }),
+    /// The KV cache stored at state `index` (a [`kv_index`](Self::kv_index) result).
+    pub(crate) fn kv_at_mut(&mut self, index: usize) -> Option<&mut KvCache> {
+        match &mut self.storage[index] {
+            StateStorage::Kv(cache) => Some(cache),
+            _ => None,
         }
+    }
+
+    /// The name of the state `layer` declares (its own, for a sharer), for error messages.
+    pub(crate) fn state_name_of_layer(&self, layer: usize, fallback: usize) -> String {
+        self.specs[self.layer_state[layer].unwrap_or(fallback)]
+            .name
+            .clone()
     }
 
     /// A fixed state's data.

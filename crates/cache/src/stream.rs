@@ -14,10 +14,12 @@
 //! A mean-centered stream ([`CenterPolicy`], see [`center`](crate::center)) stores `x − μ`
 //! everywhere — body, sinks and recent copies — so every record, and every kernel reading it,
 //! is in one (centered) domain. `μ` is chosen from the first appended batch, like the outlier
-//! channels of a two-tier stream, and forgotten with them when the stream is emptied.
+//! channels of a two-tier stream and the [basis](crate::basis) of a basis stream, and forgotten
+//! with them when the stream is emptied.
 
 use half::f16;
 
+use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
@@ -55,6 +57,14 @@ pub struct StreamLayout {
     /// so it reloads bit for bit.
     #[serde(default, rename = "mean_bits", with = "crate::center::mean_bits")]
     pub mean: Option<Vec<f32>>,
+    /// The data-aware basis: whether the stream fits one from its first batch (`mse` streams
+    /// only; see [`basis`](crate::basis)).
+    #[serde(default)]
+    pub basis: BasisPolicy,
+    /// What the stream decided from its first batch (recorded so a saved cache reloads it bit
+    /// for bit: the fit is integers).
+    #[serde(default)]
+    pub basis_fit: Option<BasisFit>,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
     /// First tokens kept at full precision.
@@ -103,6 +113,31 @@ impl StreamLayout {
     /// Builds the body codec: the single codec, or the two tiers with the chosen outlier
     /// channels (the first `k` channels until calibration chooses).
     pub fn build_codec(&self) -> Result<TokenCodec, CacheError> {
+        if self.basis.is_pca() {
+            let CodecSpec::Mse(spec) = self.codec else {
+                return Err(CacheError::InvalidConfig(format!(
+                    "basis = \"pca\" needs an mse codec, not {:?}",
+                    self.codec
+                )));
+            };
+            if self.outliers.is_some() {
+                return Err(CacheError::InvalidConfig(
+                    "basis = \"pca\" cannot be combined with [outliers]".into(),
+                ));
+            }
+            return match &self.basis_fit {
+                Some(BasisFit::Pca(fit)) => Ok(TokenCodec::Basis(Box::new(
+                    crate::basis::BasisCodec::new(spec, fit.clone())?,
+                ))),
+                // Not fitted yet, or fitted to the identity: the plain codec.
+                _ => Ok(TokenCodec::new(&self.codec)?),
+            };
+        }
+        if self.basis_fit.is_some() {
+            return Err(CacheError::InvalidConfig(
+                "a recorded basis on a stream without basis = \"pca\"".into(),
+            ));
+        }
         match &self.outliers {
             None => Ok(TokenCodec::new(&self.codec)?),
             Some(plan) => {
@@ -170,16 +205,21 @@ impl Stream {
                 Growth::Static { capacity },
             )
         };
+        let mut layout = layout.clone();
+        if let Some(BasisFit::Pca(fit)) = &mut layout.basis_fit {
+            fit.shrink_to_fit();
+        }
+        let centered = if layout.center.is_centered() {
+            vec![0.0; head_dim]
+        } else {
+            Vec::new()
+        };
         Ok(Self {
-            layout: layout.clone(),
+            layout,
             body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth),
             sinks: fp_store(sink_tokens),
             recent: fp_store(recent_slots),
-            centered: if layout.center.is_centered() {
-                vec![0.0; head_dim]
-            } else {
-                Vec::new()
-            },
+            centered,
             codec,
             fp_codec,
             sink_tokens,
@@ -229,15 +269,33 @@ impl Stream {
             + self.sinks.allocated_bytes()
             + self.recent.allocated_bytes()
             + self.layout.mean.as_ref().map_or(0, |m| 4 * m.capacity())
+            + match &self.layout.basis_fit {
+                Some(BasisFit::Pca(fit)) => fit.allocated_bytes(),
+                _ => 0,
+            }
     }
 
     /// Bytes stored once rather than per token, by formula: the full-precision sink and recent
     /// copies (allocated at creation) and, once chosen, the mean of a centered stream
-    /// (`4·head_dim`).
+    /// (`4·head_dim`) and a fitted basis ([`FittedBasis::bytes`](crate::basis::FittedBasis::bytes)).
     pub fn fixed_bytes(&self) -> usize {
         (self.sink_tokens + self.recent_slots) * self.fp_codec.bytes_per_token()
             + self.layout.center.mean_bytes(self.layout.head_dim())
                 * usize::from(self.layout.mean.is_some())
+            + match &self.layout.basis_fit {
+                Some(BasisFit::Pca(fit)) => fit.bytes(),
+                _ => 0,
+            }
+    }
+
+    /// The stream's basis policy.
+    pub fn basis(&self) -> BasisPolicy {
+        self.layout.basis
+    }
+
+    /// What a basis stream decided from its first batch (`None` before it, or without a basis).
+    pub fn basis_fit(&self) -> Option<&BasisFit> {
+        self.layout.basis_fit.as_ref()
     }
 
     /// The stream's centering policy.
@@ -396,7 +454,11 @@ impl Stream {
     /// Whether the next append must calibrate first: choose the outlier channels of a two-tier
     /// stream, or the mean of a centered one, from its first batch.
     pub fn needs_calibration(&self) -> bool {
-        self.len == 0 && (self.needs_channels() || self.needs_mean())
+        self.len == 0 && (self.needs_channels() || self.needs_mean() || self.needs_basis())
+    }
+
+    fn needs_basis(&self) -> bool {
+        self.layout.basis.is_pca() && self.layout.basis_fit.is_none()
     }
 
     fn needs_channels(&self) -> bool {
@@ -408,9 +470,10 @@ impl Stream {
     }
 
     /// Calibrates from `tokens` (`[n, head_dim]`, the first appended batch): chooses the mean
-    /// of a centered stream, then the outlier channels of a two-tier stream — from the centered
-    /// tokens, since those are what its tiers will store — and rebuilds the two-tier codec with
-    /// them (the record size does not change). On error nothing changes.
+    /// of a centered stream, then the outlier channels of a two-tier stream or the basis of a
+    /// basis stream — from the centered tokens, since those are what its codec will store —
+    /// and rebuilds the codec with them (the record size does not change). On error nothing
+    /// changes.
     pub(crate) fn calibrate(&mut self, tokens: &[f32]) -> Result<(), CacheError> {
         let head_dim = self.layout.head_dim();
         let mean = if self.needs_mean() {
@@ -443,6 +506,31 @@ impl Stream {
             layout.channels = Some(channels);
             self.codec = layout.build_codec()?;
             self.layout.channels = layout.channels;
+        }
+        if self.needs_basis()
+            && let CodecSpec::Mse(spec) = self.layout.codec
+        {
+            let fit = match mean.as_ref().or(self.layout.mean.as_ref()) {
+                Some(mean) => {
+                    let centered: Vec<f32> = tokens
+                        .chunks_exact(head_dim)
+                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                        .collect();
+                    if centered.len() != tokens.len() {
+                        return Err(CacheError::ShapeMismatch {
+                            what: "first batch of a basis stream",
+                            expected: tokens.len().next_multiple_of(head_dim),
+                            actual: tokens.len(),
+                        });
+                    }
+                    crate::basis::fit_basis(&centered, head_dim, spec.bits)?
+                }
+                None => crate::basis::fit_basis(tokens, head_dim, spec.bits)?,
+            };
+            let mut layout = self.layout.clone();
+            layout.basis_fit = Some(fit);
+            self.codec = layout.build_codec()?;
+            self.layout.basis_fit = layout.basis_fit;
         }
         if mean.is_some() {
             self.layout.mean = mean;
@@ -523,6 +611,12 @@ impl Stream {
                 self.codec = codec;
             }
         }
+        if self.layout.basis_fit.is_some() {
+            self.layout.basis_fit = None;
+            if let Ok(codec) = self.layout.build_codec() {
+                self.codec = codec;
+            }
+        }
     }
 
     /// Appends the stream's state to a saved-cache body.
@@ -563,6 +657,11 @@ impl Stream {
         if self.len > 0 && self.needs_mean() {
             return Err(crate::persist::PersistError::Inconsistent(
                 "a centered stream holds tokens but no mean",
+            ));
+        }
+        if self.len > 0 && self.needs_basis() {
+            return Err(crate::persist::PersistError::Inconsistent(
+                "a basis stream holds tokens but no basis",
             ));
         }
         Ok(())

@@ -8,6 +8,7 @@
 //! | `f16` | `ceil(d/2)` (two halves per word, even index in the low half) | 0 |
 //! | `mse` / `debiased-mse` (b bits) | `words_for(d, b)` packed codes | 1: the norm |
 //! | `prod` (b bits) | `words_for(d, b−1)` codes, then `ceil(d/32)` sign words | 2: norm, `γ` |
+//! | `mse` (b bits) over a [basis](crate::basis) | `words_for(d, b)`: each group's codes from a word boundary | 1: the norm |
 //!
 //! so the bytes a token costs are `4·record_words + 2·scales`, exactly.
 
@@ -71,6 +72,9 @@ pub enum TokenCodec {
     DebiasedMse(DebiasedMse),
     /// Outlier channels and the rest, each with its own codec (boxed: it holds two codecs).
     TwoTier(Box<TwoTierCodec>),
+    /// TQ_mse over a fitted data-aware basis (boxed: it holds the basis and a codec per
+    /// group; see [`basis`](crate::basis)).
+    Basis(Box<crate::basis::BasisCodec>),
 }
 
 impl TokenCodec {
@@ -100,7 +104,7 @@ impl TokenCodec {
             TokenCodec::Mse(c) => CodecSpec::Mse(c.spec()),
             TokenCodec::Prod(c) => CodecSpec::Prod(c.spec()),
             TokenCodec::DebiasedMse(c) => CodecSpec::DebiasedMse(c.codec().spec()),
-            TokenCodec::TwoTier(_) => return None,
+            TokenCodec::TwoTier(_) | TokenCodec::Basis(_) => return None,
         })
     }
 
@@ -112,6 +116,7 @@ impl TokenCodec {
             TokenCodec::DebiasedMse(c) => c.codec().dim(),
             TokenCodec::Prod(c) => c.spec().dim,
             TokenCodec::TwoTier(c) => c.head_dim(),
+            TokenCodec::Basis(c) => c.dim(),
         }
     }
 
@@ -124,6 +129,7 @@ impl TokenCodec {
             TokenCodec::DebiasedMse(c) => c.codec().words_per_vector(),
             TokenCodec::Prod(c) => c.mse().words_per_vector() + c.sign_words_per_vector(),
             TokenCodec::TwoTier(c) => c.record_words(),
+            TokenCodec::Basis(c) => c.record_words(),
         }
     }
 
@@ -131,7 +137,7 @@ impl TokenCodec {
     pub fn scales_per_token(&self) -> usize {
         match self {
             TokenCodec::F32 { .. } | TokenCodec::F16 { .. } => 0,
-            TokenCodec::Mse(_) | TokenCodec::DebiasedMse(_) => 1,
+            TokenCodec::Mse(_) | TokenCodec::DebiasedMse(_) | TokenCodec::Basis(_) => 1,
             TokenCodec::Prod(_) => 2,
             TokenCodec::TwoTier(c) => c.scales_per_token(),
         }
@@ -186,6 +192,7 @@ impl TokenCodec {
                 let tiers = two_tier_scratch(scratch, c);
                 c.encode_into(x, tiers, record, scales)?;
             }
+            TokenCodec::Basis(c) => scales[0] = c.encode_into(x, scratch, record)?,
         }
         Ok(())
     }
@@ -232,6 +239,7 @@ impl TokenCodec {
                 let tiers = two_tier_scratch(scratch, c);
                 c.decode_into(record, scales, tiers, out)?;
             }
+            TokenCodec::Basis(c) => c.decode_into(record, scales[0], scratch, out)?,
         }
         Ok(())
     }

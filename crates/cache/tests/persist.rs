@@ -3,9 +3,13 @@
 mod common;
 
 use common::{CODECS, codec, sliding, vectors};
+use std::io::Write;
 use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_cache::kv_cache::{KvKind, KvLayout, uniform_streams};
-use tq_cache::persist::{FORMAT_VERSION, PersistError, from_bytes, load, save, to_bytes};
+
+use tq_cache::persist::{
+    FORMAT_VERSION, PersistError, from_bytes, load, load_matching, save, to_bytes, write_atomically,
+};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
 
@@ -202,4 +206,85 @@ fn hostile_headers_are_refused() {
         h["specs"] = "nonsense".into();
     });
     assert!(matches!(from_bytes(&garbage), Err(PersistError::Header(_))));
+}
+
+/// Files in `dir` other than the ones named (a failed save must not leave its temporary file).
+fn stray_files(dir: &std::path::Path, keep: &[&str]) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !keep.contains(&name.as_str()))
+        .collect()
+}
+
+/// A save that fails half-way (the failure injected after half the new bytes are written)
+/// leaves the previous file loading bit-identical and no temporary file behind; the next save
+/// replaces it. Catches a save that writes the target in place (the previous file would be
+/// half overwritten) or that renames before the write completed.
+#[test]
+fn a_failed_save_keeps_the_previous_file() {
+    let dir = std::env::temp_dir().join(format!("tq-persist-atomic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cache.tqc");
+    let mut old = build(2, 3);
+    run(&mut old, 0, 12);
+    save(&old, &path).unwrap();
+    let old_bytes = to_bytes(&old).unwrap();
+    let mut new = build(2, 3);
+    run(&mut new, 0, 30);
+    let new_bytes = to_bytes(&new).unwrap();
+    assert_ne!(new_bytes, old_bytes);
+    let failed = write_atomically(&path, |file| {
+        file.write_all(&new_bytes[..new_bytes.len() / 2])?;
+        Err(std::io::Error::other("injected failure mid-save"))
+    });
+    assert_eq!(failed.unwrap_err().to_string(), "injected failure mid-save");
+    assert_eq!(to_bytes(&load(&path).unwrap()).unwrap(), old_bytes);
+    assert_eq!(stray_files(&dir, &["cache.tqc"]), Vec::<String>::new());
+    save(&new, &path).unwrap();
+    assert_eq!(to_bytes(&load(&path).unwrap()).unwrap(), new_bytes);
+    assert_eq!(stray_files(&dir, &["cache.tqc"]), Vec::<String>::new());
+    // A path that names no file is an error before anything is written.
+    assert!(write_atomically(std::path::Path::new("/"), |_| Ok(())).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `load_matching` accepts a file of the expected shape and allocation whatever its streams
+/// calibrated (two-tier channels, means) and refuses another allocation or model with a typed
+/// error that says so; another format version is refused by its version.
+#[test]
+fn a_file_for_another_allocation_or_version_is_a_typed_error() {
+    let dir = std::env::temp_dir().join(format!("tq-persist-match-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cache.tqc");
+    let allocation = |name: &str| tq_cache::allocation::Allocation::preset(name).unwrap();
+    let mut cache = ModelCache::with_allocation(specs(), &allocation("tq3.5")).unwrap();
+    run(&mut cache, 0, 20);
+    save(&cache, &path).unwrap();
+    let fresh = ModelCache::with_allocation(specs(), &allocation("tq3.5")).unwrap();
+    let loaded = load_matching(&path, &fresh).unwrap();
+    assert_eq!(to_bytes(&loaded).unwrap(), to_bytes(&cache).unwrap());
+    let other = ModelCache::with_allocation(specs(), &allocation("k5v4")).unwrap();
+    let err = load_matching(&path, &other).unwrap_err();
+    assert!(
+        matches!(err, PersistError::Mismatch(_)) && err.to_string().contains("another"),
+        "{err}"
+    );
+    let mut fewer = specs();
+    fewer.pop();
+    let other_model = ModelCache::with_allocation(fewer, &allocation("tq3.5")).unwrap();
+    assert!(matches!(
+        load_matching(&path, &other_model),
+        Err(PersistError::Mismatch(_))
+    ));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let err = load_matching(&path, &fresh).unwrap_err();
+    assert!(
+        matches!(err, PersistError::UnsupportedVersion { found } if found == FORMAT_VERSION + 1),
+        "{err}"
+    );
+    assert!(err.to_string().contains("version"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -38,6 +38,8 @@ impl Allocation {
                     channels: None,
                     center: resolved.center,
                     mean: None,
+                    basis: resolved.basis,
+                    basis_fit: None,
                     fp: self.fp_codec(layout.head_dim),
                     sink_tokens: self.sink_tokens,
                     recent_tokens: self.recent_fp_tokens,

@@ -152,6 +152,12 @@ pub enum FieldProblem {
          (base, `[boundary]` or `[[override]]`)"
     )]
     WholeStreamOnly,
+    /// `basis = "pca"` on a stream that `[outliers]` splits in two tiers.
+    #[error(
+        "a basis cannot be combined with [outliers]: both decide how a head's directions get \
+         their bits; drop one of them for this stream"
+    )]
+    BasisWithOutliers,
     /// A layer index outside the model (negative indices count from the end).
     #[error("layer {index} is out of range for a {num_layers}-layer model")]
     LayerOutOfRange {

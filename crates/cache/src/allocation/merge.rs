@@ -10,6 +10,7 @@ use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::plan::StreamKind;
 use crate::allocation::schema::{CodecKind, StreamSettings};
+use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 use crate::codec::{MseSpec, ProdSpec};
 
@@ -69,6 +70,7 @@ pub(crate) struct Merged {
     shrinkage: Option<Sourced<f64>>,
     norm_correction: Option<Sourced<bool>>,
     center: Option<Sourced<CenterPolicy>>,
+    basis: Option<Sourced<BasisPolicy>>,
 }
 
 /// Fully resolved settings of one tier: every default filled in and every rule checked.
@@ -85,6 +87,10 @@ pub(crate) struct Resolved {
     norm_correction: bool,
     /// Mean-centering of the stream (one policy for both tiers of a two-tier stream).
     pub center: CenterPolicy,
+    /// The data-aware basis of the stream and the field's path when set (for the error a basis
+    /// over a two-tier split gives).
+    pub basis: BasisPolicy,
+    pub basis_path: Option<Origin>,
 }
 
 fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
@@ -106,6 +112,7 @@ impl Merged {
             shrinkage: None,
             norm_correction: None,
             center: None,
+            basis: None,
         }
     }
 
@@ -131,6 +138,9 @@ impl Merged {
                 self.scale = None;
                 self.shrinkage = None;
             }
+            if codec != CodecKind::Mse {
+                self.basis = None;
+            }
         }
         set(&mut self.codec, patch.codec, origin);
         set(&mut self.bits, patch.bits, origin);
@@ -140,6 +150,7 @@ impl Merged {
         set(&mut self.shrinkage, patch.shrinkage, origin);
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
+        set(&mut self.basis, patch.basis, origin);
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.
@@ -161,6 +172,23 @@ impl Merged {
             return Err(AllocationError::field(
                 c.origin.path("center"),
                 FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(b) = self.basis
+            && b.origin.section == Section::Outliers
+        {
+            return Err(AllocationError::field(
+                b.origin.path("basis"),
+                FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(b) = self.basis
+            && b.value.is_pca()
+            && kind != CodecKind::Mse
+        {
+            return Err(AllocationError::field(
+                b.origin.path("basis"),
+                FieldProblem::NotApplicable { codec: kind },
             ));
         }
         let not_applicable = |origin: Origin, field: &str| {
@@ -245,6 +273,8 @@ impl Merged {
             shrinkage,
             norm_correction: self.norm_correction.is_some_and(|n| n.value),
             center: self.center.map_or(CenterPolicy::None, |c| c.value),
+            basis: self.basis.map_or(BasisPolicy::None, |b| b.value),
+            basis_path: self.basis.map(|b| b.origin),
         })
     }
 }

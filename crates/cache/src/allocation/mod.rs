@@ -52,6 +52,7 @@
 //! | `scale` | `paper`, `asymptotic`, `exact` | `paper` for gaussian, else `exact` | prod |
 //! | `shrinkage` | finite, > 0 (the seed's "damping 0.7" is 0.7) | 1 (unbiased) | prod |
 //! | `center` | `none`, `first-chunk` (store `x − μ`, μ = mean of the stream's first batch) | `none` | all codecs; not in `[outliers]` |
+//! | `basis` | `none`, `pca` (principal components of the first batch, water-filled bits) | `none` | mse; not in, nor with, `[outliers]` |
 //!
 //! `center` mean-centers a stream: exact up to quantization error (keys: a softmax ignores a
 //! common shift of its scores; values: attention adds `μ` back, the weights summing to one), at
@@ -61,6 +62,13 @@
 //! of the whole stream, so `[outliers]` tables may not give it. It applies to KV states only:
 //! fixed (conv / recurrent) states are never quantized nor centered, and an allocation whose
 //! centering reaches no KV state is not an error.
+//!
+//! `basis = "pca"` fits a data-aware basis to the stream's first batch (after centering, if the
+//! stream is centered): `bits` becomes the *average* bits per coordinate, spread over the
+//! principal components by reverse water-filling, in the same bytes per token. See
+//! [`basis`](crate::basis) for the codec, the reduction to plain `mse`, the fallback for short
+//! first batches and the cost (the basis rows, counted once fitted). A switch to another codec
+//! drops an inherited `basis`.
 //!
 //! A field given for a codec it does not apply to is an error (`qjl` on `mse`). A patch that
 //! switches the codec drops the inherited fields the new codec cannot use, so

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 use crate::codec::packing::words_for;
 use crate::two_tier::{TwoTierCodec, TwoTierError};
@@ -168,11 +169,15 @@ pub struct ResolvedStream {
     pub plan: StreamPlan,
     /// Whether the stream stores `x − μ` (see [`center`](crate::center)).
     pub center: CenterPolicy,
+    /// Whether the stream fits a data-aware basis (see [`basis`](crate::basis)).
+    pub basis: BasisPolicy,
 }
 
 impl ResolvedStream {
     /// Bytes stored once per head rather than per token: the outlier channel list of a
-    /// two-tier plan and the mean of a centered stream (`4·head_dim`).
+    /// two-tier plan and the mean of a centered stream (`4·head_dim`). A basis depends on the
+    /// data (its rank and groups), so it is counted once fitted, by
+    /// [`Stream::fixed_bytes`](crate::stream::Stream::fixed_bytes), not here.
     pub fn metadata_bytes_per_head(&self) -> usize {
         self.plan.metadata_bytes_per_head() + self.center.mean_bytes(self.plan.head_dim())
     }

@@ -103,13 +103,21 @@ impl Allocation {
             }
         }
         let whole = merged.finish()?;
-        let center = whole.center;
+        let (center, basis) = (whole.center, whole.basis);
         let seed = |tier, role| derive_seed(self.seed, layer, kv_head, stream, tier, role);
         let split = self.outliers.as_ref().and_then(|rule| {
             stream_patch(stream, &rule.key, &rule.value).map(|patch| (rule, patch))
         });
         let plan = match split {
             Some((rule, patch)) if whole.codec.is_quantized() => {
+                if let Some(origin) = whole.basis_path
+                    && basis.is_pca()
+                {
+                    return Err(AllocationError::field(
+                        origin.path("basis"),
+                        FieldProblem::BasisWithOutliers,
+                    ));
+                }
                 let (channels, count_field) = outlier_channels(rule, head_dim)?;
                 let mut outlier_merged = merged;
                 outlier_merged.apply(patch, Section::Outliers);
@@ -139,7 +147,11 @@ impl Allocation {
                 ))
             }
         };
-        Ok(ResolvedStream { plan, center })
+        Ok(ResolvedStream {
+            plan,
+            center,
+            basis,
+        })
     }
 
     /// Checks the allocation against a whole model: every override's layer and head indices,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tq_qjl::{SketchKind, SketchScale};
 use tq_rotation::RotationKind;
 
+use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 
 /// The base seed used when a file gives none ("TQ-ALLOC" in ASCII; below 2⁶³ because TOML
@@ -183,6 +184,10 @@ pub struct StreamSettings {
     /// vector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub center: Option<CenterPolicy>,
+    /// A data-aware basis fitted to the stream's first batch (`mse` only, default `none`; see
+    /// [`basis`](crate::basis)). Not allowed in `[outliers]`, nor together with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<BasisPolicy>,
 }
 
 impl StreamSettings {

@@ -9,7 +9,10 @@
 //! token. Full-precision tokens (f16/f32 streams, sinks, the recent window) accumulate in the
 //! original domain beside them. A two-tier record is two parts, each with its own channels,
 //! codec and rotation: scores add over the parts, and each part's output is mapped back and
-//! scattered to its channels. The inner loops are the run kernels of [`simd`](super::simd)
+//! scattered to its channels. A record over a data-aware [basis](crate::basis) is one part per
+//! equal-bit group: the query is projected onto the basis once (`U·q`), each group gathers its
+//! components, rotates them and folds its scale `a_G` in; outputs scatter to the components
+//! (times `a_G`) and map back through `Uᵀ` once per output row. The inner loops are the run kernels of [`simd`](super::simd)
 //! (AVX2, NEON or scalar, chosen once per call).
 //!
 //! Work splits into blocks of [`block_tokens`] visible tokens per (query, KV head) (256 up
@@ -69,7 +72,11 @@ enum Body<'a> {
     },
 }
 
-/// One part of a record: the whole record, or one tier of a two-tier record.
+/// Most parts a record has: two tiers, or up to eight groups of a basis record (bits 8 to 1).
+const MAX_PARTS: usize = 8;
+
+/// One part of a record: the whole record, one tier of a two-tier record or one equal-bit group
+/// of a basis record.
 struct Part<'a> {
     body: Body<'a>,
     /// Dimension of the part's vectors.
@@ -80,6 +87,9 @@ struct Part<'a> {
     word_offset: usize,
     /// Index of the part's first scale within a record's scales.
     scale_offset: usize,
+    /// The fixed factor of the part's decoded vectors (a basis group's `a_G`, else 1): folded
+    /// into the prepared query for keys, applied once per output for values.
+    gain: f32,
 }
 
 impl Part<'_> {
@@ -152,19 +162,22 @@ fn body_of(codec: &TokenCodec) -> Result<Body<'_>, CacheError> {
             sketch: Some(c.sketch()),
             correction: 1.0,
         },
-        TokenCodec::TwoTier(_) => {
+        TokenCodec::TwoTier(_) | TokenCodec::Basis(_) => {
             return Err(CacheError::InvalidConfig(
-                "a two-tier codec cannot be a tier of another".into(),
+                "a two-tier or basis codec cannot be a part of another".into(),
             ));
         }
     })
 }
 
-/// The parts of a record: one, or two for a two-tier record (a fixed array, not a `Vec`: the
-/// decode loop builds these per call and must not allocate).
+/// The parts of a record: one, two for a two-tier record, one per group of a basis record (a
+/// fixed array, not a `Vec`: the decode loop builds these per call and must not allocate).
 struct Parts<'a> {
-    items: [Part<'a>; 2],
+    items: [Part<'a>; MAX_PARTS],
     len: usize,
+    /// The basis a basis record's parts live in: queries are projected onto its rows before
+    /// the parts gather them, and outputs are mapped back through them after scattering.
+    basis: Option<&'a crate::basis::BasisCodec>,
 }
 
 impl<'a> std::ops::Deref for Parts<'a> {
@@ -183,44 +196,84 @@ fn no_part<'a>() -> Part<'a> {
         channels: None,
         word_offset: 0,
         scale_offset: 0,
+        gain: 1.0,
     }
 }
 
 /// The parts of a stream codec's records.
 fn parts_of(codec: &TokenCodec) -> Result<Parts<'_>, CacheError> {
+    let mut items: [Part<'_>; MAX_PARTS] = std::array::from_fn(|_| no_part());
     match codec {
-        TokenCodec::TwoTier(c) => Ok(Parts {
-            items: [
-                Part {
-                    body: body_of(c.outlier())?,
-                    dim: c.outlier().dim(),
-                    channels: Some(c.channels()),
-                    word_offset: 0,
+        TokenCodec::TwoTier(c) => {
+            items[0] = Part {
+                body: body_of(c.outlier())?,
+                dim: c.outlier().dim(),
+                channels: Some(c.channels()),
+                word_offset: 0,
+                scale_offset: 0,
+                gain: 1.0,
+            };
+            items[1] = Part {
+                body: body_of(c.rest())?,
+                dim: c.rest().dim(),
+                channels: Some(c.rest_channels()),
+                word_offset: c.outlier().record_words(),
+                scale_offset: c.outlier().scales_per_token(),
+                gain: 1.0,
+            };
+            Ok(Parts {
+                items,
+                len: 2,
+                basis: None,
+            })
+        }
+        TokenCodec::Basis(c) => {
+            let groups = c.groups();
+            if groups.len() > MAX_PARTS {
+                return Err(CacheError::InvalidConfig(format!(
+                    "a basis of {} groups (at most {MAX_PARTS})",
+                    groups.len()
+                )));
+            }
+            for (item, group) in items.iter_mut().zip(groups) {
+                *item = Part {
+                    body: Body::Codes {
+                        bits: group.bits,
+                        centroids: group.codebook.centroids_f32(),
+                        rotation: &group.rotation,
+                        code_words: group.words(),
+                        sketch: None,
+                        correction: 1.0,
+                    },
+                    dim: group.len(),
+                    channels: Some(&group.components),
+                    word_offset: group.word_offset,
+                    // Every group shares the record's one norm.
                     scale_offset: 0,
-                },
-                Part {
-                    body: body_of(c.rest())?,
-                    dim: c.rest().dim(),
-                    channels: Some(c.rest_channels()),
-                    word_offset: c.outlier().record_words(),
-                    scale_offset: c.outlier().scales_per_token(),
-                },
-            ],
-            len: 2,
-        }),
-        _ => Ok(Parts {
-            items: [
-                Part {
-                    body: body_of(codec)?,
-                    dim: codec.dim(),
-                    channels: None,
-                    word_offset: 0,
-                    scale_offset: 0,
-                },
-                no_part(),
-            ],
-            len: 1,
-        }),
+                    gain: group.scale,
+                };
+            }
+            Ok(Parts {
+                items,
+                len: groups.len(),
+                basis: Some(c),
+            })
+        }
+        _ => {
+            items[0] = Part {
+                body: body_of(codec)?,
+                dim: codec.dim(),
+                channels: None,
+                word_offset: 0,
+                scale_offset: 0,
+                gain: 1.0,
+            };
+            Ok(Parts {
+                items,
+                len: 1,
+                basis: None,
+            })
+        }
     }
 }
 
@@ -268,6 +321,8 @@ struct PreparedPart {
 struct PreparedGroup {
     /// `scale·q` over the whole head, for full-precision copies (`[group, d]`).
     plain: Vec<f32>,
+    /// `U·(scale·q)` for a basis stream (`[group, r]`), what its parts gather from.
+    projected: Vec<f32>,
     /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
 }
@@ -281,6 +336,8 @@ struct CombineScratch {
     signs: Vec<f32>,
     back: Vec<f32>,
     original: Vec<f32>,
+    /// A basis stream's output in the basis domain (`[r]`) before `Uᵀ`.
+    components: Vec<f32>,
 }
 
 /// `buffer` as `len` zeros, reusing its capacity.
@@ -292,7 +349,7 @@ fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
 
 fn prepare(
     isa: Isa,
-    parts: &[Part<'_>],
+    parts: &Parts<'_>,
     queries: &[f32],
     d: usize,
     scale: f32,
@@ -300,15 +357,29 @@ fn prepare(
 ) -> Result<(), CacheError> {
     out.plain.clear();
     out.plain.extend(queries.iter().map(|v| v * scale));
-    let plain = &out.plain;
-    let group = plain.len() / d;
+    let group = out.plain.len() / d;
+    // A basis record's parts gather from the projected query, others from the query itself.
+    let (source, width) = match parts.basis {
+        Some(basis) => {
+            let r = basis.rank();
+            let projected = zeroed(&mut out.projected, group * r);
+            for (p, q) in projected.chunks_exact_mut(r).zip(out.plain.chunks_exact(d)) {
+                basis.project(q, p);
+            }
+            (&out.projected, r)
+        }
+        None => (&out.plain, d),
+    };
     if out.parts.len() < parts.len() {
         out.parts.resize_with(parts.len(), PreparedPart::default);
     }
     for (part, prepared) in parts.iter().zip(out.parts.iter_mut()) {
         let dp = part.dim;
         let gathered = zeroed(&mut prepared.gathered, group * dp);
-        for (row, q) in gathered.chunks_exact_mut(dp).zip(plain.chunks_exact(d)) {
+        for (row, q) in gathered
+            .chunks_exact_mut(dp)
+            .zip(source.chunks_exact(width))
+        {
             match part.channels {
                 Some(channels) => {
                     for (v, &c) in row.iter_mut().zip(channels) {
@@ -329,6 +400,8 @@ fn prepare(
             continue;
         };
         prepared.coded = true;
+        // The part's fixed gain is folded into the query: one multiply per query, not per key.
+        let correction = correction * part.gain;
         let m = part.sketch_dim();
         let gathered = &prepared.gathered;
         prepared
@@ -353,7 +426,7 @@ fn prepare(
                         p.iter_mut().for_each(|v| *v *= gain);
                     }
                 }
-                if *correction != 1.0 {
+                if correction != 1.0 {
                     rotated.iter_mut().for_each(|v| *v *= correction);
                 }
                 Ok::<(), CacheError>(())
@@ -583,7 +656,8 @@ fn run_block_with(
             return;
         }
         scales.load(isa, halves, n);
-        // At most two coded parts (a two-tier record): scored together in one pass.
+        // Up to two coded parts (a plain or two-tier record) are scored together in one pass;
+        // the groups of a basis record one after another.
         let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
         let mut count = 0;
         for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
@@ -600,8 +674,12 @@ fn run_block_with(
                 }
                 Body::Codes { .. } => {
                     if let Some(run) = part.coded_run(words, record_words, scales) {
-                        coded[count] = Some((run, &pp.keys));
-                        count += 1;
+                        if plan.key_parts.len() > 2 {
+                            simd::score_coded_parts(isa, &[run], &[&pp.keys], out, len);
+                        } else {
+                            coded[count] = Some((run, &pp.keys));
+                            count += 1;
+                        }
                     }
                 }
             }
@@ -836,7 +914,7 @@ fn attend_with(
 /// scatters the part to its channels. Writes the item's `[group, d]` rows into `out`.
 fn combine(
     isa: Isa,
-    parts: &[Part<'_>],
+    parts: &Parts<'_>,
     blocks: &[BlockPartial],
     group: usize,
     d: usize,
@@ -854,6 +932,7 @@ fn combine(
         signs,
         back,
         original,
+        components,
     } = scratch;
     let full = zeroed(full, d);
     for h in 0..group {
@@ -872,6 +951,7 @@ fn combine(
             }
         }
         let row = &mut out[h * d..(h + 1) * d];
+        let components = zeroed(components, parts.basis.map_or(0, |b| b.rank()));
         for (p, part) in parts.iter().enumerate() {
             let (dp, m) = (part.dim, part.sketch_dim());
             let values = zeroed(values, dp);
@@ -904,18 +984,32 @@ fn combine(
                     original
                 }
             };
+            // A basis group scatters (times its gain) to its components, mapped back below.
+            let target: &mut [f32] = if parts.basis.is_some() {
+                components
+            } else {
+                row
+            };
             match part.channels {
+                Some(channels) if part.gain != 1.0 => {
+                    for (&v, &c) in mapped.iter().zip(channels) {
+                        target[usize::from(c)] += part.gain * v;
+                    }
+                }
                 Some(channels) => {
                     for (&v, &c) in mapped.iter().zip(channels) {
-                        row[usize::from(c)] += v;
+                        target[usize::from(c)] += v;
                     }
                 }
                 None => {
-                    for (o, v) in row.iter_mut().zip(mapped) {
+                    for (o, v) in target.iter_mut().zip(mapped) {
                         *o += v;
                     }
                 }
             }
+        }
+        if let Some(basis) = parts.basis {
+            basis.add_back(components, row);
         }
         let inv = 1.0 / total;
         for (o, p) in row.iter_mut().zip(full.iter()) {

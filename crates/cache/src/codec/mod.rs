@@ -14,5 +14,6 @@ mod prod;
 
 pub use debiased::DebiasedMse;
 pub use error::CodecError;
+pub(crate) use input::{checked_norm, dot};
 pub use mse::{CodecScratch, MseCode, MseSpec, TqMse};
 pub use prod::{PreparedQuery, ProdCode, ProdSpec, TqProd};
