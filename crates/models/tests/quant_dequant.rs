@@ -22,6 +22,7 @@ fn geometry_matches_ggml() {
         (QuantKind::F16, 1, 1, 2, "F16"),
         (QuantKind::Q4_0, 2, 32, 18, "Q4_0"),
         (QuantKind::Q4_1, 3, 32, 20, "Q4_1"),
+        (QuantKind::Q5_0, 6, 32, 22, "Q5_0"),
         (QuantKind::Q8_0, 8, 32, 34, "Q8_0"),
         (QuantKind::Q4K, 12, 256, 144, "Q4_K"),
         (QuantKind::Q6K, 14, 256, 210, "Q6_K"),
@@ -34,8 +35,8 @@ fn geometry_matches_ggml() {
         assert_eq!(kind.to_string(), name);
         assert_eq!(kind.row_bytes(bs * 3), Ok(bb * 3));
     }
-    // Q5_0, Q8_1, Q2_K … are not implemented.
-    for id in [6, 7, 9, 10, 11, 13, 15, 99] {
+    // Q5_1, Q8_1, Q2_K … are not implemented.
+    for id in [7, 9, 10, 11, 13, 15, 99] {
         assert_eq!(
             QuantKind::from_ggml_type(id),
             Err(QuantError::UnsupportedGgmlType { id })
@@ -85,6 +86,47 @@ fn q4_1_block() {
     }
     assert_eq!(out[0], -1.0);
     assert_eq!(out[15], 2.75);
+}
+
+#[test]
+fn q5_0_block() {
+    // d = 0.5 (0x3800); byte j: low nibble j (element j), high nibble 15 − j (element 16 + j);
+    // qh = 0xA5A5_0F0F: the fifth bit of element e is bit e, so elements 0–3, 8–11, 16, 18,
+    // 21, 23, 24, 26, 29, 31 get +16.
+    let qh: u32 = 0xA5A5_0F0F;
+    let mut block = vec![0x00, 0x38];
+    block.extend(qh.to_le_bytes());
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    assert_eq!(block.len(), 22);
+    let out = dequant(QuantKind::Q5_0, &block, 32);
+    for (e, &v) in out.iter().enumerate() {
+        let nibble = if e < 16 { e } else { 31 - e } as i32;
+        let fifth = ((qh >> e) & 1) as i32;
+        let expected = (nibble + 16 * fifth - 16) as f32 * 0.5;
+        assert_eq!(v, expected, "element {e}");
+    }
+    // Element 0: q = 0 + 16 → 0; element 4: q = 4 → −6; element 16 (nibble 15, bit set):
+    // q = 31 → 7.5; element 17 (nibble 14, bit clear): q = 14 → −1.
+    assert_eq!(out[0], 0.0);
+    assert_eq!(out[4], -6.0);
+    assert_eq!(out[16], 7.5);
+    assert_eq!(out[17], -1.0);
+    // All bits clear and all nibbles 0: the minimum, −16·d.
+    let mut low = vec![0x00, 0x38];
+    low.extend([0u8; 20]);
+    assert!(
+        dequant(QuantKind::Q5_0, &low, 32)
+            .iter()
+            .all(|&v| v == -8.0)
+    );
+    // All bits set and all nibbles 15: the maximum, 15·d.
+    let mut high = vec![0x00, 0x38];
+    high.extend([0xFFu8; 20]);
+    assert!(
+        dequant(QuantKind::Q5_0, &high, 32)
+            .iter()
+            .all(|&v| v == 7.5)
+    );
 }
 
 #[test]
@@ -222,6 +264,14 @@ fn bad_lengths_are_errors() {
             what: "dequantize_row input",
             expected: 20,
             actual: 19
+        })
+    );
+    assert_eq!(
+        dequantize_row(QuantKind::Q5_0, &[0u8; 23], &mut out),
+        Err(QuantError::ByteLength {
+            what: "dequantize_row input",
+            expected: 22,
+            actual: 23
         })
     );
     assert_eq!(

@@ -30,7 +30,12 @@ use tq_models::quant::{
 };
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
-const Q8_KINDS: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
+const Q8_KINDS: [QuantKind; 4] = [
+    QuantKind::Q4_0,
+    QuantKind::Q4_1,
+    QuantKind::Q5_0,
+    QuantKind::Q8_0,
+];
 
 fn quantize(x: &[f32]) -> Q8Activation {
     let mut act = Q8Activation::new();
@@ -176,6 +181,12 @@ fn block_ints(kind: QuantKind, block: &[u8]) -> (f64, Vec<f64>, f64) {
             0.0,
         ),
         QuantKind::Q4_0 => (dw, (0..32).map(|j| nibble(2, j) - 8.0).collect(), 0.0),
+        QuantKind::Q5_0 => {
+            // ggml-common.h: qh (bytes 2..6) holds the fifth bit of element j in bit j.
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let q = (0..32).map(|j| nibble(6, j) + 16.0 * ((qh >> j) & 1) as f64 - 16.0);
+            (dw, q.collect(), 0.0)
+        }
         _ => (
             dw,
             (0..32).map(|j| nibble(4, j)).collect(),
@@ -224,7 +235,7 @@ proptest! {
     /// Every available instruction set returns the scalar kernel's bits, for every integer
     /// format, on row lengths covering whole and partial groups of eight blocks.
     #[test]
-    fn simd_matches_scalar_bit_for_bit(kind_index in 0usize..3, blocks in 1usize..=41, seed: u64) {
+    fn simd_matches_scalar_bit_for_bit(kind_index in 0usize..4, blocks in 1usize..=41, seed: u64) {
         let kind = Q8_KINDS[kind_index];
         let mut rng = Rng::new(seed);
         let cols = 32 * blocks;
@@ -239,10 +250,11 @@ proptest! {
         }
     }
 
-    /// Extreme weight bytes (every nibble 0 or 15, every Q8 byte −128 or 127) and extreme
+    /// Extreme weight bytes (every nibble 0 or 15, every Q5_0 fifth bit 0 or 1, every Q8 byte
+    /// −128 or 127) and extreme
     /// activations (all ±amax) stay exact: no i16 saturation in any kernel.
     #[test]
-    fn simd_extremes_match_scalar(kind_index in 0usize..3, blocks in 1usize..=17, seed: u64) {
+    fn simd_extremes_match_scalar(kind_index in 0usize..4, blocks in 1usize..=17, seed: u64) {
         let kind = Q8_KINDS[kind_index];
         let mut rng = Rng::new(seed);
         let cols = 32 * blocks;
@@ -278,7 +290,7 @@ proptest! {
     /// The integer path and the f32 path both stay within their derived bounds of the exact
     /// f64 dot product, hence within their sum of each other.
     #[test]
-    fn q8_path_within_quantization_bound(kind_index in 0usize..3, blocks in 1usize..=48, seed: u64) {
+    fn q8_path_within_quantization_bound(kind_index in 0usize..4, blocks in 1usize..=48, seed: u64) {
         let kind = Q8_KINDS[kind_index];
         let mut rng = Rng::new(seed);
         let cols = 32 * blocks;
@@ -299,7 +311,7 @@ proptest! {
 
     /// The f32 path of every format is its dequantized row dotted with x, within rounding.
     #[test]
-    fn f32_path_matches_dequantized_dot(kind_index in 0usize..7, blocks in 1usize..=6, seed: u64) {
+    fn f32_path_matches_dequantized_dot(kind_index in 0usize..8, blocks in 1usize..=6, seed: u64) {
         let kind = QuantKind::ALL[kind_index];
         let mut rng = Rng::new(seed);
         let cols = blocks * kind.block_size().max(32);
@@ -350,7 +362,9 @@ fn exact_dot_quantized(kind: QuantKind, row: &[u8], a: &Q8Row<'_>) -> (f64, f64)
     (total, abs)
 }
 
-/// llama.cpp's x86 AVX2 `ggml_vec_dot_q8_0_q8_0` / `_q4_0_q8_0` / `_q4_1_q8_1`, transcribed
+/// llama.cpp's x86 AVX2 `ggml_vec_dot_q8_0_q8_0` / `_q4_0_q8_0` / `_q5_0_q8_0` / `_q4_1_q8_1`
+/// (`ggml/src/ggml-cpu/arch/x86/quants.c`; Q5_0's loop is Q4_0's with the fifth bits OR-ed into
+/// the unpacked bytes), transcribed
 /// lane by lane in scalar f32: per block `d = d_x·d_y`, `acc = fmadd(d, lanes, acc)` (lane `l`
 /// = the `vpmaddwd` sum of products `4l..4l+4`), for Q4_1 `summs += m·s` (contracted to an FMA
 /// by GCC's default `-ffp-contract=fast`), then `hsum_float_8(acc) (+ summs)`.
@@ -397,7 +411,7 @@ proptest! {
     /// The integer path reproduces llama.cpp's AVX2 dot products bit for bit (given the same
     /// quantized activation), on every instruction set.
     #[test]
-    fn matches_llama_cpp_avx2_order(kind_index in 0usize..3, blocks in 1usize..=48, seed: u64) {
+    fn matches_llama_cpp_avx2_order(kind_index in 0usize..4, blocks in 1usize..=48, seed: u64) {
         let kind = Q8_KINDS[kind_index];
         let mut rng = Rng::new(seed);
         let cols = 32 * blocks;

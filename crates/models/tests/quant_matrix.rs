@@ -48,7 +48,7 @@ proptest! {
     /// matvecs; 1 and 2 threads give the same bits.
     #[test]
     fn matvec_matmul_and_threads(
-        kind_index in 0usize..7,
+        kind_index in 0usize..8,
         rows in 1usize..=300,
         blocks in 1usize..=4,
         n in 1usize..=11,
@@ -93,6 +93,8 @@ fn large_matrix_is_deterministic() {
         (QuantKind::Q4_1, 576, 1536),
         (QuantKind::Q8_0, 2048, 576),
         (QuantKind::Q4_0, 300, 800),
+        (QuantKind::Q5_0, 257, 640),
+        (QuantKind::Q5_0, 17, 32 * 140),
         // Rows longer than one unpacked segment (128 blocks) of the tile kernel.
         (QuantKind::Q4_1, 40, 32 * 300),
         (QuantKind::Q8_0, 33, 32 * 129),

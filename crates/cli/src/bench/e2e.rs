@@ -26,7 +26,6 @@
 //! follow. A context longer than the model's window minus the decode steps is shortened to fit
 //! (SmolLM2's window is 8192 tokens; the row records the tokens actually prefilled).
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -36,7 +35,7 @@ use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
-use tq_models::fetch::ensure_reference_model;
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::ops::argmax;
 use tq_models::llama::{ForwardScratch, Llama, Logits};
 
@@ -60,9 +59,10 @@ pub struct E2eBenchArgs {
     /// Allocations (preset names or TOML files, comma separated).
     #[arg(long, value_delimiter = ',', default_value = "f16,k5v4,tq3.5,tq2.5")]
     alloc: Vec<String>,
-    /// A GGUF file instead of the reference model (fetched on first use).
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
     /// Rounds per configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -153,7 +153,10 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let [alloc] = &args.alloc[..] else {
             return Err("--child takes exactly one allocation".into());
         };
-        let model = args.model.clone().ok_or("--child needs --model")?;
+        let model = match &args.model {
+            Some(ModelSpec::File(path)) => path.clone(),
+            _ => return Err("--child needs --model FILE".into()),
+        };
         let measurement = measure_in_pool(args, &model, alloc, context)?;
         println!("{}", serde_json::to_string(&measurement)?);
         return Ok(());
@@ -161,10 +164,7 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.alloc.is_empty() || args.contexts.is_empty() {
         return Err("give at least one allocation and one context".into());
     }
-    let model = match &args.model {
-        Some(path) => path.clone(),
-        None => ensure_reference_model(|line| eprintln!("{line}"))?,
-    };
+    let model = crate::commands::model::model_path(&args.model, "bench e2e")?;
     for name in &args.alloc {
         Allocation::load(name)?;
     }

@@ -9,11 +9,10 @@
 //! model misses even with f16. The synthetic needle table (16K–128K keys, no model) is
 //! `tq needle --synthetic`.
 
-use std::path::PathBuf;
-
 use clap::Args;
 use tq_cache::allocation::Allocation;
 use tq_models::chat::ChatTemplate;
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::Llama;
 use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
 use tq_models::tokenizer::Tokenizer;
@@ -33,9 +32,12 @@ pub struct DemoArgs {
     /// Allocations: preset names or TOML files, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["f16".to_string(), "rec4.25".to_string(), "k5v4".to_string(), "tq3.5".to_string()])]
     alloc: Vec<String>,
-    /// A GGUF file instead of the reference model.
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
+    #[command(flatten)]
+    budget: super::limits::CacheBudgetArgs,
 }
 
 /// Runs `tq demo`.
@@ -48,7 +50,15 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(Allocation::load)
         .collect::<Result<Vec<_>, _>>()?;
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "demo")?)?;
+    // The prompt and an answer of up to 32 tokens.
+    super::limits::check_run(
+        &model,
+        &allocations,
+        args.context + 32,
+        "--context plus the answer",
+        &args.budget,
+    )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let template =
         ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use tq_cache::allocation::Allocation;
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::Llama;
 use tq_models::tokenizer::Tokenizer;
 
@@ -44,9 +45,12 @@ pub struct EvalArgs {
     /// Print the report as JSON instead of tables (progress stays on stderr).
     #[arg(long)]
     json: bool,
-    /// A GGUF file instead of the reference model.
+    #[command(flatten)]
+    budget: super::limits::CacheBudgetArgs,
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
 }
 
 /// Loads each allocation as `(name, allocation)`; `all` stands for every shipped preset,
@@ -106,7 +110,14 @@ pub(crate) fn text_tokens(
 pub fn run(args: &EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let allocations = load_allocations(&args.alloc)?;
     let reference = Allocation::load(&args.reference)?;
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "eval")?)?;
+    super::limits::check_run(
+        &model,
+        allocations.iter().map(|(_, a)| a).chain([&reference]),
+        args.tokens + args.decode_steps,
+        "--tokens plus --decode-steps",
+        &args.budget,
+    )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,

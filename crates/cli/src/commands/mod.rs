@@ -3,7 +3,9 @@
 pub mod codebook;
 pub mod demo;
 pub mod eval;
+pub mod limits;
 pub mod model;
 pub mod needle;
 pub mod perplexity;
 pub mod sweep;
+pub mod tokenize;

@@ -1,35 +1,108 @@
-//! Commands on the reference model: `tq fetch-model`, `tq generate`, `tq inspect`.
+//! Commands on a model file: `tq fetch-model`, `tq generate`, `tq inspect`, `tq tokenize`; and
+//! the `--model` resolution every model-taking command shares ([`model_path`]).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tq_attention_wgpu::{ContextOptions, GpuContext, GpuError};
 use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
 use tq_cache::attention::AttentionKernel;
+use tq_cache::states::ModelCache;
+use tq_cache::token_store::Growth;
 use tq_models::chat::{ChatTemplate, Message, Role};
-use tq_models::fetch::ensure_reference_model;
+use tq_models::fetch::{KnownModel, ModelSpec, sha256_hex};
 use tq_models::gguf::Gguf;
 use tq_models::llama::generate::{generate, generate_with};
 use tq_models::llama::{GenerationOptions, Llama, LlamaConfig, Sampler, WgpuAttention};
+use tq_models::prompt_cache::{
+    PromptCacheHeader, load_prompt_cache, reusable_prefix, save_prompt_cache,
+};
 use tq_models::tokenizer::Tokenizer;
 
 use crate::output::table;
 
-/// The model file: `--model PATH`, else the reference model (fetched on first use).
-fn model_path(model: &Option<PathBuf>) -> Result<PathBuf, Box<dyn std::error::Error>> {
-    match model {
-        Some(path) => Ok(path.clone()),
-        None => Ok(ensure_reference_model(|line| eprintln!("{line}"))?),
-    }
+/// Why a `--model` choice cannot serve a command.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelChoiceError {
+    /// The command runs the forward pass, which exists for Llama models only so far.
+    #[error(
+        "`tq {command}` cannot run {model} yet: the Gemma 3 forward pass is not implemented \
+         (issue 13, part 4). With Gemma 3, `tq fetch-model`, `tq tokenize` and `tq inspect` \
+         work; leave out --model (or pass --model smollm2) to run this command on SmolLM2"
+    )]
+    NoForwardPass {
+        /// The subcommand, e.g. `generate`.
+        command: &'static str,
+        /// The model as given.
+        model: String,
+    },
+    /// `tq fetch-model` was given a file.
+    #[error("`tq fetch-model --model` takes a model name ({known}), not a file ({path})")]
+    NotAName {
+        /// The file given.
+        path: PathBuf,
+        /// The known names.
+        known: String,
+    },
 }
 
-/// Runs `tq fetch-model`.
-pub fn fetch() -> Result<(), Box<dyn std::error::Error>> {
-    let path = ensure_reference_model(|line| eprintln!("{line}"))?;
+/// The model file of a command that runs the Llama forward pass (`command` names it in
+/// errors): `--model smollm2|FILE.gguf`, the reference model (fetched on first use) when
+/// absent. Gemma 3 — by name, before anything is downloaded, or as a file whose
+/// `general.architecture` is `gemma3` — is refused with [`ModelChoiceError::NoForwardPass`].
+pub(crate) fn model_path(
+    model: &Option<ModelSpec>,
+    command: &'static str,
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let spec = model.clone().unwrap_or_default();
+    let no_forward_pass = || ModelChoiceError::NoForwardPass {
+        command,
+        model: spec.to_string(),
+    };
+    if spec.known() == Some(KnownModel::Gemma3_270m) {
+        return Err(no_forward_pass().into());
+    }
+    let path = spec.resolve(|line| eprintln!("{line}"))?;
+    // A file that cannot be read is reported by the loader, with its own context.
+    if let Ok(gguf) = Gguf::open(&path)
+        && gguf
+            .metadata()
+            .str("general.architecture")
+            .is_ok_and(|arch| arch == "gemma3")
+    {
+        return Err(no_forward_pass().into());
+    }
+    Ok(path)
+}
+
+/// Arguments of `tq fetch-model`.
+#[derive(Args, Debug)]
+pub struct FetchArgs {
+    /// The model: `smollm2` (the reference model) or `gemma3-270m`.
+    #[arg(long, default_value = "smollm2")]
+    model: ModelSpec,
+}
+
+/// Runs `tq fetch-model`: prints the path of the verified file.
+pub fn fetch(args: &FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let model = match &args.model {
+        ModelSpec::Known(model) => *model,
+        ModelSpec::File(path) => {
+            return Err(ModelChoiceError::NotAName {
+                path: path.clone(),
+                known: KnownModel::names(),
+            }
+            .into());
+        }
+    };
+    let started = std::time::Instant::now();
+    let path = model.ensure(|line| eprintln!("{line}"))?;
+    eprintln!("{model}: {:.1} s", started.elapsed().as_secs_f64());
     println!("{}", path.display());
     Ok(())
 }
@@ -62,12 +135,23 @@ pub struct GenerateArgs {
     /// `tq-attention-wgpu` on the first adapter wgpu finds; `WGPU_BACKEND` picks the API).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
-    /// A GGUF file instead of the reference model.
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
-    /// Print JSON (keys: text, tokens, prefill_tokens_per_s, decode_tokens_per_s, cache_bytes).
+    model: Option<ModelSpec>,
+    /// Print JSON (keys: text, tokens, prefill_tokens_per_s, decode_tokens_per_s, cache_bytes;
+    /// with --prompt-cache also prompt_cache_reused and time_to_first_token_s).
     #[arg(long)]
     json: bool,
+    /// Save the cache after the prompt to this file (with the model file's SHA-256, the
+    /// allocation and the token ids), and start from it when a later prompt begins with the
+    /// cached tokens: the cache is rewound to the common prefix and only the rest is
+    /// prefilled. A cache from another model or allocation, or a damaged one, is reported on
+    /// stderr and ignored (the run recomputes). CPU backend only.
+    #[arg(long)]
+    prompt_cache: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    budget: super::limits::CacheBudgetArgs,
 }
 
 /// Where `tq generate` runs attention.
@@ -86,16 +170,76 @@ struct GenerateReport {
     prefill_tokens_per_s: f64,
     decode_tokens_per_s: f64,
     cache_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_reused: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time_to_first_token_s: Option<f64>,
+}
+
+/// The CPU cache of a `--prompt-cache` run: the saved one rewound to what this prompt shares
+/// with it, or a fresh one; returns it with the number of tokens it already holds. Anything
+/// wrong with the file is reported and ignored.
+fn warm_cache(
+    path: &std::path::Path,
+    model: &Llama,
+    model_sha256: &str,
+    allocation: &Allocation,
+    prompt: &[u32],
+    first_chunk: usize,
+) -> Result<(ModelCache, usize), Box<dyn std::error::Error>> {
+    // Growing pages rather than a static capacity: a saved cache must fit any later prompt.
+    let fresh = ModelCache::with_allocation(
+        model.state_specs(Growth::Doubling { initial: 256 }),
+        allocation,
+    )?;
+    if !path.exists() {
+        return Ok((fresh, 0));
+    }
+    match load_prompt_cache(path, model_sha256, &allocation.name, &fresh) {
+        Ok((header, mut cache)) => {
+            let keep = reusable_prefix(&header.tokens, prompt, first_chunk);
+            if keep == 0 {
+                eprintln!(
+                    "[prompt cache {}: no usable common prefix with this prompt; recomputing]",
+                    path.display()
+                );
+                return Ok((fresh, 0));
+            }
+            if let Err(e) = cache.truncate(keep) {
+                eprintln!(
+                    "[prompt cache {}: cannot rewind to the common prefix ({e}); recomputing]",
+                    path.display()
+                );
+                return Ok((fresh, 0));
+            }
+            eprintln!(
+                "[prompt cache {}: reusing {keep} of {} cached tokens]",
+                path.display(),
+                header.tokens.len()
+            );
+            Ok((cache, keep))
+        }
+        Err(e) => {
+            eprintln!(
+                "[prompt cache {} ignored: {e}; recomputing]",
+                path.display()
+            );
+            Ok((fresh, 0))
+        }
+    }
 }
 
 /// Runs `tq generate`.
 pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.prompt_cache.is_some() && args.backend == Backend::Wgpu {
+        return Err("--prompt-cache needs the CPU backend (--backend cpu)".into());
+    }
     // The adapter first: a missing GPU fails before the model is mapped.
     let gpu = match args.backend {
         Backend::Cpu => None,
         Backend::Wgpu => Some(open_gpu()?),
     };
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "generate")?)?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let allocation = Allocation::load(&args.alloc)?;
     let text = if args.chat {
@@ -106,7 +250,14 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
         args.prompt.clone()
     };
     let prompt = tokenizer.encode(&text)?;
-    let capacity = (prompt.len() + args.max_tokens).min(model.config.context_length);
+    super::limits::check_run(
+        &model,
+        [&allocation],
+        prompt.len() + args.max_tokens,
+        "the prompt plus --max-tokens",
+        &args.budget,
+    )?;
+    let capacity = prompt.len() + args.max_tokens;
     let stop: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
@@ -126,8 +277,65 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
             let _ = std::io::stdout().flush();
         }
     };
-    let (out, cache_bytes) = match &gpu {
-        None => {
+    let started = Instant::now();
+    let first_token = std::cell::Cell::new(None::<f64>);
+    let on_token = |token| {
+        if first_token.get().is_none() {
+            first_token.set(Some(started.elapsed().as_secs_f64()));
+        }
+        on_token(token)
+    };
+    let mut reused = None;
+    let (out, cache_bytes) = match (&gpu, &args.prompt_cache) {
+        (_, Some(path)) => {
+            let model_sha256 = sha256_hex(model.file().bytes());
+            let (mut cache, keep) = warm_cache(
+                path,
+                &model,
+                &model_sha256,
+                &allocation,
+                &prompt,
+                options.prefill_chunk,
+            )?;
+            reused = Some(keep);
+            // Everything but the last prompt token, so the saved cache serves this very prompt
+            // again (its last token must run to give the first new token). A greedy sampler of
+            // its own: the user's sampler state must not depend on whether the cache was warm.
+            let last = prompt.len() - 1;
+            if keep < last {
+                let prefill = GenerationOptions {
+                    max_tokens: 0,
+                    ..options.clone()
+                };
+                generate(
+                    &model,
+                    &mut cache,
+                    &prompt[keep..last],
+                    &mut Sampler::new(0.0, 1.0, 0),
+                    &prefill,
+                    |_| {},
+                )?;
+            }
+            let header = PromptCacheHeader {
+                model_sha256,
+                allocation: allocation.name.clone(),
+                tokens: prompt[..last].to_vec(),
+            };
+            if let Err(e) = save_prompt_cache(path, &header, &cache) {
+                eprintln!("[prompt cache {} not saved: {e}]", path.display());
+            }
+            let out = generate(
+                &model,
+                &mut cache,
+                &prompt[last..],
+                &mut sampler,
+                &options,
+                on_token,
+            )?;
+            let bytes = cache.memory().iter().map(|m| m.allocated_bytes).sum();
+            (out, bytes)
+        }
+        (None, None) => {
             let mut cache = model.new_cache(&allocation, capacity)?;
             let out = generate(
                 &model,
@@ -140,7 +348,7 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
             let bytes = cache.memory().iter().map(|m| m.allocated_bytes).sum();
             (out, bytes)
         }
-        Some(ctx) => {
+        (Some(ctx), None) => {
             let mut backend = WgpuAttention::for_model(ctx, &model, &allocation)?;
             let out = generate_with(
                 &model,
@@ -161,13 +369,23 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
             decode_tokens_per_s: out.decode_tokens_per_s(),
             tokens: out.tokens,
             cache_bytes,
+            prompt_cache_reused: reused,
+            time_to_first_token_s: reused.and(first_token.get()),
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         eprintln!(
-            "\n[{} prompt tokens at {:.1} tok/s, {} new at {:.1} tok/s, cache {} bytes ({}), {} attention]",
-            out.prompt_tokens,
-            out.prefill_tokens_per_s(),
+            "\n[{}, {} new at {:.1} tok/s, cache {} bytes ({}), {} attention]",
+            match reused {
+                // Only the last prompt token ran in the timed call: the cache line below says
+                // what was reused and prefilled.
+                Some(_) => format!("{} prompt tokens", prompt.len()),
+                None => format!(
+                    "{} prompt tokens at {:.1} tok/s",
+                    out.prompt_tokens,
+                    out.prefill_tokens_per_s()
+                ),
+            },
             out.tokens.len(),
             out.decode_tokens_per_s(),
             cache_bytes,
@@ -177,6 +395,14 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
                 Backend::Wgpu => "wgpu",
             }
         );
+        if let (Some(keep), Some(ttft)) = (reused, first_token.get()) {
+            eprintln!(
+                "[prompt cache: {} prompt tokens, {keep} reused, {} prefilled; first token \
+                 after {ttft:.2} s]",
+                prompt.len(),
+                prompt.len() - keep
+            );
+        }
     }
     Ok(())
 }
@@ -208,13 +434,24 @@ pub fn open_gpu() -> Result<Arc<GpuContext>, Box<dyn std::error::Error>> {
 /// Arguments of `tq inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// The GGUF file.
-    file: PathBuf,
+    /// The GGUF file (or use --model).
+    file: Option<PathBuf>,
+    /// The model: `smollm2` (the default), `gemma3-270m` (both fetched on first use) or a
+    /// .gguf file.
+    #[arg(long, conflicts_with = "file")]
+    model: Option<ModelSpec>,
 }
 
 /// Runs `tq inspect`.
 pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let gguf = Gguf::open(&args.file)?;
+    let path = match (&args.file, &args.model) {
+        (Some(file), _) => file.clone(),
+        (None, model) => model
+            .clone()
+            .unwrap_or_default()
+            .resolve(|line| eprintln!("{line}"))?,
+    };
+    let gguf = Gguf::open(&path)?;
     println!(
         "GGUF v{}, {} metadata keys, {} tensors",
         gguf.version(),
@@ -234,6 +471,16 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("\ntensor types: {counts:?}");
     let Ok(config) = LlamaConfig::from_gguf(&gguf) else {
+        if gguf
+            .metadata()
+            .str("general.architecture")
+            .is_ok_and(|arch| arch == "gemma3")
+        {
+            println!(
+                "\ncache bytes per token: not shown for gemma3 yet (its sliding and global \
+                 layer states come with the forward pass, issue 13)"
+            );
+        }
         return Ok(());
     };
     println!(

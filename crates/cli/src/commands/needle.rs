@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::chat::ChatTemplate;
-use tq_models::fetch::ensure_reference_model;
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::Llama;
 use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
 use tq_models::tokenizer::Tokenizer;
@@ -42,9 +42,12 @@ pub struct NeedleArgs {
     /// Print JSON rows instead of a table (progress stays on stderr).
     #[arg(long)]
     json: bool,
-    /// A GGUF file instead of the reference model.
+    #[command(flatten)]
+    budget: super::limits::CacheBudgetArgs,
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
     /// Run the synthetic experiment in the cache crate instead of the model: planted needle
     /// keys among realistic distractors, whether the needle keeps the top attention weight and
     /// its softmax mass.
@@ -60,13 +63,7 @@ const MODEL_CONTEXTS: [usize; 2] = [1024, 2048];
 const SYNTHETIC_ALLOCS: [&str; 5] = ["f16", "k5v4", "mse-k4v4", "tq3.5", "tq2.5"];
 const SYNTHETIC_CONTEXTS: [usize; 4] = [16_384, 32_768, 65_536, 131_072];
 
-/// The model file: `--model PATH`, else the reference model (fetched on first use).
-pub(crate) fn model_path(model: &Option<PathBuf>) -> Result<PathBuf, Box<dyn std::error::Error>> {
-    match model {
-        Some(path) => Ok(path.clone()),
-        None => Ok(ensure_reference_model(|line| eprintln!("{line}"))?),
-    }
-}
+pub(crate) use super::model::model_path;
 
 /// A progress bar on stderr (drawn only on a terminal, so `--json` output and logs stay clean).
 pub(crate) fn progress(len: u64) -> ProgressBar {
@@ -131,7 +128,14 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let allocations = load_allocations(&or_default(&args.alloc, &MODEL_ALLOCS))?;
     let contexts = or_default(&args.contexts, &MODEL_CONTEXTS);
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "needle")?)?;
+    super::limits::check_run(
+        &model,
+        &allocations,
+        contexts.iter().max().copied().unwrap_or(0) + args.max_tokens,
+        "the longest --contexts plus --max-tokens",
+        &args.budget,
+    )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let template =
         ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());

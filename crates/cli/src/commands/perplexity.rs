@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
 use tq_models::eval::{PerplexityOptions, PerplexityReport, perplexity};
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::Llama;
 use tq_models::tokenizer::Tokenizer;
 
@@ -68,9 +69,12 @@ pub struct PerplexityArgs {
     /// Print one JSON object per allocation (an array) instead of a table.
     #[arg(long)]
     json: bool,
-    /// A GGUF file instead of the reference model.
+    #[command(flatten)]
+    budget: super::limits::CacheBudgetArgs,
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
 }
 
 /// The text as the reference engine's `-f` reads it: the whole file, one trailing newline
@@ -92,7 +96,14 @@ pub fn run(args: &PerplexityArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "perplexity")?)?;
+    super::limits::check_run(
+        &model,
+        allocations.iter().map(|(_, a)| a).chain(&base),
+        args.ctx,
+        "--ctx",
+        &args.budget,
+    )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = tokenizer.encode(&protocol_text(&args.text)?)?;
     let bos = if tokenizer.add_bos() {

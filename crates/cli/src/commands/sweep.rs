@@ -13,6 +13,7 @@ use tq_cache::allocation::{ModelShape, StreamKind};
 use tq_models::chat::ChatTemplate;
 use tq_models::eval::sensitivity::{bytes_per_token, raised, rank, spend_budget};
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
+use tq_models::fetch::ModelSpec;
 use tq_models::llama::Llama;
 use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
 use tq_models::tokenizer::Tokenizer;
@@ -57,9 +58,10 @@ pub struct SweepArgs {
     /// Output folder (created): results.json, results.md and the plots.
     #[arg(long, default_value = "sweep")]
     out: PathBuf,
-    /// A GGUF file instead of the reference model.
+    /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
+    /// first use) or a .gguf file.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<ModelSpec>,
     /// Per layer sensitivity of the first allocation instead of the sweep: raise the keys or
     /// the values of one layer at a time to f16 and rank them by KL saved per extra byte.
     #[arg(long)]
@@ -127,7 +129,7 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "sweep")?)?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,
@@ -445,7 +447,7 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (base_name, base) = allocations.swap_remove(0);
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let model = Llama::load(model_path(&args.model)?)?;
+    let model = Llama::load(model_path(&args.model, "sweep")?)?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,

@@ -105,11 +105,11 @@ impl GgmlType {
         self as u32
     }
 
-    /// The block layout for the supported types (F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), `None`
-    /// for the others.
+    /// The block layout for the supported types (F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
+    /// `None` for the others.
     ///
     /// The byte counts are ggml's block structs: Q4_0 = f16 scale + 16 bytes of nibbles; Q4_1
-    /// adds an f16 minimum; Q8_0 = f16 scale + 32 signed bytes; Q4_K = two f16 super-scales,
+    /// adds an f16 minimum; Q5_0 = f16 scale + 4 bytes of fifth bits + 16 bytes of nibbles; Q8_0 = f16 scale + 32 signed bytes; Q4_K = two f16 super-scales,
     /// 12 bytes of 6-bit scales and 128 bytes of nibbles per 256; Q6_K = 128 bytes of low nibbles,
     /// 64 of high bits, 16 i8 scales and an f16 super-scale per 256.
     ///
@@ -127,6 +127,7 @@ impl GgmlType {
             GgmlType::F16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
             GgmlType::Q8_0 => (32, 34),
             GgmlType::Q4_K => (256, 144),
             GgmlType::Q6_K => (256, 210),

@@ -81,6 +81,7 @@ pub(crate) fn dequantize_unchecked(kind: QuantKind, bytes: &[u8], out: &mut [f32
         }
         QuantKind::Q4_0 => blocks.for_each(|(b, o)| block_q4_0(b, o)),
         QuantKind::Q4_1 => blocks.for_each(|(b, o)| block_q4_1(b, o)),
+        QuantKind::Q5_0 => blocks.for_each(|(b, o)| block_q5_0(b, o)),
         QuantKind::Q8_0 => blocks.for_each(|(b, o)| block_q8_0(b, o)),
         QuantKind::Q4K => blocks.for_each(|(b, o)| block_q4k(b, o)),
         QuantKind::Q6K => blocks.for_each(|(b, o)| block_q6k(b, o)),
@@ -103,6 +104,28 @@ fn block_q4_1(b: &[u8], out: &mut [f32]) {
     for (j, &q) in b[4..20].iter().enumerate() {
         out[j] = (q & 0xF) as f32 * d + m;
         out[j + 16] = (q >> 4) as f32 * d + m;
+    }
+}
+
+/// The 32 five-bit values `q ∈ 0..32` of a Q5_0 block (22 bytes): element `j < 16` is the low
+/// nibble of `qs[j]` with bit `j` of `qh` on top, element `j + 16` the high nibble with bit
+/// `j + 16` (ggml's `((qh >> j) << 4) & 0x10` and `(qh >> (j + 12)) & 0x10`).
+#[inline]
+pub(crate) fn q5_0_values(b: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let mut q = [0u8; 32];
+    for (j, &byte) in b[6..22].iter().enumerate() {
+        q[j] = (byte & 0xF) | ((((qh >> j) << 4) & 0x10) as u8);
+        q[j + 16] = (byte >> 4) | (((qh >> (j + 12)) & 0x10) as u8);
+    }
+    q
+}
+
+/// One Q5_0 block (22 bytes) to 32 values: `(q − 16)·d`.
+fn block_q5_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (o, &q) in out.iter_mut().zip(&q5_0_values(b)) {
+        *o = (q as i32 - 16) as f32 * d;
     }
 }
 

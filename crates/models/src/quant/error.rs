@@ -66,7 +66,7 @@ pub enum QuantError {
         value: f32,
     },
     /// The format has no quantized-activation (integer) dot product.
-    #[error("{kind} has no Q8-activation dot product (only Q4_0, Q4_1 and Q8_0 do)")]
+    #[error("{kind} has no Q8-activation dot product (only Q4_0, Q4_1, Q5_0 and Q8_0 do)")]
     NoQ8Dot {
         /// The format.
         kind: QuantKind,

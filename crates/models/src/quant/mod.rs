@@ -1,7 +1,7 @@
 //! Quantized weights: ggml block formats kept quantized in memory, dequantized exactly, and
 //! multiplied by activations fast on the CPU.
 //!
-//! - [`QuantKind`]: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K with ggml's block layouts and type
+//! - [`QuantKind`]: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K with ggml's block layouts and type
 //!   ids; [`dequantize_row`] decodes any of them bit-exactly as ggml does
 //!   ([`unpack_q4k_scales`] is the Q4_K scale/min unpacking).
 //! - [`QuantMatrix`]: a `rows × cols` matrix over borrowed or owned bytes (raw bytes, a format
@@ -10,8 +10,9 @@
 //!   [`embedding_row`](QuantMatrix::embedding_row); [`MatvecScratch`] holds what they reuse.
 //! - [`dot_q8`] / [`dot_f32`]: the row kernels, public so they can be tested and compared.
 //!
-//! **Activation strategy.** Q4_0, Q4_1 and Q8_0 — the formats of the reference model (210
-//! Q4_1 matrices; the Q8_0 token embedding, which is also the tied output head) — quantize the
+//! **Activation strategy.** Q4_0, Q4_1, Q5_0 and Q8_0 — the formats of the reference model (210
+//! Q4_1 matrices; the Q8_0 token embedding, which is also the tied output head) and Gemma 3's
+//! Q5_0 projections — quantize the
 //! activation to Q8 blocks once per product ([`Q8Activation`], llama.cpp's `q8_0`/`q8_1`) and
 //! take integer block dot products, as llama.cpp does: its numerics are what the reference
 //! greedy continuations came from, the integer kernels do 32 multiply-adds per two

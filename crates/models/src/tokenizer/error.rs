@@ -8,8 +8,12 @@ pub enum TokenizerError {
     /// A tokenizer key is missing from the GGUF metadata or has the wrong type.
     #[error("cannot read the tokenizer from the GGUF metadata: {0}")]
     Metadata(#[from] GgufError),
-    /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE (`gpt2`).
-    #[error("unsupported tokenizer model {model:?}: only byte-level BPE (\"gpt2\") is implemented")]
+    /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE (`gpt2`) or
+    /// SentencePiece-style scored pieces (`llama`).
+    #[error(
+        "unsupported tokenizer model {model:?}: implemented are byte-level BPE (\"gpt2\") and \
+         SentencePiece-style scored pieces (\"llama\")"
+    )]
     UnsupportedModel {
         /// The model name as read.
         model: String,
@@ -35,6 +39,42 @@ pub enum TokenizerError {
         tokens: usize,
         /// The number of token types.
         types: usize,
+    },
+    /// The score array does not have one entry per token.
+    #[error("{scores} token scores for {tokens} tokens")]
+    ScoreCountMismatch {
+        /// The number of tokens.
+        tokens: usize,
+        /// The number of scores.
+        scores: usize,
+    },
+    /// A token score is NaN (scores order the merges, so every one must compare).
+    #[error("token {id} has a NaN score")]
+    NanScore {
+        /// The token id.
+        id: u32,
+    },
+    /// A token of type byte whose text is not `<0xHH>`.
+    #[error("token {id} has type byte but its text {text:?} is not of the form <0xHH>")]
+    BadByteToken {
+        /// The token id.
+        id: u32,
+        /// The token text.
+        text: String,
+    },
+    /// The file asks to add BOS or EOS but names no such token.
+    #[error("{flag} is true but {key} is not set")]
+    AddWithoutId {
+        /// The flag key, e.g. `tokenizer.ggml.add_bos_token`.
+        flag: &'static str,
+        /// The id key, e.g. `tokenizer.ggml.bos_token_id`.
+        key: &'static str,
+    },
+    /// A character that is no token and whose byte has no byte-fallback token.
+    #[error("byte 0x{byte:02X} is in no token and the vocabulary has no <0x{byte:02X}> token")]
+    NoByteToken {
+        /// The byte.
+        byte: u8,
     },
     /// A token type outside llama.cpp's 0..=6.
     #[error("token {id} has unknown token type {value}")]

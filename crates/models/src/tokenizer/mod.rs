@@ -1,10 +1,19 @@
-//! A byte-level BPE tokenizer built from GGUF metadata, matching llama.cpp token for token.
+//! The tokenizers GGUF files declare, built from their metadata, matching llama.cpp token for
+//! token.
 //!
-//! [`Tokenizer::from_gguf`] reads `tokenizer.ggml.*` (see [`BpeVocab::from_metadata`]) and
-//! builds the pipeline with the Hugging Face `tokenizers` crate: special tokens written in the
-//! text are recognized whole (as llama.cpp does with `parse_special = true`), then the
-//! pre-tokenizer named by `tokenizer.ggml.pre` splits words, then BPE merges them. Decoding maps
-//! each token back to its bytes (control tokens to their literal text).
+//! [`Tokenizer::from_gguf`] reads `tokenizer.ggml.model` and builds one of two:
+//!
+//! - `gpt2`, **byte-level BPE** (SmolLM2; see [`BpeVocab::from_metadata`]), with the Hugging
+//!   Face `tokenizers` crate: special tokens written in the text are recognized whole (as
+//!   llama.cpp does with `parse_special = true`), then the pre-tokenizer named by
+//!   `tokenizer.ggml.pre` splits words, then BPE merges them.
+//! - `llama`, **SentencePiece-style scored pieces** (Gemma 3; see [`SpmVocab::from_metadata`]):
+//!   special and user-defined tokens cut out first, then pieces merged by score with byte
+//!   fallback — a direct transcription of llama.cpp's algorithm (`spm` module), since the
+//!   `tokenizers` crate has no model that computes it (its Unigram is a different algorithm,
+//!   and a BPE built from synthesized merges breaks ties differently).
+//!
+//! Decoding maps each token back to its bytes (control tokens to their literal text).
 //!
 //! ```no_run
 //! use tq_models::gguf::Gguf;
@@ -21,14 +30,18 @@
 mod build;
 mod byte_level;
 mod error;
+mod spm;
+mod spm_vocab;
 mod vocab;
 
 pub use error::{Result, TokenizerError};
+pub use spm_vocab::SpmVocab;
 pub use vocab::{BpeVocab, PreTokenizerKind, TokenType};
 
 use crate::gguf::Gguf;
 
-/// A byte-level BPE tokenizer (GPT-2 family), built from a GGUF file or a [`BpeVocab`].
+/// A tokenizer built from a GGUF file, a [`BpeVocab`] (byte-level BPE, GPT-2 family) or an
+/// [`SpmVocab`] (SentencePiece-style scored pieces).
 ///
 /// ```
 /// use tq_models::tokenizer::{BpeVocab, PreTokenizerKind, TokenType, Tokenizer};
@@ -54,7 +67,7 @@ use crate::gguf::Gguf;
 /// # Ok::<(), tq_models::tokenizer::TokenizerError>(())
 /// ```
 pub struct Tokenizer {
-    pipeline: tokenizers::Tokenizer,
+    encoder: Encoder,
     /// The bytes each token stands for, indexed by id.
     pieces: Vec<Vec<u8>>,
     token_types: Vec<TokenType>,
@@ -64,10 +77,23 @@ pub struct Tokenizer {
     add_eos: bool,
 }
 
+/// The algorithm that turns text into ids.
+enum Encoder {
+    /// Byte-level BPE through the `tokenizers` pipeline.
+    Bpe(Box<tokenizers::Tokenizer>),
+    /// SentencePiece-style merging by score.
+    Spm(Box<spm::SpmEncoder>),
+}
+
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The pipeline's own Debug prints the whole vocabulary.
+        let kind = match self.encoder {
+            Encoder::Bpe(_) => "bpe",
+            Encoder::Spm(_) => "spm",
+        };
         f.debug_struct("Tokenizer")
+            .field("kind", &kind)
             .field("vocab_size", &self.vocab_size())
             .field("bos_id", &self.bos_id)
             .field("eos_id", &self.eos_id)
@@ -78,9 +104,30 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// Builds the tokenizer described by a GGUF file's metadata.
+    /// Builds the tokenizer described by a GGUF file's metadata: byte-level BPE for
+    /// `tokenizer.ggml.model = "gpt2"`, SentencePiece-style for `"llama"`.
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
-        Self::from_vocab(BpeVocab::from_gguf(gguf)?)
+        let model = gguf.metadata().str("tokenizer.ggml.model")?;
+        if model == spm_vocab::SPM_MODEL_NAME {
+            Self::from_spm_vocab(SpmVocab::from_gguf(gguf)?)
+        } else {
+            Self::from_vocab(BpeVocab::from_gguf(gguf)?)
+        }
+    }
+
+    /// Builds the SentencePiece-style tokenizer for `vocab`.
+    pub fn from_spm_vocab(vocab: SpmVocab) -> Result<Self> {
+        vocab.validate()?;
+        let encoder = spm::SpmEncoder::new(&vocab);
+        Ok(Tokenizer {
+            encoder: Encoder::Spm(Box::new(encoder)),
+            pieces: vocab.pieces(),
+            token_types: vocab.token_types,
+            bos_id: vocab.bos_id,
+            eos_id: vocab.eos_id,
+            add_bos: vocab.add_bos,
+            add_eos: vocab.add_eos,
+        })
     }
 
     /// Builds the tokenizer for `vocab`.
@@ -101,7 +148,7 @@ impl Tokenizer {
             })
             .collect();
         Ok(Tokenizer {
-            pipeline,
+            encoder: Encoder::Bpe(Box::new(pipeline)),
             pieces,
             token_types: vocab.token_types,
             bos_id: vocab.bos_id,
@@ -120,16 +167,19 @@ impl Tokenizer {
     /// their ids; BOS/EOS are added only when the file asks for it (`add_bos_token`,
     /// `add_eos_token`).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .pipeline
-            .encode(text, false)
-            .map_err(|err| TokenizerError::Encode(err.to_string()))?;
-        let body = encoding.get_ids();
-        let mut ids = Vec::with_capacity(body.len() + 2);
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if self.add_bos {
             ids.extend(self.bos_id);
         }
-        ids.extend_from_slice(body);
+        match &self.encoder {
+            Encoder::Bpe(pipeline) => {
+                let encoding = pipeline
+                    .encode(text, false)
+                    .map_err(|err| TokenizerError::Encode(err.to_string()))?;
+                ids.extend_from_slice(encoding.get_ids());
+            }
+            Encoder::Spm(encoder) => ids.extend(encoder.encode(text, true)?),
+        }
         if self.add_eos {
             ids.extend(self.eos_id);
         }
@@ -161,7 +211,10 @@ impl Tokenizer {
 
     /// The id of the token whose text is exactly `text` (e.g. `<|im_end|>`), if any.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.pipeline.token_to_id(text)
+        match &self.encoder {
+            Encoder::Bpe(pipeline) => pipeline.token_to_id(text),
+            Encoder::Spm(encoder) => encoder.token_id(text),
+        }
     }
 
     /// The type of token `id`.

@@ -284,7 +284,15 @@ pub fn rich_fixture() -> GgufBuilder {
 /// is skipped and returns `None`, unless `TQ_REQUIRE_MODEL=1` (set by CI after fetching), in
 /// which case the test fails.
 pub fn reference_model_or_skip() -> Option<std::path::PathBuf> {
-    let path = tq_models::fetch::reference_model_path();
+    model_or_skip(tq_models::fetch::reference_model_path())
+}
+
+/// Gemma 3 270M's path when it has been fetched; otherwise as [`reference_model_or_skip`].
+pub fn gemma3_model_or_skip() -> Option<std::path::PathBuf> {
+    model_or_skip(tq_models::fetch::KnownModel::Gemma3_270m.path())
+}
+
+fn model_or_skip(path: std::path::PathBuf) -> Option<std::path::PathBuf> {
     if path.exists() {
         return Some(path);
     }

@@ -75,7 +75,7 @@ pub fn random_block(kind: QuantKind, rng: &mut Rng) -> Vec<u8> {
     match kind {
         QuantKind::F32 => b.copy_from_slice(&rng.normal().to_le_bytes()),
         QuantKind::F16 => b.copy_from_slice(&f16_bytes(rng.normal())),
-        QuantKind::Q4_0 | QuantKind::Q8_0 => b[0..2].copy_from_slice(&scale(rng)),
+        QuantKind::Q4_0 | QuantKind::Q5_0 | QuantKind::Q8_0 => b[0..2].copy_from_slice(&scale(rng)),
         QuantKind::Q4_1 | QuantKind::Q4K => {
             b[0..2].copy_from_slice(&scale(rng));
             b[2..4].copy_from_slice(&scale(rng));

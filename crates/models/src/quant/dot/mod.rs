@@ -2,15 +2,17 @@
 //!
 //! Two strategies, chosen per format:
 //!
-//! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q8_0): the activation is
+//! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q5_0, Q8_0): the activation is
 //!   quantized once per matvec to Q8 blocks ([`Q8Activation`](super::Q8Activation)), each
 //!   block's products are summed exactly in eight integer lanes, and the lanes are combined in
 //!   f32 in one fixed order ([`scalar::combine`]). This is what llama.cpp does
-//!   (`vec_dot_q4_1_q8_1`, `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`), with the same
+//!   (`vec_dot_q4_1_q8_1`, `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`, `vec_dot_q5_0_q8_0`),
+//!   with the same
 //!   combination as its AVX2 kernels, so a forward pass sees the same numerics as the engine
 //!   behind the reference outputs; it also reads a quarter of the bytes an f32 activation
 //!   would and multiplies 32 byte pairs per two instructions. The AVX2, NEON and scalar kernels
-//!   produce the same integer sums and the same f32 result bit for bit.
+//!   produce the same integer sums and the same f32 result bit for bit. (Q5_0 has no NEON
+//!   kernel: on aarch64 it runs the scalar kernel, which gives the same bits.)
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
 //!   activation. Used by the matvec for F32, F16, Q4_K and Q6_K (scalar), and as the
 //!   reference the integer path is tested against: the two differ by the activation's
@@ -55,6 +57,8 @@ pub(crate) fn q8_rows_kernel(kind: QuantKind, isa: Isa) -> Option<Q8RowsKernel> 
         (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_rows),
         #[cfg(target_arch = "x86_64")]
         (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_rows),
         _ => None,
     }
 }
@@ -69,6 +73,8 @@ pub(crate) fn q8_tile_kernel(kind: QuantKind, isa: Isa) -> Option<Q8TileKernel> 
         (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_tile),
         #[cfg(target_arch = "x86_64")]
         (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_tile),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_tile),
         _ => None,
     }
 }
@@ -90,6 +96,8 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
         (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => avx2::q4_0,
         #[cfg(target_arch = "x86_64")]
         (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => avx2::q4_1,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => avx2::q5_0,
         #[cfg(target_arch = "aarch64")]
         (QuantKind::Q8_0, Isa::Neon) => neon_rows::q8_0,
         #[cfg(target_arch = "aarch64")]
@@ -99,6 +107,7 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
         (QuantKind::Q8_0, _) => scalar::dot_q8_0,
         (QuantKind::Q4_0, _) => scalar::dot_q4_0,
         (QuantKind::Q4_1, _) => scalar::dot_q4_1,
+        (QuantKind::Q5_0, _) => scalar::dot_q5_0,
         _ => return None,
     };
     Some(kernel)
@@ -111,7 +120,7 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
 /// products are bound by memory (one row) or by the multiply ports (several rows), not width.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::x86::{self, Q4_0, Q4_1, Q8_0};
+    use super::x86::{self, Q4_0, Q4_1, Q5_0, Q8_0};
     use super::{Q8Row, ROWS, TileBuf};
 
     pub(super) fn q8_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
@@ -129,6 +138,11 @@ mod avx2 {
         unsafe { x86::dot_rows::<Q4_1, ROWS>(rows, act) }
     }
 
+    pub(super) fn q5_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows::<Q5_0, ROWS>(rows, act) }
+    }
+
     pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
         // SAFETY: selected only after `Isa::Avx2` or `Isa::Avx512` was found available (both
         // detect AVX2, FMA and F16C at run time).
@@ -143,6 +157,16 @@ mod avx2 {
     pub(super) fn q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
         // SAFETY: as `q8_0`.
         unsafe { x86::dot::<Q4_1>(row, act) }
+    }
+
+    pub(super) fn q5_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot::<Q5_0>(row, act) }
+    }
+
+    pub(super) fn q5_0_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile::<Q5_0>(row, acts, out, buf) }
     }
 
     pub(super) fn q8_0_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
@@ -211,7 +235,7 @@ pub fn dot_f32(kind: QuantKind, row: &[u8], x: &[f32]) -> Result<f32, QuantError
     Ok(scalar::dot_f32(kind, row, x))
 }
 
-/// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1 or Q8_0) and a Q8-quantized activation
+/// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1, Q5_0 or Q8_0) and a Q8-quantized activation
 /// row `x̂`, with integer block sums, on `isa` (scalar if unavailable). Every instruction set
 /// returns the same bits.
 pub fn dot_q8(kind: QuantKind, row: &[u8], act: &Q8Row<'_>, isa: Isa) -> Result<f32, QuantError> {

@@ -2,7 +2,7 @@
 //! instruction set reproduces, and the f32-activation reference dot product.
 
 use super::super::activation::{Q8_BLOCK, Q8Row};
-use super::super::dequant::{dequantize_unchecked, f16_at};
+use super::super::dequant::{dequantize_unchecked, f16_at, q5_0_values};
 use super::super::kind::QuantKind;
 
 /// Sums eight lanes in the fixed order `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` (what the AVX2
@@ -36,6 +36,14 @@ pub(crate) fn lanes_q4_1(w: &[u8], y: &[i8]) -> Lanes {
     lanes(|j| nibble(&w[4..20], j), y)
 }
 
+/// Lane sums of a Q5_0 block (22 bytes: values `q − 16`, `q` = nibble plus fifth bit) against
+/// 32 activation bytes.
+#[inline]
+pub(crate) fn lanes_q5_0(w: &[u8], y: &[i8]) -> Lanes {
+    let q = q5_0_values(w);
+    lanes(|j| q[j] as i32 - 16, y)
+}
+
 /// Nibble value `j` of 16 bytes: low nibbles are values 0..16, high nibbles 16..32.
 #[inline]
 fn nibble(qs: &[u8], j: usize) -> i32 {
@@ -54,7 +62,7 @@ fn lanes(w: impl Fn(usize) -> i32, y: &[i8]) -> Lanes {
 
 /// The fixed f32 combination of the lane sums, shared by the scalar and NEON paths and
 /// reproduced by AVX2 — the combination of llama.cpp's x86 AVX2 `ggml_vec_dot_q8_0_q8_0`,
-/// `_q4_0_q8_0` and `_q4_1_q8_1`:
+/// `_q4_0_q8_0`, `_q5_0_q8_0` and `_q4_1_q8_1`:
 ///
 /// ```text
 /// for each block b, in order:
@@ -99,6 +107,11 @@ pub(crate) fn dot_q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
 /// Scalar Q4_0 · Q8 activation.
 pub(crate) fn dot_q4_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
     combine::<18, false>(row, act, lanes_q4_0)
+}
+
+/// Scalar Q5_0 · Q8 activation.
+pub(crate) fn dot_q5_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    combine::<22, false>(row, act, lanes_q5_0)
 }
 
 /// Scalar Q4_1 · Q8 activation (q8_1: with the block sums).

@@ -2,7 +2,8 @@
 //!
 //! Per block of 32: the weight bytes become 32 bytes in register order = value order (Q8_0 as
 //! stored; Q4_0/Q4_1 nibbles: the low nibbles are values 0..16, the high ones 16..32; Q4_0
-//! minus 8), multiplied by the activation bytes with `vpmaddubsw` (unsigned × signed pairs to
+//! minus 8; Q5_0 nibbles with `0xF0` OR-ed in wherever the fifth bit is clear, which is
+//! `q − 16` as a signed byte — llama.cpp's `bytes_from_bits_32` + `andnot`), multiplied by the activation bytes with `vpmaddubsw` (unsigned × signed pairs to
 //! i16; for signed weights the sign is moved onto the activation first, `|w|·sign(w)·x`) and
 //! `vpmaddwd` by ones (i16 pairs to i32), leaving in lane `l` the sum of products `4l..4l+4`.
 //! No step saturates: a pair is at most `2·128·127 = 32512 < 2¹⁵` because activations lie in
@@ -39,12 +40,15 @@ pub(crate) const Q8_0: u8 = 0;
 pub(crate) const Q4_0: u8 = 1;
 /// Q4_1 weights.
 pub(crate) const Q4_1: u8 = 2;
+/// Q5_0 weights.
+pub(crate) const Q5_0: u8 = 3;
 
 /// Bytes per block of format `K`.
 const fn block_bytes(k: u8) -> usize {
     match k {
         Q8_0 => 34,
         Q4_0 => 18,
+        Q5_0 => 22,
         _ => 20,
     }
 }
@@ -67,6 +71,25 @@ fn nibbles(raw: __m128i) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0xF))
 }
 
+/// Spreads the 32 bits of `bits` to 32 bytes: byte `j` is `0xFF` if bit `j` is set, else 0
+/// (llama.cpp's `bytes_from_bits_32`). Each byte is first broadcast from the source byte
+/// `j / 8`, then OR-ed with every bit except bit `j % 8`: all ones exactly when that bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bytes_from_bits(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1))
+}
+
 /// The f16 at `w` as f32.
 ///
 /// # Safety
@@ -80,7 +103,7 @@ unsafe fn f16_at(w: *const u8) -> f32 {
 }
 
 /// A block's 32 weights as `(unsigned multiplicand, sign source)`: `(|q|, q)` for the signed
-/// formats, `(q, unused)` for Q4_1.
+/// formats (Q8_0, Q4_0, Q5_0), `(q, unused)` for Q4_1.
 ///
 /// # Safety
 /// AVX2; `w` points to a whole block of format `K`.
@@ -95,6 +118,19 @@ unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
         let q = if K == Q8_0 {
             // SAFETY: a Q8_0 block is 34 bytes; its values are bytes 2..34.
             unsafe { _mm256_loadu_si256(w.add(2).cast()) }
+        } else if K == Q5_0 {
+            // SAFETY: a Q5_0 block is 22 bytes: the fifth bits are bytes 2..6, the nibbles
+            // bytes 6..22.
+            let (qh, raw) = unsafe {
+                (
+                    u32::from_le_bytes([*w.add(2), *w.add(3), *w.add(4), *w.add(5)]),
+                    _mm_loadu_si128(w.add(6).cast()),
+                )
+            };
+            // 0xF0 where the fifth bit is clear: nibble | 0xF0 = nibble − 16 as a signed byte,
+            // nibble alone = (16 + nibble) − 16 where it is set.
+            let high = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles(raw), high)
         } else {
             // SAFETY: a Q4_0 block is 18 bytes; its nibbles are bytes 2..18.
             let raw = unsafe { _mm_loadu_si128(w.add(2).cast()) };

@@ -1,0 +1,144 @@
+//! Resource limits checked before a run starts: a context beyond the model's window, or a cache
+//! that would not fit the memory budget, is refused up front with the numbers, instead of
+//! being discovered by a failed forward call or by the allocator half-way through a prefill.
+
+use tq_cache::TokenCodec;
+use tq_cache::allocation::{Allocation, AllocationError, ModelShape};
+
+/// Why a run was refused before it started.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// More tokens than the model's context window.
+    #[error(
+        "{what} needs {needed} tokens, beyond the model's context window of {window} tokens: \
+         use a shorter prompt or context"
+    )]
+    ContextOverflow {
+        /// What needs the tokens (`prompt + max tokens`, `--ctx`, ...).
+        what: String,
+        /// Tokens needed.
+        needed: usize,
+        /// The model's window.
+        window: usize,
+    },
+    /// The cache would exceed the memory budget.
+    #[error(
+        "the `{allocation}` cache for {tokens} tokens needs {needed} bytes ({needed_mib:.1} MiB), \
+         over the budget of {budget} bytes ({budget_mib:.1} MiB; --max-cache-bytes): raise the \
+         budget, use fewer tokens or a smaller allocation",
+        needed_mib = *needed as f64 / 1048576.0,
+        budget_mib = *budget as f64 / 1048576.0
+    )]
+    OverBudget {
+        /// The allocation's name.
+        allocation: String,
+        /// Tokens the cache would hold.
+        tokens: usize,
+        /// Its bytes by formula.
+        needed: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// The allocation cannot be resolved on this model.
+    #[error(transparent)]
+    Allocation(#[from] AllocationError),
+}
+
+/// Refuses `needed` tokens beyond a `window`-token model.
+pub fn check_context(what: &str, needed: usize, window: usize) -> Result<(), LimitError> {
+    if needed > window {
+        return Err(LimitError::ContextOverflow {
+            what: what.to_owned(),
+            needed,
+            window,
+        });
+    }
+    Ok(())
+}
+
+/// Bytes the cache of `allocation` holds for `tokens` tokens on a model of `shape`, by formula:
+/// every stream's per-token record, its per-head metadata (outlier channel lists, means), the
+/// full-precision sink and recent-window copies, and the 4-byte position of every token in
+/// every layer. It is `ModelCache::memory`'s formula bytes of a cache that holds `tokens`
+/// tokens in pages of exactly that size, plus the outlier channel lists of two-tier streams,
+/// which that report leaves out (tested). A fitted basis (a few KiB per stream, known only
+/// once fitted) is not included.
+///
+/// ```
+/// use tq_cache::allocation::{Allocation, ModelShape};
+/// use tq_models::limits::cache_bytes_for;
+/// let shape = ModelShape { num_layers: 30, num_kv_heads: 3, head_dim: 64 };
+/// let f16 = Allocation::preset("f16").unwrap();
+/// // 30 layers × 3 heads × (keys + values) × 64 × 2 bytes, plus 30 positions of 4 bytes.
+/// assert_eq!(cache_bytes_for(&f16, &shape, 1000).unwrap(), 1000 * (23_040 + 120));
+/// ```
+pub fn cache_bytes_for(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    tokens: usize,
+) -> Result<u64, AllocationError> {
+    let fp = TokenCodec::new(&allocation.fp_codec(shape.head_dim))
+        .map(|c| c.bytes_per_token() as u64)
+        .unwrap_or(2 * shape.head_dim as u64);
+    let copies = (allocation.sink_tokens + allocation.recent_fp_tokens).min(tokens) as u64;
+    let mut bytes = 0u64;
+    for layer in 0..shape.num_layers {
+        for head in 0..shape.num_kv_heads {
+            for stream in tq_cache::allocation::StreamKind::BOTH {
+                let r = allocation.resolve_stream(
+                    layer,
+                    shape.num_layers,
+                    head,
+                    shape.head_dim,
+                    stream,
+                )?;
+                bytes += tokens as u64 * r.plan.bytes_per_token() as u64
+                    + r.metadata_bytes_per_head() as u64
+                    + copies * fp;
+            }
+        }
+    }
+    Ok(bytes + 4 * (tokens * shape.num_layers) as u64)
+}
+
+/// Refuses a cache of `allocation` for `tokens` tokens whose [`cache_bytes_for`] exceeds
+/// `budget` bytes.
+pub fn check_cache_budget(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    tokens: usize,
+    budget: u64,
+) -> Result<(), LimitError> {
+    let needed = cache_bytes_for(allocation, shape, tokens)?;
+    if needed > budget {
+        return Err(LimitError::OverBudget {
+            allocation: allocation.name.clone(),
+            tokens,
+            needed,
+            budget,
+        });
+    }
+    Ok(())
+}
+
+/// The default cache budget: half of the machine's physical memory (`MemTotal` of
+/// `/proc/meminfo`), leaving the other half to the model's weights, the activations and
+/// everything else running; `None` where that file does not exist (not Linux), meaning no
+/// default limit.
+pub fn default_cache_budget() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&meminfo).map(|total| total / 2)
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+///
+/// ```
+/// use tq_models::limits::parse_mem_total;
+/// assert_eq!(parse_mem_total("MemTotal:       16384 kB\nMemFree: 1 kB\n"), Some(16_777_216));
+/// assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+/// ```
+pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

@@ -1,0 +1,105 @@
+//! The up-front resource checks: `cache_bytes_for` is the bytes a built cache reports for the
+//! same tokens (so the budget check refuses exactly what would be allocated), and the errors
+//! carry the numbers.
+
+use tq_cache::allocation::{Allocation, ModelShape};
+use tq_cache::attention::{AttentionKernel, AttentionShape};
+use tq_cache::kv_cache::{KvKind, KvLayout};
+use tq_cache::states::{ModelCache, StateKind, StateSpec};
+use tq_cache::token_store::Growth;
+use tq_models::limits::{LimitError, cache_bytes_for, check_cache_budget, check_context};
+
+const D: usize = 64;
+const TOKENS: usize = 48;
+
+fn full_cache(allocation: &Allocation) -> ModelCache {
+    let specs = (0..3)
+        .map(|layer| StateSpec {
+            name: format!("blk.{layer}.kv"),
+            kind: StateKind::Kv {
+                layer,
+                layout: KvLayout {
+                    kv_heads: 2,
+                    head_dim: D,
+                    kind: KvKind::Growing {
+                        growth: Growth::Static { capacity: TOKENS },
+                    },
+                    max_rewind: 0,
+                },
+            },
+        })
+        .collect();
+    let mut cache = ModelCache::with_allocation(specs, allocation).unwrap();
+    let positions: Vec<u32> = (0..TOKENS as u32).collect();
+    let x = |i: usize| ((i * 7919 % 1009) as f32 / 504.5 - 1.0) * 2.0;
+    let kv: Vec<f32> = (0..TOKENS * 2 * D).map(x).collect();
+    let q: Vec<f32> = (0..TOKENS * 4 * D).map(|i| x(i + 3)).collect();
+    let mut out = vec![0.0f32; q.len()];
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    for layer in 0..3 {
+        cache
+            .forward_layer(
+                layer,
+                &q,
+                Some((&kv, &kv)),
+                &positions,
+                shape,
+                AttentionKernel::Fused,
+                &mut out,
+            )
+            .unwrap();
+    }
+    cache
+}
+
+/// For every shipped preset, the formula equals the bytes of a built cache holding exactly
+/// that many tokens (static pages of that capacity, every window and mean in place), plus the
+/// outlier channel lists of two-tier streams, which `ModelCache::memory` leaves out and the
+/// budget counts (2 bytes per channel per stream).
+#[test]
+fn the_formula_is_what_a_full_cache_holds() {
+    let shape = ModelShape {
+        num_layers: 3,
+        num_kv_heads: 2,
+        head_dim: D,
+    };
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        let cache = full_cache(&allocation);
+        let built: usize = cache.memory().iter().map(|m| m.formula_bytes).sum();
+        let channel_lists: usize = allocation
+            .plans(&shape)
+            .map(|p| p.unwrap().metadata_bytes_per_head())
+            .sum();
+        assert_eq!(
+            cache_bytes_for(&allocation, &shape, TOKENS).unwrap(),
+            (built + channel_lists) as u64,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
+    let err = check_context("the prompt plus --max-tokens", 9000, 8192).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("9000") && text.contains("8192"), "{text}");
+    assert!(check_context("x", 8192, 8192).is_ok());
+    let shape = ModelShape {
+        num_layers: 30,
+        num_kv_heads: 3,
+        head_dim: D,
+    };
+    let f16 = Allocation::preset("f16").unwrap();
+    let needed = cache_bytes_for(&f16, &shape, 8192).unwrap();
+    assert!(check_cache_budget(&f16, &shape, 8192, needed).is_ok());
+    let err = check_cache_budget(&f16, &shape, 8192, needed - 1).unwrap_err();
+    assert!(matches!(err, LimitError::OverBudget { needed: n, .. } if n == needed));
+    assert!(err.to_string().contains(&needed.to_string()), "{err}");
+    // A compressed allocation fits where f16 does not.
+    let small = Allocation::preset("rec4.25").unwrap();
+    assert!(check_cache_budget(&small, &shape, 8192, needed / 3).is_ok());
+}
