@@ -452,7 +452,7 @@ impl Stream {
     }
 
     /// Whether the next append must calibrate first: choose the outlier channels of a two-tier
-    /// stream, or the mean of a centered one, from its first batch.
+    /// stream, the mean of a centered one or the basis of a basis stream, from its first batch.
     pub fn needs_calibration(&self) -> bool {
         self.len == 0 && (self.needs_channels() || self.needs_mean() || self.needs_basis())
     }
