@@ -481,27 +481,28 @@ impl Stream {
         } else {
             None
         };
+        // The batch as the codec will store it (centered on μ), for the channel choice or the
+        // basis fit. A ragged batch goes on as it is, so each of them refuses it with its own
+        // shape error.
+        let stored: std::borrow::Cow<'_, [f32]> = match mean.as_ref().or(self.layout.mean.as_ref())
+        {
+            Some(mean)
+                if (self.needs_channels() || self.needs_basis())
+                    && head_dim > 0
+                    && tokens.len().is_multiple_of(head_dim) =>
+            {
+                tokens
+                    .chunks_exact(head_dim)
+                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                    .collect()
+            }
+            _ => tokens.into(),
+        };
         if self.needs_channels()
             && let Some(plan) = self.layout.outliers
         {
-            let channels = match mean.as_ref().or(self.layout.mean.as_ref()) {
-                Some(mean) => {
-                    let centered: Vec<f32> = tokens
-                        .chunks_exact(head_dim)
-                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                        .collect();
-                    // A ragged batch is refused here as it would be without centering.
-                    if centered.len() != tokens.len() {
-                        return Err(crate::two_tier::TwoTierError::TokensShape {
-                            len: tokens.len(),
-                            head_dim,
-                        }
-                        .into());
-                    }
-                    crate::two_tier::select_outlier_channels(&centered, head_dim, plan.channels)?
-                }
-                None => crate::two_tier::select_outlier_channels(tokens, head_dim, plan.channels)?,
-            };
+            let channels =
+                crate::two_tier::select_outlier_channels(&stored, head_dim, plan.channels)?;
             let mut layout = self.layout.clone();
             layout.channels = Some(channels);
             self.codec = layout.build_codec()?;
@@ -510,23 +511,7 @@ impl Stream {
         if self.needs_basis()
             && let CodecSpec::Mse(spec) = self.layout.codec
         {
-            let fit = match mean.as_ref().or(self.layout.mean.as_ref()) {
-                Some(mean) => {
-                    let centered: Vec<f32> = tokens
-                        .chunks_exact(head_dim)
-                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                        .collect();
-                    if centered.len() != tokens.len() {
-                        return Err(CacheError::ShapeMismatch {
-                            what: "first batch of a basis stream",
-                            expected: tokens.len().next_multiple_of(head_dim),
-                            actual: tokens.len(),
-                        });
-                    }
-                    crate::basis::fit_basis(&centered, head_dim, spec.bits)?
-                }
-                None => crate::basis::fit_basis(tokens, head_dim, spec.bits)?,
-            };
+            let fit = crate::basis::fit_basis(&stored, head_dim, spec.bits)?;
             let mut layout = self.layout.clone();
             layout.basis_fit = Some(fit);
             self.codec = layout.build_codec()?;

@@ -3,36 +3,10 @@
 //! `tq tokenize` / `tq inspect` work on both models. Tests that need a model file skip with a
 //! message when it is absent (fail instead with `TQ_REQUIRE_MODEL=1`).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
+use common::{present, tq};
 use tq_models::fetch::KnownModel;
-
-fn tq(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .expect("tq runs");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn present(model: KnownModel) -> Option<PathBuf> {
-    let path = model.path();
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var("TQ_REQUIRE_MODEL").as_deref() != Ok("1"),
-        "model not found at {} and TQ_REQUIRE_MODEL=1",
-        path.display()
-    );
-    eprintln!("skipped: model not found at {}", path.display());
-    None
-}
 
 #[test]
 fn forward_pass_commands_refuse_gemma3_with_a_message() {

@@ -3,32 +3,13 @@
 //! reference model skip with a message when it is absent (fail instead with
 //! `TQ_REQUIRE_MODEL=1`) and run the smallest prompts that still hold a haystack.
 
-use std::process::Command;
+mod common;
 
-fn tq(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .expect("tq runs");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
+use common::{present, tq};
+use tq_models::fetch::KnownModel;
 
 fn model_present() -> bool {
-    let path = tq_models::fetch::reference_model_path();
-    if path.exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("TQ_REQUIRE_MODEL").as_deref() != Ok("1"),
-        "model not found at {} and TQ_REQUIRE_MODEL=1",
-        path.display()
-    );
-    eprintln!("skipped: model not found at {}", path.display());
-    false
+    present(KnownModel::SmolLm2).is_some()
 }
 
 #[test]

@@ -8,6 +8,9 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+
+use common::present;
 use tq_models::fetch::KnownModel;
 
 fn generate(prompt: &str, alloc: &str, cache: Option<&Path>) -> (Vec<u64>, Option<u64>, String) {
@@ -40,14 +43,7 @@ fn generate(prompt: &str, alloc: &str, cache: Option<&Path>) -> (Vec<u64>, Optio
 
 #[test]
 fn warm_runs_give_the_cold_runs_tokens_and_foreign_caches_are_ignored() {
-    let model = KnownModel::SmolLm2.path();
-    if !model.exists() {
-        assert!(
-            std::env::var("TQ_REQUIRE_MODEL").as_deref() != Ok("1"),
-            "model not found at {} and TQ_REQUIRE_MODEL=1",
-            model.display()
-        );
-        eprintln!("skipped: model not found at {}", model.display());
+    if present(KnownModel::SmolLm2).is_none() {
         return;
     }
     let text = std::fs::read_to_string(

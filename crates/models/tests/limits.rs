@@ -2,8 +2,9 @@
 //! same tokens (so the budget check refuses exactly what would be allocated), and the errors
 //! carry the numbers.
 
+mod cache_common;
+
 use tq_cache::allocation::{Allocation, ModelShape};
-use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_cache::kv_cache::{KvKind, KvLayout};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
@@ -30,28 +31,7 @@ fn full_cache(allocation: &Allocation) -> ModelCache {
         })
         .collect();
     let mut cache = ModelCache::with_allocation(specs, allocation).unwrap();
-    let positions: Vec<u32> = (0..TOKENS as u32).collect();
-    let x = |i: usize| ((i * 7919 % 1009) as f32 / 504.5 - 1.0) * 2.0;
-    let kv: Vec<f32> = (0..TOKENS * 2 * D).map(x).collect();
-    let q: Vec<f32> = (0..TOKENS * 4 * D).map(|i| x(i + 3)).collect();
-    let mut out = vec![0.0f32; q.len()];
-    let shape = AttentionShape {
-        q_heads: 4,
-        scale: 0.125,
-    };
-    for layer in 0..3 {
-        cache
-            .forward_layer(
-                layer,
-                &q,
-                Some((&kv, &kv)),
-                &positions,
-                shape,
-                AttentionKernel::Fused,
-                &mut out,
-            )
-            .unwrap();
-    }
+    cache_common::fill_layers(&mut cache, 3, D, TOKENS);
     cache
 }
 

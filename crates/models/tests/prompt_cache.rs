@@ -2,8 +2,9 @@
 //! a file is trusted — another model, another allocation (by name or by any stream layout),
 //! another version, a damaged or inconsistent file are typed errors the caller recovers from.
 
+mod cache_common;
+
 use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_cache::kv_cache::{KvKind, KvLayout};
 use tq_cache::persist::{PersistError, to_bytes};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
@@ -37,28 +38,7 @@ fn specs() -> Vec<StateSpec> {
 fn cache(preset: &str, tokens: usize) -> ModelCache {
     let mut cache =
         ModelCache::with_allocation(specs(), &Allocation::preset(preset).unwrap()).unwrap();
-    let positions: Vec<u32> = (0..tokens as u32).collect();
-    let shape = AttentionShape {
-        q_heads: 4,
-        scale: 0.125,
-    };
-    let x = |i: usize| ((i * 7919 % 1009) as f32 / 504.5 - 1.0) * 2.0;
-    let kv: Vec<f32> = (0..tokens * 2 * D).map(x).collect();
-    let q: Vec<f32> = (0..tokens * 4 * D).map(|i| x(i + 17)).collect();
-    let mut out = vec![0.0f32; q.len()];
-    for layer in 0..2 {
-        cache
-            .forward_layer(
-                layer,
-                &q,
-                Some((&kv, &kv)),
-                &positions,
-                shape,
-                AttentionKernel::Fused,
-                &mut out,
-            )
-            .unwrap();
-    }
+    cache_common::fill_layers(&mut cache, 2, D, tokens);
     cache
 }
 
