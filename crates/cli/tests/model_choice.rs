@@ -1,30 +1,118 @@
-//! `--model smollm2|gemma3-270m|FILE.gguf` as a user passes it: commands that cannot run
-//! Gemma 3 yet say so (before downloading anything), bad names and misuse are messages, and
-//! `tq tokenize` / `tq inspect` work on both models. Tests that need a model file skip with a
-//! message when it is absent (fail instead with `TQ_REQUIRE_MODEL=1`).
+//! `--model smollm2|gemma3-270m|FILE.gguf` as a user passes it: `tq generate` runs Gemma 3
+//! (with `--kernel llamacpp`, the reference engine's tokens), bad names and misuse are
+//! messages, and `tq tokenize` / `tq inspect` work on both models (Gemma 3's sliding and
+//! global layers shown apart). Tests that need a model file skip with a message when it is
+//! absent (fail instead with `TQ_REQUIRE_MODEL=1`).
 
 mod common;
 
 use common::{present, tq};
 use tq_models::fetch::KnownModel;
 
+/// The first 8 tokens llama.cpp generates greedily after "The capital of France is" on Gemma 3
+/// 270M with an f16 cache (`../shared/reference/gemma3_llamacpp.json`).
+const GEMMA3_FRANCE: [u64; 8] = [506, 5279, 529, 506, 2891, 529, 7001, 236761];
+
+fn generated_tokens(args: &[&str]) -> Vec<u64> {
+    let (ok, stdout, stderr) = tq(args);
+    assert!(ok, "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    report["tokens"]
+        .as_array()
+        .expect("a tokens array")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
 #[test]
-fn forward_pass_commands_refuse_gemma3_with_a_message() {
-    for args in [
-        vec!["generate", "--model", "gemma3-270m", "--prompt", "Hi"],
-        vec!["demo", "--model", "gemma3-270m"],
-        vec!["needle", "--model", "gemma3-270m"],
-        vec!["perplexity", "--model", "gemma3-270m", "--text", "x.txt"],
-        vec!["bench", "e2e", "--model", "gemma3-270m"],
+fn generate_runs_gemma3() {
+    let Some(path) = present(KnownModel::Gemma3_270m) else {
+        return;
+    };
+    let prompt = "The capital of France is";
+    let fused = generated_tokens(&[
+        "generate",
+        "--model",
+        "gemma3-270m",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(fused.len(), 8, "{fused:?}");
+    // The reference engine's kernel and numerics, the model given as a file: its tokens.
+    let llamacpp = generated_tokens(&[
+        "generate",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--kernel",
+        "llamacpp",
+        "--json",
+    ]);
+    assert_eq!(llamacpp, GEMMA3_FRANCE);
+}
+
+#[test]
+fn generate_with_the_llamacpp_kernel_gives_the_reference_text_on_smollm2() {
+    if present(KnownModel::SmolLm2).is_none() {
+        return;
+    }
+    let (ok, stdout, stderr) = tq(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "24",
+        "--kernel",
+        "llamacpp",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    // llama.cpp's greedy completion (`../shared/reference/smollm2_llamacpp.json`).
+    assert_eq!(
+        report["text"],
+        " Paris.\n\nThe United States has a population of approximately 321 million people.\n\n\
+         The United States"
+    );
+}
+
+#[test]
+fn the_llamacpp_kernel_refuses_compressed_caches_with_a_message() {
+    for (model, present) in [
+        ("smollm2", present(KnownModel::SmolLm2).is_some()),
+        ("gemma3-270m", present(KnownModel::Gemma3_270m).is_some()),
     ] {
-        let (ok, _, stderr) = tq(&args);
-        assert!(!ok, "{args:?} should fail");
+        if !present {
+            continue;
+        }
+        let (ok, _, stderr) = tq(&[
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--alloc",
+            "tq3.5",
+            "--kernel",
+            "llamacpp",
+        ]);
+        assert!(!ok, "{model}");
         assert!(
-            stderr.contains("cannot run gemma3-270m yet"),
-            "{args:?}: {stderr}"
+            stderr.contains("--kernel llamacpp reads plain f16 caches only")
+                && stderr.contains("--alloc f16"),
+            "{model}: {stderr}"
         );
-        assert!(!stderr.contains("downloading"), "{args:?}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
 
@@ -80,14 +168,36 @@ fn inspect_shows_gemma3() {
         assert!(stdout.contains("gemma3"), "{stdout}");
         assert!(stdout.contains("Q5_0"), "{stdout}");
     }
-    // A Gemma 3 file is refused by name of architecture too.
-    let (ok, _, stderr) = tq(&[
-        "generate",
-        "--model",
-        path.to_str().unwrap(),
-        "--prompt",
-        "Hi",
-    ]);
-    assert!(!ok);
-    assert!(stderr.contains("cannot run"), "{stderr}");
+    // The sliding / global breakdown, per preset, to 32K tokens.
+    let (ok, stdout, stderr) = tq(&["inspect", "--model", "gemma3-270m"]);
+    assert!(ok, "{stderr}");
+    for text in [
+        "15 sliding layers (window 512, ring 1023 slots), 3 global layers",
+        "sliding B/token",
+        "global B/token",
+        "MiB at 4K",
+        "MiB at 16K",
+        "MiB at 32K",
+    ] {
+        assert!(stdout.contains(text), "{text}: {stdout}");
+    }
+    let (_, breakdown) = stdout.split_once("sliding B/token").unwrap();
+    let f16 = breakdown
+        .lines()
+        .find(|l| l.trim_start().starts_with("f16 "))
+        .unwrap_or_else(|| panic!("an f16 row: {stdout}"));
+    // f16: 15 sliding layers × (1 head × 256 × 2 streams × 2 bytes + a 4-byte position) = 15420
+    // bytes per token, 3 global layers 3084.
+    assert!(f16.contains("15420") && f16.contains("3084"), "{f16}");
+}
+
+#[test]
+fn inspect_has_no_sliding_table_for_smollm2() {
+    if present(KnownModel::SmolLm2).is_none() {
+        return;
+    }
+    let (ok, stdout, stderr) = tq(&["inspect"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("30 layers (every token)"), "{stdout}");
+    assert!(!stdout.contains("sliding B/token"), "{stdout}");
 }

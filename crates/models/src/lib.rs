@@ -23,6 +23,12 @@
 //!   states)` for prefill chunks and decode, attention through an
 //!   [`llama::AttentionBackend`] (any `tq-cache` allocation on the CPU, or the GPU kernels of
 //!   `tq-attention-wgpu`), sampling and generation.
+//! - [`gemma3`] — the Gemma 3 forward pass (QK-norm, NEOX RoPE with a base per layer kind,
+//!   GELU-gated MLP, four norms per block, tied output head): sliding layers as ring states,
+//!   global layers growing.
+//! - [`causal_lm`] — the [`causal_lm::CausalLm`] trait both real models implement, and
+//!   [`causal_lm::load_model`], which picks one from the file's architecture; the harnesses
+//!   take `&dyn CausalLm`. [`forward_scratch`] holds the buffers every forward call reuses.
 //! - [`hybrid`] — Gemma-4-like (sliding, full, KV-sharing layers) and Qwen3.5-like (gated
 //!   DeltaNet with fixed conv and recurrent states) models with seeded random weights, run
 //!   through the same call over the same N-state cache.
@@ -40,9 +46,12 @@
 
 #![deny(missing_docs)]
 
+pub mod causal_lm;
 pub mod chat;
 pub mod eval;
 pub mod fetch;
+pub mod forward_scratch;
+pub mod gemma3;
 pub mod gguf;
 pub mod hybrid;
 pub mod limits;

@@ -7,8 +7,8 @@ mod quant_common;
 use proptest::prelude::*;
 use quant_common::{Rng, config, random_activation, random_matrix};
 use tq_models::quant::{
-    Isa, MatvecScratch, Q8Activation, QuantError, QuantKind, QuantMatrix, dequantize_row, dot_f32,
-    dot_q8,
+    Isa, KQuantOrder, MatvecScratch, Q8Activation, Q8KActivation, QuantError, QuantKind,
+    QuantMatrix, dequantize_row, dot_f32, dot_q8, dot_q8k,
 };
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -22,18 +22,26 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|v| v.to_bits()).collect()
 }
 
-/// `y = W·x` row by row through the public row kernels.
+/// `y = W·x` row by row through the public row kernels (the K formats in the default
+/// `vec_dot` order, which does not depend on the batch).
 fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
     let kind = m.kind();
+    let k_format = matches!(kind, QuantKind::Q4K | QuantKind::Q6K);
     let mut act = Q8Activation::new();
+    let mut act_k = Q8KActivation::new();
     if kind.has_q8_dot() {
         act.quantize(x, 1, x.len()).unwrap();
+    } else if k_format {
+        act_k.quantize(x, 1, x.len()).unwrap();
     }
     (0..m.rows())
         .map(|r| {
             let row = m.row(r).unwrap();
             if kind.has_q8_dot() {
                 dot_q8(kind, row, &act.row(0).unwrap(), isa).unwrap()
+            } else if k_format {
+                let a = act_k.row(0).unwrap();
+                dot_q8k(kind, row, &a, KQuantOrder::VecDot, 0, 1).unwrap()
             } else {
                 dot_f32(kind, row, x).unwrap()
             }

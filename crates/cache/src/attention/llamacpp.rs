@@ -18,6 +18,44 @@ use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::token_codec::TokenCodec;
 
+/// Which build of the reference engine the kernel rounds like: its SIMD width decides the f16
+/// dot's summation order and whether the value accumulator is updated with f32 or native f16
+/// arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LlamaCppBuild {
+    /// An AVX2 build (the SmolLM2 reference data).
+    Avx2,
+    /// A `-march=native` build on a CPU with AVX512-FP16 (the Gemma 3 reference data).
+    Avx512Fp16,
+}
+
+/// `⟨q, k⟩` summed as ggml's AVX-512 `ggml_vec_dot_f16` sums: four 16-lane FMA accumulators
+/// over steps of 64, reduced `(0+2)+(1+3)`, the 16 lanes folded as GCC's
+/// `_mm512_reduce_add_ps` does (`h[i] = x[i+8]+x[i]`, `q[i] = h[i+4]+h[i]`,
+/// `(q0+q2)+(q1+q3)`), and the tail added one by one in f64.
+fn ggml_dot_f16_avx512(q: &[f32], k: &[f32]) -> f32 {
+    let n = q.len();
+    let steps = n / 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for step in 0..steps {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let i = step * 64 + j * 16 + l;
+                *lane = q[i].mul_add(k[i], *lane);
+            }
+        }
+    }
+    let add = |a: [f32; 16], b: [f32; 16]| -> [f32; 16] { std::array::from_fn(|l| a[l] + b[l]) };
+    let x = add(add(acc[0], acc[2]), add(acc[1], acc[3]));
+    let h: [f32; 8] = std::array::from_fn(|i| x[i + 8] + x[i]);
+    let q4: [f32; 4] = std::array::from_fn(|i| h[i + 4] + h[i]);
+    let mut sum = f64::from((q4[0] + q4[2]) + (q4[1] + q4[3]));
+    for i in steps * 64..n {
+        sum += f64::from(q[i] * k[i]);
+    }
+    sum as f32
+}
+
 /// `⟨q, k⟩` summed as ggml's AVX2 `ggml_vec_dot_f16` sums: four 8-lane FMA accumulators over
 /// steps of 32, reduced pairwise (0+2, 1+3, then 0+1), the 8 lanes folded as
 /// `((l0+h0)+(l1+h1)) + ((l2+h2)+(l3+h3))`, and the tail added one by one.
@@ -59,6 +97,7 @@ pub(super) fn run(
     queries: &[f32],
     query_positions: &[u32],
     shape: AttentionShape,
+    build: LlamaCppBuild,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
     let (_, group) = check_shapes(cache, queries, query_positions, shape, out)?;
@@ -94,6 +133,9 @@ pub(super) fn run(
                 values: cache.values(kv),
                 range: cache.visible(query_positions[i]),
             };
+            if build == LlamaCppBuild::Avx512Fp16 {
+                return row_avx512fp16(&q, &rows, shape.scale, o);
+            }
             #[cfg(target_arch = "x86_64")]
             if fast {
                 // SAFETY: `fast` holds only where AVX2, FMA and F16C were detected at run
@@ -153,6 +195,79 @@ fn row_scalar(q: &[f32], rows: &Rows<'_>, scale: f32, o: &mut [f32]) -> Result<(
         // with FMA enabled by `-march=native`) compiles to one fused multiply-add.
         // Rounding the product separately flips two of the four reference
         // continuations at near-ties.
+        sum = sum.mul_add(rescale, weight);
+    }
+    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    for (o, a) in o.iter_mut().zip(&acc) {
+        *o = a.to_f32() * inv;
+    }
+    Ok(())
+}
+
+/// `x·w + a` rounded once to f16 (`_mm512_fmadd_ph`), for `x`, `w` holding f16 values.
+///
+/// The product is exact in f64 and so is the sum unless the addends lie more than ~30 binades
+/// apart, when the smaller one cannot move the f16 result. The f64 value is narrowed to f32 by
+/// rounding to odd (truncate, then set the last bit if anything was dropped), which keeps the
+/// information a second rounding needs: f32 has more than two bits beyond f16's precision, so
+/// the final f32 → f16 rounding (nearest even) equals one rounding of the exact value. (A plain
+/// f64 → f32 → f16 chain, which is what a conversion through f32 does, rounds twice.)
+fn f16_fma(x: f32, w: f32, a: f16) -> f16 {
+    let exact = f64::from(x).mul_add(f64::from(w), f64::from(a.to_f32()));
+    let mut narrow = exact as f32;
+    if f64::from(narrow).abs() > exact.abs() {
+        narrow = f32::from_bits(narrow.to_bits() - 1);
+    }
+    if f64::from(narrow) != exact {
+        narrow = f32::from_bits(narrow.to_bits() | 1);
+    }
+    f16::from_f32(narrow)
+}
+
+/// Values per step of the AVX512-FP16 build's f16 vector loops (`GGML_F16_STEP`): elements
+/// below the last whole step use native f16 arithmetic, the rest ggml's scalar leftovers.
+const FP16_STEP: usize = 128;
+
+/// One query row as the AVX512-FP16 build computes it. The score is
+/// [`ggml_dot_f16_avx512`]; the value accumulator is updated with native f16 arithmetic
+/// (`_mm512_fmadd_ph` / `_mm512_mul_ph`), so the softmax weight is first rounded to f16 and
+/// each update rounds once, from the exact result, to f16 ([`f16_fma`]). Elements past the last whole step of 128 take ggml's scalar leftover loop instead
+/// (`f16(y + x·w)` with the weight in f32, contracted to one f32 FMA by the compiler).
+fn row_avx512fp16(q: &[f32], rows: &Rows<'_>, scale: f32, o: &mut [f32]) -> Result<(), CacheError> {
+    let d = q.len();
+    let simd = d - d % FP16_STEP;
+    let mut k = vec![0.0f32; d];
+    let mut v = vec![0.0f32; d];
+    let mut acc = vec![f16::ZERO; d];
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    for t in rows.range.clone() {
+        let (k_record, v_record) = rows.records(t)?;
+        f16_row(k_record, &mut k);
+        let s = ggml_dot_f16_avx512(q, &k) * scale;
+        let old = max;
+        let mut rescale = 1.0f32;
+        let weight;
+        if s > max {
+            max = s;
+            rescale = (old - max).exp();
+            let r16 = f16::from_f32(rescale).to_f32();
+            for (i, a) in acc.iter_mut().enumerate() {
+                let r = if i < simd { r16 } else { rescale };
+                *a = f16::from_f32(a.to_f32() * r);
+            }
+            weight = 1.0;
+        } else {
+            weight = (s - max).exp();
+        }
+        f16_row(v_record, &mut v);
+        let w16 = f16::from_f32(weight).to_f32();
+        for (i, (a, x)) in acc.iter_mut().zip(&v).enumerate() {
+            *a = if i < simd {
+                f16_fma(*x, w16, *a)
+            } else {
+                f16::from_f32(x.mul_add(weight, a.to_f32()))
+            };
+        }
         sum = sum.mul_add(rescale, weight);
     }
     let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
@@ -340,5 +455,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `f16_fma` is one rounding of the exact `x·w + a` (ties to even), checked against exact
+    /// integer arithmetic (every f16 is an integer times 2⁻²⁴, so the sum is an integer times
+    /// 2⁻⁴⁸) over random operands spanning normal and subnormal f16 values; a double rounding
+    /// through f32 fails this on about one case in a few thousand, so 200 000 cases catch it.
+    #[test]
+    fn f16_fma_rounds_once() {
+        let units = |h: f16| -> i128 { (f64::from(h.to_f32()) * 2f64.powi(24)) as i128 };
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        let random = |rng: &mut ChaCha20Rng, lo: i32, hi: i32| -> f16 {
+            let m: f32 = rng.random_range(1.0..2.0);
+            let e = rng.random_range(lo..hi);
+            let sign = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
+            f16::from_f32(sign * m * 2f32.powi(e))
+        };
+        for _ in 0..200_000 {
+            let (x, w) = (random(&mut rng, -12, 4), random(&mut rng, -12, 2));
+            let a = random(&mut rng, -26, 6);
+            let got = f16_fma(x.to_f32(), w.to_f32(), a);
+            let exact = units(x) * units(w) + units(a) * (1i128 << 24);
+            let dist = |h: f16| (exact - units(h) * (1i128 << 24)).abs();
+            let neighbours = [got.to_bits().wrapping_sub(1), got.to_bits().wrapping_add(1)];
+            for n in neighbours
+                .map(f16::from_bits)
+                .into_iter()
+                .filter(|n| n.is_finite())
+            {
+                if (n.to_f32() > 0.0) != (got.to_f32() > 0.0) && got.to_f32() != 0.0 {
+                    continue;
+                }
+                assert!(
+                    dist(got) < dist(n)
+                        || (dist(got) == dist(n) && got.to_bits().is_multiple_of(2)),
+                    "{x}·{w} + {a}: got {got}, {n} is nearer"
+                );
+            }
+        }
+    }
+
+    /// The AVX-512 order sums the same products as the AVX2 one, differently grouped: both are
+    /// within the dot's rounding bound of the exact sum, and they do differ on some inputs
+    /// (which is why a kernel per engine build exists).
+    #[test]
+    fn avx512_and_avx2_dot_orders_are_both_exact_up_to_rounding() {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        let mut differ = 0;
+        for _ in 0..2000 {
+            let q: Vec<f32> = (0..256)
+                .map(|_| f16::from_f32(rng.random_range(-2.0..2.0)).to_f32())
+                .collect();
+            let k: Vec<f32> = (0..256)
+                .map(|_| f16::from_f32(rng.random_range(-2.0..2.0)).to_f32())
+                .collect();
+            let exact: f64 = q
+                .iter()
+                .zip(&k)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let mag: f64 = q
+                .iter()
+                .zip(&k)
+                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                .sum();
+            let bound = 16.0 * 2f64.powi(-24) * mag;
+            let (a, b) = (ggml_dot_f16(&q, &k), ggml_dot_f16_avx512(&q, &k));
+            assert!((f64::from(a) - exact).abs() <= bound && (f64::from(b) - exact).abs() <= bound);
+            differ += usize::from(a != b);
+        }
+        assert!(differ > 100, "the orders differ on {differ} of 2000 inputs");
     }
 }

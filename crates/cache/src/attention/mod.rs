@@ -32,6 +32,11 @@ pub enum AttentionKernel {
     /// The f16 arithmetic of llama.cpp's CPU flash attention (f16 caches only), to reproduce
     /// that engine's greedy outputs exactly.
     LlamaCppF16,
+    /// [`AttentionKernel::LlamaCppF16`] as llama.cpp rounds when built for a CPU with
+    /// AVX512-FP16 (`-march=native` on Sapphire Rapids and later): the f16 dot sums in 16-lane
+    /// accumulators and the value accumulator is updated with native f16 multiply-adds, the
+    /// softmax weight rounded to f16. The build behind the Gemma 3 reference data.
+    LlamaCppF16Avx512Fp16,
     /// [`AttentionKernel::Fused`] on a chosen instruction set instead of the detected one:
     /// each instruction set sums in its own (equally valid) order, so results that must be
     /// bit-identical across machines (golden snapshots) pin one. An instruction set this CPU
@@ -111,7 +116,22 @@ pub fn attend(
             }
             fused::fused_attention_on(isa, cache, queries, query_positions, shape, out)
         }
-        AttentionKernel::LlamaCppF16 => llamacpp::run(cache, queries, query_positions, shape, out),
+        AttentionKernel::LlamaCppF16 => llamacpp::run(
+            cache,
+            queries,
+            query_positions,
+            shape,
+            llamacpp::LlamaCppBuild::Avx2,
+            out,
+        ),
+        AttentionKernel::LlamaCppF16Avx512Fp16 => llamacpp::run(
+            cache,
+            queries,
+            query_positions,
+            shape,
+            llamacpp::LlamaCppBuild::Avx512Fp16,
+            out,
+        ),
     }?;
     add_value_means(cache, query_positions, shape, out);
     Ok(())

@@ -1,6 +1,8 @@
-//! `tq bench e2e`: the reference model end to end — prefill and decode tokens/s at several
+//! `tq bench e2e`: a real model end to end (the reference model, SmolLM2, by default; `--model
+//! gemma3-270m` for Gemma 3 at up to 32K tokens) — prefill and decode tokens/s at several
 //! context lengths for several cache allocations, side by side in one run, with cache bytes and
-//! peak resident memory, against llama.cpp's figures for the same model.
+//! peak resident memory, against llama.cpp's figures for the reference model (a model of
+//! another architecture has none: those columns are left empty).
 //!
 //! Each measurement (one allocation at one context) runs in its own child process (this binary
 //! re-invoked with a hidden `--child` flag), in rounds that interleave the allocations
@@ -24,7 +26,9 @@
 //! Prompts are token ids from a seeded generator (speed does not depend on what the text says);
 //! the prompt is prefilled in chunks through the cache, then `--decode-tokens` greedy decode steps
 //! follow. A context longer than the model's window minus the decode steps is shortened to fit
-//! (SmolLM2's window is 8192 tokens; the row records the tokens actually prefilled).
+//! (SmolLM2's window is 8192 tokens, Gemma 3's 32768; the row records the tokens actually
+//! prefilled). Prefill chunks are at most the model's longest forward call (512 tokens on
+//! Gemma 3, whose sliding-window rings are sized for that).
 
 use std::process::Command;
 use std::time::Instant;
@@ -35,9 +39,10 @@ use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
+use tq_models::causal_lm::load_model;
 use tq_models::fetch::ModelSpec;
 use tq_models::llama::ops::argmax;
-use tq_models::llama::{ForwardScratch, Llama, Logits};
+use tq_models::llama::{ForwardScratch, Logits};
 
 use crate::output::table;
 
@@ -106,6 +111,8 @@ struct Measurement {
 /// One JSON row of `tq bench e2e --json`.
 #[derive(Serialize, Debug, Clone)]
 struct E2eRow {
+    /// The model's architecture (`llama`, `gemma3`).
+    model: String,
     alloc: String,
     /// Requested context.
     context: usize,
@@ -164,11 +171,24 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.alloc.is_empty() || args.contexts.is_empty() {
         return Err("give at least one allocation and one context".into());
     }
-    let model = crate::commands::model::model_path(&args.model, "bench e2e")?;
+    let model = crate::commands::model::model_path(&args.model)?;
     for name in &args.alloc {
         Allocation::load(name)?;
     }
-    let reference = LlamaCppSpeed::parse()?;
+    // Mapped here for its architecture and chunk limit only; each child maps its own.
+    let (architecture, chunk) = {
+        let loaded = load_model(&model)?;
+        (
+            loaded.architecture(),
+            args.prefill_chunk.clamp(1, loaded.max_chunk()),
+        )
+    };
+    // llama.cpp's figures are the reference model's: no comparison for another architecture.
+    let reference = if architecture == "llama" {
+        LlamaCppSpeed::parse()?
+    } else {
+        LlamaCppSpeed { rows: Vec::new() }
+    };
     let mut rows = Vec::new();
     for &context in &args.contexts {
         let mut samples: Vec<Vec<Measurement>> = vec![Vec::new(); args.alloc.len()];
@@ -183,7 +203,14 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         for (alloc, samples) in args.alloc.iter().zip(&samples) {
-            rows.push(summarize(alloc, context, samples, args.threads, &reference));
+            rows.push(summarize(
+                architecture,
+                alloc,
+                context,
+                samples,
+                args.threads,
+                &reference,
+            ));
         }
     }
     let targets = target_lines(&rows, &reference);
@@ -192,7 +219,7 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("{targets}");
         return Ok(());
     }
-    print_table(args, &rows);
+    print_table(args, architecture, chunk, &rows);
     println!("{targets}");
     Ok(())
 }
@@ -254,10 +281,10 @@ fn measure(
     context: usize,
 ) -> Result<Measurement, Box<dyn std::error::Error + Send + Sync>> {
     let program_rss_bytes = status_bytes("VmRSS:");
-    let model = Llama::load(path)?;
+    let model = load_model(path)?;
     let metadata_heap_bytes = crate::heap::live_bytes();
     let allocation = Allocation::load(alloc)?;
-    let window = model.config.context_length;
+    let window = model.dims().context_length;
     let prefill_tokens = context
         .min(window.saturating_sub(args.decode_tokens))
         .max(1);
@@ -266,7 +293,7 @@ fn measure(
     let heap_with_cache = crate::heap::live_bytes();
     crate::heap::reset_peak();
     let mut rng = ChaCha20Rng::seed_from_u64(PROMPT_SEED);
-    let vocab = model.config.vocab as u32;
+    let vocab = model.dims().vocab as u32;
     let prompt: Vec<u32> = (0..prefill_tokens)
         .map(|_| rng.random_range(0..vocab))
         .collect();
@@ -276,7 +303,7 @@ fn measure(
     let clock = Instant::now();
     let mut done = 0;
     let mut next = 0;
-    for chunk in prompt.chunks(args.prefill_chunk.max(1)) {
+    for chunk in prompt.chunks(args.prefill_chunk.clamp(1, model.max_chunk())) {
         done += chunk.len();
         let logits = model.forward(
             chunk,
@@ -345,6 +372,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn summarize(
+    model: &str,
     alloc: &str,
     context: usize,
     samples: &[Measurement],
@@ -375,6 +403,7 @@ fn summarize(
         .program_rss_bytes
         .map(|p| p + first.metadata_heap_bytes as u64);
     E2eRow {
+        model: model.to_string(),
         alloc: alloc.to_string(),
         context,
         prefill_tokens: first.prefill_tokens,
@@ -403,7 +432,7 @@ fn summarize(
     }
 }
 
-fn print_table(args: &E2eBenchArgs, rows: &[E2eRow]) {
+fn print_table(args: &E2eBenchArgs, architecture: &str, chunk: usize, rows: &[E2eRow]) {
     let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     let body: Vec<Vec<String>> = rows
@@ -428,14 +457,14 @@ fn print_table(args: &E2eBenchArgs, rows: &[E2eRow]) {
         })
         .collect();
     println!(
-        "end to end, reference model, fused CPU attention, {} thread(s), prefill chunk {}, {} decode \
+        "end to end, {architecture}, fused CPU attention, {} thread(s), prefill chunk {}, {} decode \
          steps; medians of {} interleaved rounds (one process per measurement)",
         if args.threads == 0 {
             "all".to_string()
         } else {
             args.threads.to_string()
         },
-        args.prefill_chunk,
+        chunk,
         args.decode_tokens,
         args.repeats.max(1)
     );
@@ -545,10 +574,12 @@ fn target_lines(rows: &[E2eRow], reference: &LlamaCppSpeed) -> String {
             ));
         }
     }
-    lines.push(
-        "(llama.cpp figures: 1 thread on a shared 2-core VM, crates/cli/data/llamacpp_speed.json)"
-            .to_string(),
-    );
+    if !reference.rows.is_empty() {
+        lines.push(
+            "(llama.cpp figures: 1 thread on a shared 2-core VM, crates/cli/data/llamacpp_speed.json)"
+                .to_string(),
+        );
+    }
     lines.join("\n")
 }
 

@@ -23,7 +23,8 @@ pub enum BenchCommand {
     /// Bias and variance of the inner-product estimators (TQ_prod, debiased MSE) at b = 2..5.
     Estimators(estimators::EstimatorArgs),
     /// Memory of the hybrid models' states (sliding rings, full KV, shared KV, fixed conv and
-    /// recurrent states) against context length: byte formula beside the measured allocation.
+    /// recurrent states), or with --model a real model's, against context length: byte
+    /// formula beside the measured allocation.
     States(states::StatesBenchArgs),
 }
 

@@ -9,6 +9,10 @@
 //! - full KV: `states × context × bytes per token` — linear in the context;
 //! - shared KV: nothing stored;
 //! - fixed: `4 × Π shape` per state, f32 whatever the allocation.
+//!
+//! With `--model` (`smollm2`, `gemma3-270m`, a .gguf file), the same rows for that real
+//! model's states instead (Gemma 3 270M: 15 sliding-window rings and 3 growing global layers),
+//! at 4K, 16K and 32K tokens by default. `tq inspect` shows the same figures per preset.
 
 use clap::Args;
 use serde::Serialize;
@@ -16,6 +20,7 @@ use tq_cache::allocation::Allocation;
 use tq_cache::kv_cache::KvKind;
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
+use tq_models::fetch::ModelSpec;
 use tq_models::hybrid::{GemmaLikeConfig, QwenLikeConfig};
 
 use crate::output::table;
@@ -26,12 +31,31 @@ pub struct StatesBenchArgs {
     /// Print JSON rows instead of a table.
     #[arg(long)]
     json: bool,
-    /// Context lengths (tokens), comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 4096, 16384, 65536])]
+    /// Context lengths (tokens), comma-separated [default: 1024,4096,16384,65536; with
+    /// --model 4096,16384,32768 up to the model's context].
+    #[arg(long, value_delimiter = ',')]
     contexts: Vec<usize>,
     /// Allocations (preset names or TOML files), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f16,k5v4,tq3.5")]
     allocations: Vec<String>,
+    /// A real model instead of the synthetic stacks: `smollm2`, `gemma3-270m` (its 15 sliding
+    /// layers and 3 global ones) or a .gguf file; only its state layouts are used.
+    #[arg(long)]
+    model: Option<ModelSpec>,
+}
+
+/// The contexts of a real model's rows when none are given: 4K, 16K and 32K tokens, those
+/// within its context.
+pub(crate) fn model_contexts(context_length: usize) -> Vec<usize> {
+    let contexts: Vec<usize> = [4096, 16_384, 32_768]
+        .into_iter()
+        .filter(|&c| c <= context_length)
+        .collect();
+    if contexts.is_empty() {
+        vec![context_length]
+    } else {
+        contexts
+    }
 }
 
 /// One JSON row of `tq bench states --json`: one state class of one cache.
@@ -49,8 +73,11 @@ pub struct StatesRow {
     pub states: usize,
     /// Token slots per state (ring slots, or the context), 0 for fixed and shared states.
     pub slots: usize,
-    /// Bytes per token slot of one state (codes, scales and the 4-byte position).
+    /// Bytes per token slot of one state (codes, scales and the 4-byte position); 0 when the
+    /// states of this class differ.
     pub bytes_per_token: usize,
+    /// Bytes per token slot of all states of this class together.
+    pub class_bytes_per_token: usize,
     /// The formula, spelled out.
     pub formula: String,
     /// Bytes by the formula.
@@ -111,8 +138,21 @@ pub fn measure(
     allocation: &Allocation,
     context: usize,
 ) -> Result<Vec<StatesRow>, Box<dyn std::error::Error>> {
-    let cache = ModelCache::with_allocation(specs.clone(), allocation)?;
-    let parts = parts(&specs, &cache, context);
+    let cache = ModelCache::with_allocation(specs, allocation)?;
+    Ok(class_rows(model, &cache, &allocation.name, context))
+}
+
+/// The rows of `cache` (of `allocation`) at `context` tokens: one per state class present.
+/// The formula counts ring slots for sliding states and `context` slots for growing ones,
+/// whatever capacity `cache` was built with; the measured bytes are `cache`'s own (built for
+/// `context` tokens by [`measure`]; a smaller template cache gives the formula alone).
+pub fn class_rows(
+    model: &'static str,
+    cache: &ModelCache,
+    allocation: &str,
+    context: usize,
+) -> Vec<StatesRow> {
+    let parts = parts(cache.specs(), cache, context);
     let mut rows = Vec::new();
     for class in ["sliding-kv", "full-kv", "shared-kv", "fixed"] {
         let of_class: Vec<&Part> = parts.iter().filter(|p| p.class == class).collect();
@@ -147,32 +187,147 @@ pub fn measure(
         };
         rows.push(StatesRow {
             model,
-            allocation: allocation.name.clone(),
+            allocation: allocation.to_string(),
             context,
             class,
             states,
             slots: if uniform { first.slots } else { 0 },
             bytes_per_token: if uniform { first.bytes_per_token } else { 0 },
+            class_bytes_per_token: of_class.iter().map(|p| p.bytes_per_token).sum(),
             formula,
             formula_bytes,
             allocated_bytes: of_class.iter().map(|p| p.allocated_bytes).sum(),
         });
     }
-    Ok(rows)
+    rows
 }
 
 fn mib(bytes: usize) -> String {
     format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// `tq bench states --model`: the real model's state classes.
+fn run_model(args: &StatesBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let model = crate::commands::model::open_model(&args.model)?;
+    let dims = model.dims();
+    let contexts = if args.contexts.is_empty() {
+        model_contexts(dims.context_length)
+    } else {
+        args.contexts.clone()
+    };
+    let mut rows = Vec::new();
+    for name in &args.allocations {
+        let allocation = Allocation::load(name)?;
+        for &context in &contexts {
+            let growth = Growth::Static { capacity: context };
+            rows.extend(measure(
+                model.architecture(),
+                model.state_specs(growth),
+                &allocation,
+                context,
+            )?);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let specs = model.state_specs(Growth::Static { capacity: 1 });
+    println!(
+        "cache memory by state class (allocation only; states × slots × bytes per token)\n\
+         {}: {} layers × {} KV heads × head dim {}; {}\n{}",
+        model.architecture(),
+        dims.layers,
+        dims.kv_heads,
+        dims.head_dim,
+        layer_kinds(&specs),
+        states_table(&rows)
+    );
+    Ok(())
+}
+
+/// "15 sliding layers (window 512, ring 1023 slots), 3 global layers" for a model's states.
+pub(crate) fn layer_kinds(specs: &[StateSpec]) -> String {
+    let mut sliding = Vec::new();
+    let mut growing = 0;
+    for spec in specs {
+        if let StateKind::Kv { layout, .. } = &spec.kind {
+            match (layout.window(), layout.ring_slots()) {
+                (Some(window), Some(slots)) => sliding.push((window, slots)),
+                _ => growing += 1,
+            }
+        }
+    }
+    let mut kinds: Vec<(usize, usize)> = sliding.clone();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let rings: Vec<String> = kinds
+        .iter()
+        .map(|(w, s)| format!("window {w}, ring {s} slots"))
+        .collect();
+    match sliding.len() {
+        0 => format!("{growing} layers (every token)"),
+        n => format!(
+            "{n} sliding layers ({}), {growing} global layers (every token)",
+            rings.join("; ")
+        ),
+    }
+}
+
+fn states_table(rows: &[StatesRow]) -> String {
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.model.to_string(),
+                r.allocation.clone(),
+                r.context.to_string(),
+                r.class.to_string(),
+                r.formula.clone(),
+                r.formula_bytes.to_string(),
+                r.allocated_bytes.to_string(),
+                mib(r.allocated_bytes),
+                if r.formula_bytes == r.allocated_bytes {
+                    "yes"
+                } else {
+                    "NO"
+                }
+                .to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "model",
+            "allocation",
+            "context",
+            "state",
+            "formula",
+            "formula B",
+            "measured B",
+            "MiB",
+            "equal",
+        ],
+        &body,
+    )
+}
+
 /// Runs `tq bench states`.
 pub fn run(args: &StatesBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.model.is_some() {
+        return run_model(args);
+    }
+    let contexts = if args.contexts.is_empty() {
+        vec![1024, 4096, 16_384, 65_536]
+    } else {
+        args.contexts.clone()
+    };
     let gemma = GemmaLikeConfig::gemma4_e2b_like();
     let qwen = QwenLikeConfig::qwen35_like();
     let mut rows = Vec::new();
     for name in &args.allocations {
         let allocation = Allocation::load(name)?;
-        for &context in &args.contexts {
+        for &context in &contexts {
             let growth = Growth::Static { capacity: context };
             rows.extend(measure(
                 "gemma4-like",
@@ -195,27 +350,6 @@ pub fn run(args: &StatesBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    let body: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.model.to_string(),
-                r.allocation.clone(),
-                r.context.to_string(),
-                r.class.to_string(),
-                r.formula.clone(),
-                r.formula_bytes.to_string(),
-                r.allocated_bytes.to_string(),
-                mib(r.allocated_bytes),
-                if r.formula_bytes == r.allocated_bytes {
-                    "yes"
-                } else {
-                    "NO"
-                }
-                .to_string(),
-            ]
-        })
-        .collect();
     println!(
         "cache memory by state class (allocation only; states × slots × bytes per token)\n\
          gemma4-like: {} layers, W = {} (ring {} slots), head dims {} sliding / {} full\n\
@@ -231,20 +365,7 @@ pub fn run(args: &StatesBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         qwen.linear.key_dim,
         qwen.linear.value_dim,
         qwen.linear.conv_kernel,
-        table(
-            &[
-                "model",
-                "allocation",
-                "context",
-                "state",
-                "formula",
-                "formula B",
-                "measured B",
-                "MiB",
-                "equal"
-            ],
-            &body
-        )
+        states_table(&rows)
     );
     Ok(())
 }
@@ -252,6 +373,13 @@ pub fn run(args: &StatesBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_real_model_gets_4k_16k_32k_within_its_context() {
+        assert_eq!(model_contexts(32_768), [4096, 16_384, 32_768]);
+        assert_eq!(model_contexts(8192), [4096]);
+        assert_eq!(model_contexts(2048), [2048]);
+    }
 
     /// Sliding and fixed states do not grow with the context, full ones grow linearly, the
     /// formula equals the measured bytes, and TurboQuant shrinks the KV classes only.

@@ -8,10 +8,10 @@ use clap::Args;
 use tq_cache::allocation::Allocation;
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
 use tq_models::fetch::ModelSpec;
-use tq_models::llama::Llama;
 use tq_models::tokenizer::Tokenizer;
 
-use super::needle::{model_path, progress};
+use super::model::open_model;
+use super::needle::progress;
 use crate::output::table;
 
 /// Arguments of `tq eval`.
@@ -110,9 +110,10 @@ pub(crate) fn text_tokens(
 pub fn run(args: &EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     let allocations = load_allocations(&args.alloc)?;
     let reference = Allocation::load(&args.reference)?;
-    let model = Llama::load(model_path(&args.model, "eval")?)?;
+    let model = open_model(&args.model)?;
+    let model = &*model;
     super::limits::check_run(
-        &model,
+        model,
         allocations.iter().map(|(_, a)| a).chain([&reference]),
         args.tokens + args.decode_steps,
         "--tokens plus --decode-steps",
@@ -123,7 +124,7 @@ pub fn run(args: &EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
         &tokenizer,
         &args.text,
         args.tokens,
-        model.config.context_length,
+        model.dims().context_length,
     )?;
     let options = EvalOptions {
         prefill_chunk: args.prefill_chunk,
@@ -133,7 +134,7 @@ pub fn run(args: &EvalArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let bar = progress(0);
     let report = evaluate(
-        &model,
+        model,
         &tokens,
         (&reference.name, &reference),
         &allocations,

@@ -2,9 +2,9 @@
 //! (the checks themselves are `tq_models::limits`).
 
 use clap::Args;
-use tq_cache::allocation::{Allocation, ModelShape};
+use tq_cache::allocation::Allocation;
+use tq_models::causal_lm::CausalLm;
 use tq_models::limits::{LimitError, check_cache_budget, check_context, default_cache_budget};
-use tq_models::llama::Llama;
 
 /// The cache memory budget of a command.
 #[derive(Args, Debug, Clone, Copy, Default)]
@@ -24,23 +24,21 @@ impl CacheBudgetArgs {
 }
 
 /// Checks that `tokens` (what `what` needs) fit `model`'s window and that each allocation's
-/// cache for them fits the budget.
+/// cache for them fits the budget. The budget check counts every layer at `tokens` tokens: on
+/// a model with sliding-window layers (bounded by their rings) it overestimates, never under.
 pub fn check_run<'a>(
-    model: &Llama,
+    model: &dyn CausalLm,
     allocations: impl IntoIterator<Item = &'a Allocation>,
     tokens: usize,
     what: &str,
     budget: &CacheBudgetArgs,
 ) -> Result<(), LimitError> {
-    check_context(what, tokens, model.config.context_length)?;
+    let dims = model.dims();
+    check_context(what, tokens, dims.context_length)?;
     let Some(budget) = budget.budget() else {
         return Ok(());
     };
-    let shape = ModelShape {
-        num_layers: model.config.layers,
-        num_kv_heads: model.config.kv_heads,
-        head_dim: model.config.head_dim,
-    };
+    let shape = dims.model_shape();
     for allocation in allocations {
         check_cache_budget(allocation, &shape, tokens, budget)?;
     }

@@ -3,6 +3,7 @@
 pub mod codebook;
 pub mod demo;
 pub mod eval;
+pub mod kernel;
 pub mod limits;
 pub mod model;
 pub mod needle;

@@ -1,5 +1,6 @@
 //! Commands on a model file: `tq fetch-model`, `tq generate`, `tq inspect`, `tq tokenize`; and
-//! the `--model` resolution every model-taking command shares ([`model_path`]).
+//! the `--model` resolution every model-taking command shares ([`model_path`], [`open_model`]:
+//! SmolLM2 by default, Gemma 3 270M by name, or any .gguf file of either architecture).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,37 +11,27 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tq_attention_wgpu::{ContextOptions, GpuContext, GpuError};
-use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
-use tq_cache::attention::AttentionKernel;
-use tq_cache::states::ModelCache;
+use tq_cache::allocation::{Allocation, StreamKind};
+use tq_cache::states::{ModelCache, StateKind};
 use tq_cache::token_store::Growth;
+use tq_models::causal_lm::{CausalLm, load_model};
 use tq_models::chat::{ChatTemplate, Message, Role};
 use tq_models::fetch::{KnownModel, ModelSpec, sha256_hex};
 use tq_models::gguf::Gguf;
 use tq_models::llama::generate::{generate, generate_with};
-use tq_models::llama::{GenerationOptions, Llama, LlamaConfig, Sampler, WgpuAttention};
+use tq_models::llama::{GenerationOptions, Sampler, WgpuAttention};
 use tq_models::prompt_cache::{
     PromptCacheHeader, load_prompt_cache, reusable_prefix, save_prompt_cache,
 };
 use tq_models::tokenizer::Tokenizer;
 
+use super::kernel::KernelChoice;
+use crate::bench::states::{class_rows, layer_kinds, model_contexts};
 use crate::output::table;
 
 /// Why a `--model` choice cannot serve a command.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelChoiceError {
-    /// The command runs the forward pass, which exists for Llama models only so far.
-    #[error(
-        "`tq {command}` cannot run {model} yet: the Gemma 3 forward pass is not implemented \
-         (issue 13, part 4). With Gemma 3, `tq fetch-model`, `tq tokenize` and `tq inspect` \
-         work; leave out --model (or pass --model smollm2) to run this command on SmolLM2"
-    )]
-    NoForwardPass {
-        /// The subcommand, e.g. `generate`.
-        command: &'static str,
-        /// The model as given.
-        model: String,
-    },
     /// `tq fetch-model` was given a file.
     #[error("`tq fetch-model --model` takes a model name ({known}), not a file ({path})")]
     NotAName {
@@ -51,33 +42,19 @@ pub enum ModelChoiceError {
     },
 }
 
-/// The model file of a command that runs the Llama forward pass (`command` names it in
-/// errors): `--model smollm2|FILE.gguf`, the reference model (fetched on first use) when
-/// absent. Gemma 3 — by name, before anything is downloaded, or as a file whose
-/// `general.architecture` is `gemma3` — is refused with [`ModelChoiceError::NoForwardPass`].
-pub(crate) fn model_path(
-    model: &Option<ModelSpec>,
-    command: &'static str,
-) -> Result<PathBuf, Box<dyn std::error::Error>> {
+/// The model file of a command: `--model smollm2|gemma3-270m|FILE.gguf`, the reference model
+/// (SmolLM2, fetched on first use) when absent.
+pub(crate) fn model_path(model: &Option<ModelSpec>) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let spec = model.clone().unwrap_or_default();
-    let no_forward_pass = || ModelChoiceError::NoForwardPass {
-        command,
-        model: spec.to_string(),
-    };
-    if spec.known() == Some(KnownModel::Gemma3_270m) {
-        return Err(no_forward_pass().into());
-    }
-    let path = spec.resolve(|line| eprintln!("{line}"))?;
-    // A file that cannot be read is reported by the loader, with its own context.
-    if let Ok(gguf) = Gguf::open(&path)
-        && gguf
-            .metadata()
-            .str("general.architecture")
-            .is_ok_and(|arch| arch == "gemma3")
-    {
-        return Err(no_forward_pass().into());
-    }
-    Ok(path)
+    Ok(spec.resolve(|line| eprintln!("{line}"))?)
+}
+
+/// The model of a command ([`model_path`], then [`load_model`], which picks the
+/// implementation from the file's `general.architecture`: Llama/SmolLM2 or Gemma 3).
+pub(crate) fn open_model(
+    model: &Option<ModelSpec>,
+) -> Result<Box<dyn CausalLm>, Box<dyn std::error::Error>> {
+    Ok(load_model(model_path(model)?)?)
 }
 
 /// Arguments of `tq fetch-model`.
@@ -131,10 +108,16 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Attention backend: `cpu` (the cache crate's fused kernel) or `wgpu` (the GPU kernels of
-    /// `tq-attention-wgpu` on the first adapter wgpu finds; `WGPU_BACKEND` picks the API).
+    /// Attention backend: `cpu` (the cache crate's kernels, see --kernel) or `wgpu` (the GPU
+    /// kernels of `tq-attention-wgpu` on the first adapter wgpu finds; `WGPU_BACKEND` picks
+    /// the API).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    /// Attention kernel of the CPU backend: `fused` (any allocation) or `llamacpp` (the f16
+    /// kernel and model numerics of the reference engine, for token-for-token parity with it;
+    /// f16 caches only).
+    #[arg(long, value_enum, default_value_t = KernelChoice::Fused)]
+    kernel: KernelChoice,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
     /// first use) or a .gguf file.
     #[arg(long)]
@@ -157,7 +140,7 @@ pub struct GenerateArgs {
 /// Where `tq generate` runs attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
-    /// The CPU cache and its fused kernel.
+    /// The CPU cache, with the kernel --kernel picks.
     Cpu,
     /// The GPU kernels through wgpu.
     Wgpu,
@@ -181,7 +164,7 @@ struct GenerateReport {
 /// wrong with the file is reported and ignored.
 fn warm_cache(
     path: &std::path::Path,
-    model: &Llama,
+    model: &dyn CausalLm,
     model_sha256: &str,
     allocation: &Allocation,
     prompt: &[u32],
@@ -234,14 +217,25 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     if args.prompt_cache.is_some() && args.backend == Backend::Wgpu {
         return Err("--prompt-cache needs the CPU backend (--backend cpu)".into());
     }
+    if args.kernel != KernelChoice::Fused && args.backend == Backend::Wgpu {
+        return Err(format!(
+            "--kernel {} is a CPU kernel: leave out --kernel with --backend wgpu, or use \
+             --backend cpu",
+            args.kernel.name()
+        )
+        .into());
+    }
     // The adapter first: a missing GPU fails before the model is mapped.
     let gpu = match args.backend {
         Backend::Cpu => None,
         Backend::Wgpu => Some(open_gpu()?),
     };
-    let model = Llama::load(model_path(&args.model, "generate")?)?;
+    let mut model = open_model(&args.model)?;
+    let kernel = args.kernel.apply(model.as_mut());
+    let model = &*model;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let allocation = Allocation::load(&args.alloc)?;
+    args.kernel.check(model, &allocation)?;
     let text = if args.chat {
         ChatTemplate::from_gguf(model.file())
             .unwrap_or_else(|_| ChatTemplate::smollm2())
@@ -251,14 +245,14 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     };
     let prompt = tokenizer.encode(&text)?;
     super::limits::check_run(
-        &model,
+        model,
         [&allocation],
         prompt.len() + args.max_tokens,
         "the prompt plus --max-tokens",
         &args.budget,
     )?;
     let capacity = prompt.len() + args.max_tokens;
-    let stop: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
+    let stop: Vec<u32> = ["<|im_end|>", "<|endoftext|>", "<end_of_turn>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
         .chain(tokenizer.eos_id())
@@ -266,7 +260,7 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     let options = GenerationOptions {
         max_tokens: args.max_tokens,
         stop_tokens: stop,
-        kernel: AttentionKernel::Fused,
+        kernel,
         ..GenerationOptions::default()
     };
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed);
@@ -289,13 +283,15 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     let (out, cache_bytes) = match (&gpu, &args.prompt_cache) {
         (_, Some(path)) => {
             let model_sha256 = sha256_hex(model.file().bytes());
+            // The first batch a cold run calibrates on: the chunk `generate` really runs.
+            let first_chunk = options.prefill_chunk.clamp(1, model.max_chunk());
             let (mut cache, keep) = warm_cache(
                 path,
-                &model,
+                model,
                 &model_sha256,
                 &allocation,
                 &prompt,
-                options.prefill_chunk,
+                first_chunk,
             )?;
             reused = Some(keep);
             // Everything but the last prompt token, so the saved cache serves this very prompt
@@ -308,7 +304,7 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
                     ..options.clone()
                 };
                 generate(
-                    &model,
+                    model,
                     &mut cache,
                     &prompt[keep..last],
                     &mut Sampler::new(0.0, 1.0, 0),
@@ -325,7 +321,7 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
                 eprintln!("[prompt cache {} not saved: {e}]", path.display());
             }
             let out = generate(
-                &model,
+                model,
                 &mut cache,
                 &prompt[last..],
                 &mut sampler,
@@ -337,21 +333,17 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
         }
         (None, None) => {
             let mut cache = model.new_cache(&allocation, capacity)?;
-            let out = generate(
-                &model,
-                &mut cache,
-                &prompt,
-                &mut sampler,
-                &options,
-                on_token,
-            )?;
+            let out = generate(model, &mut cache, &prompt, &mut sampler, &options, on_token)?;
             let bytes = cache.memory().iter().map(|m| m.allocated_bytes).sum();
             (out, bytes)
         }
         (Some(ctx), None) => {
-            let mut backend = WgpuAttention::for_model(ctx, &model, &allocation)?;
+            // The CPU cache of this allocation is the template of the GPU caches (codecs,
+            // seeds, ring sizes); what the GPU kernels do not implement is refused here.
+            let template = model.new_cache(&allocation, 1)?;
+            let mut backend = WgpuAttention::new(ctx, &template)?;
             let out = generate_with(
-                &model,
+                model,
                 &mut backend,
                 0,
                 &prompt,
@@ -391,8 +383,8 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
             cache_bytes,
             allocation.name,
             match args.backend {
-                Backend::Cpu => "cpu",
-                Backend::Wgpu => "wgpu",
+                Backend::Cpu => format!("cpu {}", args.kernel.name()),
+                Backend::Wgpu => "wgpu".to_string(),
             }
         );
         if let (Some(keep), Some(ttft)) = (reused, first_token.get()) {
@@ -470,28 +462,26 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
         *counts.entry(format!("{:?}", t.ggml_type)).or_insert(0usize) += 1;
     }
     println!("\ntensor types: {counts:?}");
-    let Ok(config) = LlamaConfig::from_gguf(&gguf) else {
-        if gguf
-            .metadata()
-            .str("general.architecture")
-            .is_ok_and(|arch| arch == "gemma3")
-        {
-            println!(
-                "\ncache bytes per token: not shown for gemma3 yet (its sliding and global \
-                 layer states come with the forward pass, issue 13)"
-            );
+    let model = match load_model(&path) {
+        Ok(model) => model,
+        Err(e) => {
+            println!("\ncache bytes per token: not shown ({e})");
+            return Ok(());
         }
-        return Ok(());
     };
+    let dims = model.dims();
     println!(
-        "\n{} layers × {} KV heads × head dim {}: cache bytes per token per allocation",
-        config.layers, config.kv_heads, config.head_dim
+        "\n{}: {} layers × {} KV heads × head dim {}; {}\n\
+         cache bytes per token per allocation, every layer storing the token:",
+        model.architecture(),
+        dims.layers,
+        dims.kv_heads,
+        dims.head_dim,
+        layer_kinds(&model.state_specs(Growth::Static { capacity: 1 })),
     );
-    let shape = ModelShape {
-        num_layers: config.layers,
-        num_kv_heads: config.kv_heads,
-        head_dim: config.head_dim,
-    };
+    let shape = dims.model_shape();
+    // f16 keys and values of one token in every layer (positions left out, as in the plans).
+    let f16_per_token = model.f16_cache_bytes(1);
     let mut rows = Vec::new();
     for name in Allocation::preset_names() {
         let allocation = Allocation::preset(name)?;
@@ -506,10 +496,7 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
             format!("{bits_k:.3}"),
             format!("{bits_v:.3}"),
             bytes.to_string(),
-            format!(
-                "{:.2}×",
-                config.f16_cache_bytes_per_token() as f64 / bytes as f64
-            ),
+            format!("{:.2}×", f16_per_token as f64 / bytes as f64),
         ]);
     }
     println!(
@@ -525,5 +512,82 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
             &rows
         )
     );
+    if has_sliding_layers(model.as_ref()) {
+        println!("\n{}", sliding_global_table(model.as_ref())?);
+    }
     Ok(())
+}
+
+/// Whether any of `model`'s KV states is a sliding-window ring.
+fn has_sliding_layers(model: &dyn CausalLm) -> bool {
+    model
+        .state_specs(Growth::Static { capacity: 1 })
+        .iter()
+        .any(|spec| matches!(&spec.kind, StateKind::Kv { layout, .. } if layout.ring_slots().is_some()))
+}
+
+/// A model with sliding layers: per allocation, the bytes per token of the sliding and the
+/// global layers (all of each kind, positions included), and the whole cache at 4K, 16K and
+/// 32K tokens against f16 — the rows `tq bench states --model` gives, by formula.
+fn sliding_global_table(model: &dyn CausalLm) -> Result<String, Box<dyn std::error::Error>> {
+    let contexts = model_contexts(model.dims().context_length);
+    let mut names: Vec<&str> = vec!["f16"];
+    names.extend(Allocation::preset_names().filter(|n| *n != "f16"));
+    let mut f16_totals: Vec<usize> = Vec::new();
+    let mut rows = Vec::new();
+    let mut ring = 0;
+    for name in names {
+        let allocation = Allocation::preset(name)?;
+        // A one-token cache is a template: ring states are allocated in full, growing ones
+        // are counted at each context by the formula.
+        let template = model.new_cache(&allocation, 1)?;
+        let mut row = vec![name.to_string()];
+        let (mut sliding, mut global) = (0, 0);
+        let mut totals = Vec::new();
+        for &context in &contexts {
+            let classes = class_rows(model.architecture(), &template, name, context);
+            for c in &classes {
+                match c.class {
+                    "sliding-kv" => {
+                        sliding = c.class_bytes_per_token;
+                        ring = ring.max(c.slots);
+                    }
+                    "full-kv" => global = c.class_bytes_per_token,
+                    _ => {}
+                }
+            }
+            totals.push(classes.iter().map(|c| c.formula_bytes).sum::<usize>());
+        }
+        if name == "f16" {
+            f16_totals = totals.clone();
+        }
+        row.push(sliding.to_string());
+        row.push(global.to_string());
+        for (total, f16) in totals.iter().zip(&f16_totals) {
+            row.push(format!("{:.2}", *total as f64 / 1_048_576.0));
+            row.push(format!("{:.2}×", *f16 as f64 / *total as f64));
+        }
+        rows.push(row);
+    }
+    let mut header = vec![
+        "allocation".to_string(),
+        "sliding B/token".to_string(),
+        "global B/token".to_string(),
+    ];
+    for context in &contexts {
+        header.push(format!("MiB at {}K", context / 1024));
+        header.push("vs f16".to_string());
+    }
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    Ok(format!(
+        "Sliding and global layers: bytes per token of all sliding layers together (each keeps \
+         at most its ring of {ring} slots, so their bytes stop growing there) and of all global \
+         layers (every token), positions included; the whole cache at {}:\n{}",
+        contexts
+            .iter()
+            .map(|c| format!("{c}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        table(&header, &rows)
+    ))
 }

@@ -10,7 +10,6 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::chat::ChatTemplate;
 use tq_models::fetch::ModelSpec;
-use tq_models::llama::Llama;
 use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
 use tq_models::tokenizer::Tokenizer;
 
@@ -62,8 +61,6 @@ const MODEL_ALLOCS: [&str; 4] = ["f16", "k5v4", "tq3.5", "mse-k4v4"];
 const MODEL_CONTEXTS: [usize; 2] = [1024, 2048];
 const SYNTHETIC_ALLOCS: [&str; 5] = ["f16", "k5v4", "mse-k4v4", "tq3.5", "tq2.5"];
 const SYNTHETIC_CONTEXTS: [usize; 4] = [16_384, 32_768, 65_536, 131_072];
-
-pub(crate) use super::model::model_path;
 
 /// A progress bar on stderr (drawn only on a terminal, so `--json` output and logs stay clean).
 pub(crate) fn progress(len: u64) -> ProgressBar {
@@ -128,9 +125,10 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let allocations = load_allocations(&or_default(&args.alloc, &MODEL_ALLOCS))?;
     let contexts = or_default(&args.contexts, &MODEL_CONTEXTS);
-    let model = Llama::load(model_path(&args.model, "needle")?)?;
+    let model = super::model::open_model(&args.model)?;
+    let model = &*model;
     super::limits::check_run(
-        &model,
+        model,
         &allocations,
         contexts.iter().max().copied().unwrap_or(0) + args.max_tokens,
         "the longest --contexts plus --max-tokens",
@@ -158,7 +156,7 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
                     100.0 * depth
                 ));
                 let row = run_prompt(
-                    &model,
+                    model,
                     &tokenizer,
                     &prompt,
                     &allocation.name,

@@ -4,37 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use tq_cache::allocation::Allocation;
-use tq_cache::attention::AttentionKernel;
 use tq_models::eval::{PerplexityOptions, PerplexityReport, perplexity};
 use tq_models::fetch::ModelSpec;
-use tq_models::llama::Llama;
 use tq_models::tokenizer::Tokenizer;
 
 use super::eval::load_allocations;
-use super::needle::{model_path, progress};
+use super::kernel::KernelChoice;
+use super::model::open_model;
+use super::needle::progress;
 use crate::output::table;
-
-/// Which attention kernel every run uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KernelChoice {
-    /// The cache crate's fused kernel (scores packed codes; f32 sums).
-    Fused,
-    /// The f16 kernel that rounds like the reference engine's flash attention (f16/f32
-    /// caches only): for parity with its published figures.
-    Llamacpp,
-}
-
-impl KernelChoice {
-    /// The cache crate's kernel.
-    pub fn kernel(self) -> AttentionKernel {
-        match self {
-            KernelChoice::Fused => AttentionKernel::Fused,
-            KernelChoice::Llamacpp => AttentionKernel::LlamaCppF16,
-        }
-    }
-}
 
 /// Arguments of `tq perplexity`.
 #[derive(Args, Debug)]
@@ -57,7 +37,8 @@ pub struct PerplexityArgs {
     /// The base allocation of `--kl-divergence`.
     #[arg(long, default_value = "f16")]
     base: String,
-    /// Attention kernel of every run (`llamacpp` needs f16 or f32 caches).
+    /// Attention kernel of every run: `fused`, or `llamacpp` (the reference engine's f16 kernel
+    /// and model numerics for this model; f16 caches only).
     #[arg(long, value_enum, default_value = "fused")]
     kernel: KernelChoice,
     /// Tokens per forward call inside a chunk (prefill chunking through the cache under test).
@@ -96,9 +77,14 @@ pub fn run(args: &PerplexityArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let model = Llama::load(model_path(&args.model, "perplexity")?)?;
+    let mut model = open_model(&args.model)?;
+    let kernel = args.kernel.apply(model.as_mut());
+    let model = &*model;
+    for allocation in allocations.iter().map(|(_, a)| a).chain(&base) {
+        args.kernel.check(model, allocation)?;
+    }
     super::limits::check_run(
-        &model,
+        model,
         allocations.iter().map(|(_, a)| a).chain(&base),
         args.ctx,
         "--ctx",
@@ -114,12 +100,12 @@ pub fn run(args: &PerplexityArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = PerplexityOptions {
         ctx: args.ctx,
         prefill_chunk: args.prefill_chunk,
-        kernel: args.kernel.kernel(),
+        kernel,
         max_chunks: args.chunks,
     };
     let bar = progress(0);
     let report = perplexity(
-        &model,
+        model,
         &tokens,
         bos,
         base.as_ref().map(|b| (b.name.as_str(), b)),

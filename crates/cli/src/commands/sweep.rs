@@ -9,17 +9,17 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 use tq_cache::allocation::Allocation;
-use tq_cache::allocation::{ModelShape, StreamKind};
+use tq_cache::allocation::StreamKind;
 use tq_models::chat::ChatTemplate;
 use tq_models::eval::sensitivity::{bytes_per_token, raised, rank, spend_budget};
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
 use tq_models::fetch::ModelSpec;
-use tq_models::llama::Llama;
 use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
 use tq_models::tokenizer::Tokenizer;
 
 use super::eval::{load_allocations, text_tokens};
-use super::needle::{model_path, progress};
+use super::model::open_model;
+use super::needle::progress;
 use crate::plot::{Better, Point, Scatter, pareto_front, write_scatter};
 
 /// Arguments of `tq sweep`.
@@ -129,20 +129,24 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let model = Llama::load(model_path(&args.model, "sweep")?)?;
+    let model = open_model(&args.model)?;
+    let model = &*model;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,
         &args.text,
         args.tokens,
-        model.config.context_length,
+        model.dims().context_length,
     )?;
     let needle_cells = if args.no_needle {
         0
     } else {
         args.contexts.len() * args.depths.len() * allocations.len()
     };
-    let chunks = tokens.len().div_ceil(args.prefill_chunk.max(1));
+    // The evaluation runs chunks of at most the model's longest forward call.
+    let chunks = tokens
+        .len()
+        .div_ceil(args.prefill_chunk.clamp(1, model.max_chunk()));
     let reference = Allocation::preset("f16")?;
     let has_reference = allocations.iter().any(|(_, a)| *a == reference);
     let eval_calls = chunks * (allocations.len() + usize::from(!has_reference))
@@ -159,7 +163,7 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         ..EvalOptions::default()
     };
     let report = evaluate(
-        &model,
+        model,
         &tokens,
         ("f16", &reference),
         &allocations,
@@ -185,7 +189,7 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
                         100.0 * depth
                     ));
                     needle_rows.push(run_prompt(
-                        &model,
+                        model,
                         &tokenizer,
                         &prompt,
                         name,
@@ -447,19 +451,16 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (base_name, base) = allocations.swap_remove(0);
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let model = Llama::load(model_path(&args.model, "sweep")?)?;
+    let model = open_model(&args.model)?;
+    let model = &*model;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,
         &args.text,
         args.tokens,
-        model.config.context_length,
+        model.dims().context_length,
     )?;
-    let shape = ModelShape {
-        num_layers: model.config.layers,
-        num_kv_heads: model.config.kv_heads,
-        head_dim: model.config.head_dim,
-    };
+    let shape = model.dims().model_shape();
     let base_bytes = bytes_per_token(&base, &shape)?;
     let mut lanes = vec![(base_name.clone(), base.clone())];
     let mut variants = Vec::new();
@@ -485,7 +486,7 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         tokens.len()
     ));
     let report = evaluate(
-        &model,
+        model,
         &tokens,
         ("f16", &reference),
         &lanes,
@@ -536,7 +537,7 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         let path = args.out.join(format!("{}.toml", allocation.name));
         write(&path, &allocation.to_toml_string()?)?;
         let check = evaluate(
-            &model,
+            model,
             &tokens,
             ("f16", &reference),
             &[

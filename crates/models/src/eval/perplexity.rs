@@ -31,7 +31,8 @@ use tq_cache::states::{ModelCache, StateKind};
 use super::EvalError;
 use super::kld::{BaseLogProbs, KldStats, KldSummary};
 use super::metrics::negative_log_likelihood;
-use crate::llama::{ForwardScratch, Llama, Logits};
+use crate::causal_lm::CausalLm;
+use crate::llama::{ForwardScratch, Logits};
 
 /// How to run the protocol.
 #[derive(Clone, Debug)]
@@ -123,7 +124,7 @@ struct Lane {
 
 impl Lane {
     fn new(
-        model: &Llama,
+        model: &dyn CausalLm,
         name: &str,
         allocation: &Allocation,
         ctx: usize,
@@ -143,7 +144,7 @@ impl Lane {
     /// position in order.
     fn run_chunk(
         &mut self,
-        model: &Llama,
+        model: &dyn CausalLm,
         chunk: &[u32],
         positions: &[u32],
         options: &PerplexityOptions,
@@ -153,10 +154,10 @@ impl Lane {
         let clock = Instant::now();
         self.cache.reset();
         let first = options.ctx / 2;
-        let vocab = model.config.vocab;
+        let vocab = model.dims().vocab;
         let mut start = 0;
         while start < chunk.len() {
-            let end = (start + options.prefill_chunk).min(chunk.len());
+            let end = (start + options.prefill_chunk.min(model.max_chunk())).min(chunk.len());
             // Only positions ctx/2 .. ctx−2 are scored: a piece that holds none of them needs
             // no logits but its last row (the model computes at least that one).
             let wanted = end > first && start < chunk.len() - 1;
@@ -184,11 +185,16 @@ impl Lane {
 
     /// The lane's figures. Call after the chunks ran: a centered stream's mean exists (and
     /// is counted in the bits) only once the stream has seen its first chunk.
-    fn row(&self, model: &Llama, ctx: usize, chunks: usize) -> Result<PerplexityRow, EvalError> {
+    fn row(
+        &self,
+        model: &dyn CausalLm,
+        ctx: usize,
+        chunks: usize,
+    ) -> Result<PerplexityRow, EvalError> {
         let shape = ModelShape {
-            num_layers: model.config.layers,
-            num_kv_heads: model.config.kv_heads,
-            head_dim: model.config.head_dim,
+            num_layers: model.dims().layers,
+            num_kv_heads: model.dims().kv_heads,
+            head_dim: model.dims().head_dim,
         };
         let bits_per_value = all_in_bits_per_value(&self.allocation, &shape, &self.cache, ctx)?;
         let KldSummary {
@@ -298,7 +304,7 @@ pub fn check_windows<'a>(
 /// when the model adds one (it overwrites each chunk's first token). `progress(done, total)`
 /// is called after every chunk of every allocation.
 pub fn perplexity(
-    model: &Llama,
+    model: &dyn CausalLm,
     tokens: &[u32],
     bos: Option<u32>,
     base: Option<(&str, &Allocation)>,
@@ -313,7 +319,7 @@ pub fn perplexity(
             options.prefill_chunk
         )));
     }
-    let context = model.config.context_length;
+    let context = model.dims().context_length;
     if ctx > context {
         return Err(EvalError::TooManyTokens {
             tokens: ctx,

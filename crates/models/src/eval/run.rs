@@ -11,7 +11,8 @@ use super::EvalError;
 use super::memory::{CacheCost, cache_cost, peak_rss_bytes, reset_peak_rss};
 use super::metrics::{TextMetrics, TextSummary, argmax, log_softmax_into};
 use super::score_probe::{ReconstructionStats, ScoreProbe, ScoreRecord};
-use crate::llama::{AttentionBackend, CpuAttention, ForwardScratch, Llama, Logits};
+use crate::causal_lm::CausalLm;
+use crate::llama::{AttentionBackend, CpuAttention, ForwardScratch, Logits};
 
 /// How to evaluate.
 #[derive(Clone, Debug)]
@@ -120,7 +121,7 @@ struct Lane {
 
 impl Lane {
     fn new(
-        model: &Llama,
+        model: &dyn CausalLm,
         name: &str,
         allocation: &Allocation,
         tokens: usize,
@@ -130,7 +131,7 @@ impl Lane {
             name: name.to_string(),
             allocation: allocation.clone(),
             cache: model.new_cache(allocation, tokens)?,
-            record: score_error.then(|| ScoreRecord::new(model.config.layers)),
+            record: score_error.then(|| ScoreRecord::new(model.dims().layers)),
             metrics: TextMetrics::default(),
             seconds: 0.0,
             decode_seconds: 0.0,
@@ -140,7 +141,7 @@ impl Lane {
     /// Runs one chunk; returns its logits `[chunk, vocab]`.
     fn forward<'s>(
         &mut self,
-        model: &Llama,
+        model: &dyn CausalLm,
         chunk: &[u32],
         positions: &[u32],
         kernel: AttentionKernel,
@@ -173,7 +174,7 @@ impl Lane {
     /// measures what generation costs).
     fn decode(
         &mut self,
-        model: &Llama,
+        model: &dyn CausalLm,
         first: u32,
         steps: usize,
         kernel: AttentionKernel,
@@ -204,7 +205,7 @@ impl Lane {
 /// position. An allocation equal to the reference (same settings) is run once and serves as
 /// both. `progress(done, total)` is called after every forward call.
 pub fn evaluate(
-    model: &Llama,
+    model: &dyn CausalLm,
     tokens: &[u32],
     reference: (&str, &Allocation),
     allocations: &[(String, Allocation)],
@@ -215,7 +216,7 @@ pub fn evaluate(
     if n < 2 {
         return Err(EvalError::TooFewTokens(n));
     }
-    let context = model.config.context_length;
+    let context = model.dims().context_length;
     if n > context {
         return Err(EvalError::TooManyTokens { tokens: n, context });
     }
@@ -243,8 +244,8 @@ pub fn evaluate(
         Some(_) => None,
         None => Some(Lane::new(model, reference.0, reference.1, n, false)?),
     };
-    let vocab = model.config.vocab;
-    let chunk = options.prefill_chunk.min(n);
+    let vocab = model.dims().vocab;
+    let chunk = options.prefill_chunk.min(n).min(model.max_chunk());
     let positions: Vec<u32> = (0..n as u32).collect();
     let mut scratch = ForwardScratch::default();
     let mut reference_log_probs = vec![0.0f32; chunk * vocab];
@@ -303,9 +304,9 @@ pub fn evaluate(
         }
     }
     let shape = ModelShape {
-        num_layers: model.config.layers,
-        num_kv_heads: model.config.kv_heads,
-        head_dim: model.config.head_dim,
+        num_layers: model.dims().layers,
+        num_kv_heads: model.dims().kv_heads,
+        head_dim: model.dims().head_dim,
     };
     let rows = lanes
         .iter()

@@ -42,6 +42,17 @@ pub enum ModelError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A position at or beyond the model's trained context.
+    #[error(
+        "position {position} is beyond the model's trained context of {context} tokens: \
+         shorten the input (or the requested context) to at most {context} tokens"
+    )]
+    ContextOverflow {
+        /// The first position out of range.
+        position: usize,
+        /// The trained context length.
+        context: usize,
+    },
     /// The call's arguments contradict each other.
     #[error("invalid forward call: {0}")]
     InvalidCall(String),

@@ -8,8 +8,9 @@ use tq_cache::attention::AttentionKernel;
 use tq_cache::states::ModelCache;
 
 use super::attention_backend::{AttentionBackend, CpuAttention};
-use super::model::{ForwardScratch, Llama, Logits};
+use super::model::{ForwardScratch, Logits};
 use super::{ModelError, Sampler};
+use crate::causal_lm::CausalLm;
 
 /// How to generate.
 #[derive(Clone, Debug)]
@@ -72,7 +73,7 @@ impl Generation {
 /// `options.max_tokens` tokens, calling `on_token` for each as it is chosen. Attention runs
 /// on the CPU with `options.kernel`; [`generate_with`] takes any backend.
 pub fn generate(
-    model: &Llama,
+    model: &dyn CausalLm,
     cache: &mut ModelCache,
     prompt: &[u32],
     sampler: &mut Sampler,
@@ -99,7 +100,7 @@ pub fn generate(
 /// instrumented backend) whose cache already holds `start` tokens (positions `0..start`).
 /// `options.kernel` is ignored: the backend decides how attention runs.
 pub fn generate_with(
-    model: &Llama,
+    model: &dyn CausalLm,
     backend: &mut dyn AttentionBackend,
     start: usize,
     prompt: &[u32],
@@ -118,7 +119,7 @@ pub fn generate_with(
         ..Generation::default()
     };
     let clock = Instant::now();
-    let chunk = options.prefill_chunk.max(1);
+    let chunk = options.prefill_chunk.clamp(1, model.max_chunk());
     let mut done = start;
     let mut next = 0u32;
     for piece in prompt.chunks(chunk) {

@@ -13,71 +13,11 @@ use super::attention_backend::{AttentionBackend, CpuAttention};
 use super::ops::{rms_norm, rope, swiglu};
 use super::weights::LlamaWeights;
 use super::{LlamaConfig, ModelError};
+use crate::causal_lm::{CausalLm, ModelDims};
+use crate::forward_scratch::resize;
+pub use crate::forward_scratch::{ForwardScratch, Logits};
 use crate::gguf::Gguf;
-use crate::quant::MatvecScratch;
-
-/// Which positions get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token of the call (generation).
-    Last,
-    /// Every token of the call (perplexity, KL divergence).
-    All,
-}
-
-/// Buffers of one forward call, reused across calls: after the first call of a given chunk
-/// size nothing is allocated per token.
-#[derive(Debug, Default)]
-pub struct ForwardScratch {
-    /// `[n, embedding]` residual stream.
-    x: Vec<f32>,
-    /// `[n, embedding]` normalized input of a sub-block.
-    h: Vec<f32>,
-    /// `[n, heads·head_dim]`.
-    q: Vec<f32>,
-    /// `[n, kv_heads·head_dim]`.
-    k: Vec<f32>,
-    /// `[n, kv_heads·head_dim]`.
-    v: Vec<f32>,
-    /// `[n, heads·head_dim]` attention output.
-    attn: Vec<f32>,
-    /// `[n, embedding]` a sub-block's output before the residual add.
-    delta: Vec<f32>,
-    /// `[n, feed_forward]`.
-    gate: Vec<f32>,
-    /// `[n, feed_forward]`.
-    up: Vec<f32>,
-    /// `[n or 1, vocab]`.
-    logits: Vec<f32>,
-    matvec: MatvecScratch,
-}
-
-impl ForwardScratch {
-    /// Bytes the buffers hold (their capacities): the working memory of the largest call so
-    /// far, what a memory budget adds to the cache for "one chunk of scratch".
-    pub fn allocated_bytes(&self) -> usize {
-        let floats: usize = [
-            &self.x,
-            &self.h,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.attn,
-            &self.delta,
-            &self.gate,
-            &self.up,
-            &self.logits,
-        ]
-        .iter()
-        .map(|b| b.capacity())
-        .sum();
-        4 * floats + self.matvec.allocated_bytes()
-    }
-}
-
-fn resize(buffer: &mut Vec<f32>, len: usize) {
-    buffer.resize(len, 0.0);
-}
+use crate::quant::KQuantOrder;
 
 /// A Llama model over a memory-mapped GGUF file.
 #[derive(Clone, Debug)]
@@ -86,6 +26,8 @@ pub struct Llama {
     pub config: LlamaConfig,
     /// The weights.
     pub weights: LlamaWeights,
+    /// The summation order of the K-format weight products (SmolLM2 has none).
+    pub k_order: KQuantOrder,
     file: Arc<Gguf>,
 }
 
@@ -102,6 +44,7 @@ impl Llama {
         Ok(Self {
             config,
             weights,
+            k_order: KQuantOrder::default(),
             file,
         })
     }
@@ -179,14 +122,14 @@ impl Llama {
             )));
         }
         let new_positions = &positions[positions.len() - n..];
-        if new_positions
+        if let Some(&p) = new_positions
             .iter()
-            .any(|&p| p as usize >= c.context_length)
+            .find(|&&p| p as usize >= c.context_length)
         {
-            return Err(ModelError::InvalidCall(format!(
-                "position beyond the model's context of {} tokens",
-                c.context_length
-            )));
+            return Err(ModelError::ContextOverflow {
+                position: p as usize,
+                context: c.context_length,
+            });
         }
         let (e, qd, kvd, f) = (
             c.embedding,
@@ -195,6 +138,7 @@ impl Llama {
             c.feed_forward,
         );
         let s = scratch;
+        s.matvec.set_k_order(self.k_order);
         for (buffer, width) in [
             (&mut s.x, e),
             (&mut s.h, e),
@@ -280,5 +224,51 @@ impl Llama {
             .output
             .matmul(&s.h[..count * e], count, &mut s.logits, &mut s.matvec)?;
         Ok(&s.logits)
+    }
+}
+
+impl CausalLm for Llama {
+    fn architecture(&self) -> &'static str {
+        "llama"
+    }
+
+    fn dims(&self) -> ModelDims {
+        let c = &self.config;
+        ModelDims {
+            layers: c.layers,
+            embedding: c.embedding,
+            q_heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            vocab: c.vocab,
+            context_length: c.context_length,
+        }
+    }
+
+    fn file(&self) -> &Arc<Gguf> {
+        Llama::file(self)
+    }
+
+    fn state_specs(&self, growth: Growth) -> Vec<StateSpec> {
+        Llama::state_specs(self, growth)
+    }
+
+    fn forward_with<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        backend: &mut dyn AttentionBackend,
+        logits: Logits,
+        scratch: &'s mut ForwardScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        Llama::forward_with(self, tokens, positions, backend, logits, scratch)
+    }
+
+    fn set_llamacpp_numerics(&mut self, on: bool) {
+        self.k_order = if on {
+            KQuantOrder::LlamaCppX86
+        } else {
+            KQuantOrder::VecDot
+        };
     }
 }

@@ -60,7 +60,13 @@ pub struct LlamaWeights {
     pub layers: Vec<LayerWeights>,
 }
 
-fn matrix(file: &Arc<Gguf>, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+/// The weight matrix `name`, checked to be `rows × cols` in a supported block format.
+pub(crate) fn matrix(
+    file: &Arc<Gguf>,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Weight, ModelError> {
     let view = file.tensor_data(name)?;
     let expected = vec![cols as u64, rows as u64];
     if view.dims() != expected.as_slice() {
@@ -81,7 +87,8 @@ fn matrix(file: &Arc<Gguf>, name: &str, rows: usize, cols: usize) -> Result<Weig
     Ok(QuantMatrix::new(kind, rows, cols, bytes)?)
 }
 
-fn vector(file: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+/// The f32 vector `name` of length `len` (dequantized if stored otherwise).
+pub(crate) fn vector(file: &Gguf, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let view = file.tensor_data(name)?;
     if view.dims() != [len as u64] {
         return Err(ModelError::Shape {

@@ -5,9 +5,10 @@ use serde::Serialize;
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
 
+use crate::causal_lm::CausalLm;
 use crate::chat::ChatTemplate;
 use crate::llama::generate::generate;
-use crate::llama::{GenerationOptions, Llama, Sampler};
+use crate::llama::{GenerationOptions, Sampler};
 use crate::tokenizer::Tokenizer;
 
 use super::prompt::{NeedlePrompt, build_prompt};
@@ -79,7 +80,7 @@ impl NeedleRow {
 /// fresh cache with `allocation` (reported as `alloc_name`).
 #[allow(clippy::too_many_arguments)]
 pub fn run_cell(
-    model: &Llama,
+    model: &dyn CausalLm,
     tokenizer: &Tokenizer,
     spec: &NeedleSpec,
     alloc_name: &str,
@@ -100,7 +101,7 @@ pub fn run_cell(
 /// once); `context` and `depth` are recorded in the row as requested.
 #[allow(clippy::too_many_arguments)]
 pub fn run_prompt(
-    model: &Llama,
+    model: &dyn CausalLm,
     tokenizer: &Tokenizer,
     prompt: &NeedlePrompt,
     alloc_name: &str,
@@ -110,10 +111,10 @@ pub fn run_prompt(
     options: &NeedleOptions,
 ) -> Result<NeedleRow, NeedleError> {
     let needed = prompt.tokens.len() + options.max_tokens;
-    if needed > model.config.context_length {
+    if needed > model.dims().context_length {
         return Err(NeedleError::ContextTooLong {
             needed,
-            limit: model.config.context_length,
+            limit: model.dims().context_length,
         });
     }
     let mut cache = model.new_cache(allocation, needed)?;

@@ -66,7 +66,10 @@ pub enum QuantError {
         value: f32,
     },
     /// The format has no quantized-activation (integer) dot product.
-    #[error("{kind} has no Q8-activation dot product (only Q4_0, Q4_1, Q5_0 and Q8_0 do)")]
+    #[error(
+        "{kind} has no quantized-activation dot product (Q4_0, Q4_1, Q5_0 and Q8_0 take Q8 \
+         activations, Q4_K and Q6_K Q8_K activations)"
+    )]
     NoQ8Dot {
         /// The format.
         kind: QuantKind,

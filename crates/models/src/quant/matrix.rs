@@ -4,10 +4,11 @@ use rayon::prelude::*;
 use tq_cache::attention::simd::Isa;
 
 use super::activation::Q8Activation;
+use super::activation_k::Q8KActivation;
 use super::dequant::dequantize_unchecked;
 use super::dot::{
-    Q8Kernel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_kernel, q8_rows_kernel,
-    q8_tile_kernel, scalar, usable,
+    KQuantOrder, Q8KKernel, Q8Kernel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_kernel,
+    q8_rows_kernel, q8_tile_kernel, q8k_kernel, scalar, usable,
 };
 use super::error::QuantError;
 use super::kind::QuantKind;
@@ -41,6 +42,8 @@ pub struct QuantMatrix<B = Vec<u8>> {
 pub struct MatvecScratch {
     isa: Isa,
     act: Q8Activation,
+    act_k: Q8KActivation,
+    k_order: KQuantOrder,
     out: Vec<f32>,
 }
 
@@ -61,8 +64,15 @@ impl MatvecScratch {
         Self {
             isa: usable(isa),
             act: Q8Activation::new(),
+            act_k: Q8KActivation::new(),
+            k_order: KQuantOrder::default(),
             out: Vec::new(),
         }
+    }
+
+    /// Sums the K formats' products in `order` (see [`KQuantOrder`]).
+    pub fn set_k_order(&mut self, order: KQuantOrder) {
+        self.k_order = order;
     }
 
     /// The instruction set the products run on.
@@ -72,7 +82,7 @@ impl MatvecScratch {
 
     /// Bytes the buffers hold (their capacities).
     pub fn allocated_bytes(&self) -> usize {
-        self.act.allocated_bytes() + 4 * self.out.capacity()
+        self.act.allocated_bytes() + self.act_k.allocated_bytes() + 4 * self.out.capacity()
     }
 
     /// The activation rows the last integer-path product quantized.
@@ -216,9 +226,19 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         check_len("matmul output", y_len, y.len())?;
         let data = self.data()?;
         let kernel = q8_kernel(self.kind, scratch.isa);
-        match kernel {
-            Some(_) => scratch.act.quantize(x, n, self.cols)?,
-            None => check_finite(x)?,
+        let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n);
+        match (kernel, kernel_k) {
+            (Some(_), _) => scratch.act.quantize(x, n, self.cols)?,
+            (None, Some(_)) => {
+                // The repacked Q4_K kernels read rows in whole groups of four, quantized by
+                // their own routine (see `Q8KActivation::quantize_grouped`).
+                let grouped = match (self.kind, scratch.k_order) {
+                    (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => n - n % 4,
+                    _ => 0,
+                };
+                scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
+            }
+            (None, None) => check_finite(x)?,
         }
         if n == 0 || self.rows == 0 {
             return Ok(());
@@ -237,7 +257,10 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             kernel,
             tile: q8_tile_kernel(self.kind, scratch.isa),
             rows: q8_rows_kernel(self.kind, scratch.isa),
+            kernel_k,
+            k_order: scratch.k_order,
             act: &scratch.act,
+            act_k: &scratch.act_k,
             x,
             cols: self.cols,
         };
@@ -290,7 +313,10 @@ struct RowDot<'a> {
     kernel: Option<Q8Kernel>,
     tile: Option<Q8TileKernel>,
     rows: Option<Q8RowsKernel>,
+    kernel_k: Option<Q8KKernel>,
+    k_order: KQuantOrder,
     act: &'a Q8Activation,
+    act_k: &'a Q8KActivation,
     x: &'a [f32],
     cols: usize,
 }
@@ -320,6 +346,15 @@ impl RowDot<'_> {
 
     /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`.
     fn eval_row(&self, w: &[u8], out: &mut [f32], buf: &mut Option<TileBuf>) {
+        if self.kernel_k.is_some() {
+            let n = out.len();
+            for (i, o) in out.iter_mut().enumerate() {
+                if let Some(kernel) = q8k_kernel(self.kind, self.k_order, i, n) {
+                    *o = kernel(w, &self.act_k.row_unchecked(i));
+                }
+            }
+            return;
+        }
         match (self.tile, self.kernel) {
             (Some(tile), _) if out.len() > 1 => {
                 let buf = buf.get_or_insert_with(TileBuf::new);

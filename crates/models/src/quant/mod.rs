@@ -8,7 +8,8 @@
 //!   and a shape: no dependency on the GGUF reader), with [`matvec`](QuantMatrix::matvec),
 //!   [`matmul`](QuantMatrix::matmul) for a chunk of activation rows, and
 //!   [`embedding_row`](QuantMatrix::embedding_row); [`MatvecScratch`] holds what they reuse.
-//! - [`dot_q8`] / [`dot_f32`]: the row kernels, public so they can be tested and compared.
+//! - [`dot_q8`] / [`dot_q8k`] / [`dot_f32`]: the row kernels, public so they can be tested and
+//!   compared.
 //!
 //! **Activation strategy.** Q4_0, Q4_1, Q5_0 and Q8_0 — the formats of the reference model (210
 //! Q4_1 matrices; the Q8_0 token embedding, which is also the tied output head) and Gemma 3's
@@ -16,9 +17,14 @@
 //! activation to Q8 blocks once per product ([`Q8Activation`], llama.cpp's `q8_0`/`q8_1`) and
 //! take integer block dot products, as llama.cpp does: its numerics are what the reference
 //! greedy continuations came from, the integer kernels do 32 multiply-adds per two
-//! instructions, and the activation is read at a quarter of its f32 size. The f32 strategy
-//! (dequantize, multiply by f32 activations) serves the other formats and is the reference the
-//! integer path is tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
+//! instructions, and the activation is read at a quarter of its f32 size. The K formats (Q4_K,
+//! Q6_K: Gemma 3's output projections and MLP down projections) quantize the activation to
+//! Q8_K super-blocks ([`Q8KActivation`], ggml's `quantize_row_q8_K_ref`) and sum exact integer
+//! products per super-block ([`dot_q8k`]) in one of two f32 orders ([`KQuantOrder`]): the
+//! AVX2 `vec_dot` order, or the batch-dependent order of llama.cpp's current x86 backend
+//! (repacked Q4_K, tiled Q6_K), which greedy parity with the Gemma 3 reference needs. The f32
+//! strategy (dequantize, multiply by f32 activations) serves F32 and F16 and is the reference
+//! the integer paths are tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
 //!
 //! **Instruction sets.** AVX2+FMA+F16C (runtime-detected; also used under [`Isa::Avx512`]) and
 //! NEON (aarch64) kernels compute the integer path; the scalar kernels are the reference and
@@ -38,6 +44,7 @@
 //! like F16C) and `rayon` for the row-parallel products.
 
 mod activation;
+mod activation_k;
 mod dequant;
 mod dot;
 mod error;
@@ -45,8 +52,9 @@ mod kind;
 mod matrix;
 
 pub use activation::{Q8_BLOCK, Q8Activation, Q8Row};
+pub use activation_k::{Q8KActivation, Q8KRow, QK_K};
 pub use dequant::{dequantize_row, unpack_q4k_scales};
-pub use dot::{dot_f32, dot_q8};
+pub use dot::{KQuantOrder, dot_f32, dot_q8, dot_q8k};
 pub use error::QuantError;
 pub use kind::QuantKind;
 pub use matrix::{MatvecScratch, QuantMatrix};

@@ -1,6 +1,6 @@
 //! Dot products of one quantized weight row with an activation row.
 //!
-//! Two strategies, chosen per format:
+//! Three strategies, chosen per format:
 //!
 //! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q5_0, Q8_0): the activation is
 //!   quantized once per matvec to Q8 blocks ([`Q8Activation`](super::Q8Activation)), each
@@ -13,11 +13,16 @@
 //!   would and multiplies 32 byte pairs per two instructions. The AVX2, NEON and scalar kernels
 //!   produce the same integer sums and the same f32 result bit for bit. (Q5_0 has no NEON
 //!   kernel: on aarch64 it runs the scalar kernel, which gives the same bits.)
+//! - **Q8_K activations, integer sums** ([`dot_q8k`]; Q4_K, Q6_K): 256-value super-blocks,
+//!   exact integer products scaled by the integer sub-block scales, combined in f32 in the
+//!   order [`KQuantOrder`] selects (see `kquant`). Scalar code for now (LLVM vectorizes the
+//!   integer loops).
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
-//!   activation. Used by the matvec for F32, F16, Q4_K and Q6_K (scalar), and as the
+//!   activation. Used by the matvec for F32 and F16, and as the
 //!   reference the integer path is tested against: the two differ by the activation's
 //!   quantization error, `|Σ_j w_j (x_j − x̂_j)| ≤ Σ_j |w_j|·d_x/2` per block, plus rounding.
 
+mod kquant;
 pub(crate) mod scalar;
 mod tile_buf;
 
@@ -29,8 +34,10 @@ mod x86;
 use tq_cache::attention::simd::Isa;
 
 use super::activation::Q8Row;
+use super::activation_k::Q8KRow;
 use super::error::QuantError;
 use super::kind::QuantKind;
+pub(crate) use kquant::Q8KKernel;
 pub(crate) use tile_buf::{TILE, TileBuf};
 
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
@@ -111,6 +118,44 @@ pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
         _ => return None,
     };
     Some(kernel)
+}
+
+/// The summation order of the K formats' products. Every order computes the same exact
+/// integer sums per block; they differ in how the f32 combination is grouped, which moves
+/// results by a few ulps — enough to flip greedy decoding at near-ties, so parity with the
+/// reference engine needs its order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KQuantOrder {
+    /// `ggml_vec_dot_q4_K_q8_K` / `ggml_vec_dot_q6_K_q8_K` (AVX2): eight lanes per row, for
+    /// every batch size.
+    #[default]
+    VecDot,
+    /// What llama.cpp's x86 CPU backend (the reference build) does, which depends on the batch:
+    /// Q4_K weights are repacked into interleaved groups of eight rows and multiplied by
+    /// `ggml_gemm_q4_K_8x8_q8_K` for the activation rows in whole groups of four and by
+    /// `ggml_gemv_q4_K_8x8_q8_K` for the rest; Q6_K goes through its tiled K-quant matmul for
+    /// batches of eight rows or more and through `ggml_vec_dot_q6_K_q8_K` below that.
+    LlamaCppX86,
+}
+
+/// The Q8_K-activation kernel for `kind` (Q4_K, Q6_K) in `order`, for activation row `row` of
+/// `rows` (the repacked order depends on it), or `None` for formats without one.
+pub(crate) fn q8k_kernel(
+    kind: QuantKind,
+    order: KQuantOrder,
+    row: usize,
+    rows: usize,
+) -> Option<Q8KKernel> {
+    match (kind, order) {
+        (QuantKind::Q4K, KQuantOrder::VecDot) => Some(kquant::dot_q4k),
+        (QuantKind::Q4K, KQuantOrder::LlamaCppX86) if row < rows - rows % 4 => {
+            Some(kquant::dot_q4k_repacked_gemm)
+        }
+        (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => Some(kquant::dot_q4k_repacked_gemv),
+        (QuantKind::Q6K, KQuantOrder::LlamaCppX86) if rows >= 8 => Some(kquant::dot_q6k_tiled),
+        (QuantKind::Q6K, _) => Some(kquant::dot_q6k),
+        _ => None,
+    }
 }
 
 /// Safe entry points to the AVX2 kernels, reachable only through [`q8_kernel`] and
@@ -233,6 +278,24 @@ fn check_row(kind: QuantKind, row: &[u8], cols: usize) -> Result<(), QuantError>
 pub fn dot_f32(kind: QuantKind, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     check_row(kind, row, x.len())?;
     Ok(scalar::dot_f32(kind, row, x))
+}
+
+/// `Σ_j w_j·x̂_j` of a K-format weight row (Q4_K, Q6_K) and a Q8_K-quantized activation row
+/// `x̂`, in `order` for activation row `batch_row` of a product over `batch_rows` rows (the
+/// llama.cpp x86 order depends on both). Every order computes the same exact integer sums per
+/// block; their f32 combinations differ by rounding only.
+pub fn dot_q8k(
+    kind: QuantKind,
+    row: &[u8],
+    act: &Q8KRow<'_>,
+    order: KQuantOrder,
+    batch_row: usize,
+    batch_rows: usize,
+) -> Result<f32, QuantError> {
+    let kernel =
+        q8k_kernel(kind, order, batch_row, batch_rows).ok_or(QuantError::NoQ8Dot { kind })?;
+    check_row(kind, row, act.len())?;
+    Ok(kernel(row, act))
 }
 
 /// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1, Q5_0 or Q8_0) and a Q8-quantized activation
