@@ -153,7 +153,7 @@ fn rules_must_say_something() {
     let m = parse_error(&format!(
         "{BASE}[[override]]\nlayers = []\nkey = {{ bits = 5 }}"
     ));
-    assert_names(&m, "override[0].layers", "must not be empty");
+    assert_names(&m, "override[0].layers", "selects no layer");
     let m = parse_error(&format!(
         "{BASE}[[override]]\nlayers = [0]\nheads = []\nkey = {{ bits = 5 }}"
     ));

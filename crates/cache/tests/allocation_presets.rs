@@ -50,7 +50,9 @@ fn the_preset_list_is_the_documented_one() {
             "k5v3-c",
             "rec4.25",
             "rec3.25",
-            "rec2.75"
+            "rec2.75",
+            "rec4.25-global",
+            "rec3.25-global"
         ]
     );
     let readme = include_str!("../presets/README.md");
@@ -104,7 +106,7 @@ fn every_preset_resolves_and_builds_with_honest_bytes() {
 /// Bits per value (keys, values) at d = 64 and d = 128, as `presets/README.md` states them.
 #[test]
 fn preset_costs_are_pinned() {
-    let expected: [(&str, [f64; 2], [f64; 2]); 12] = [
+    let expected: [(&str, [f64; 2], [f64; 2]); 14] = [
         ("f16", [16.0, 16.0], [16.0, 16.0]),
         ("mse-k4v4", [4.25, 4.25], [4.125, 4.125]),
         ("k5v4", [5.5, 4.25], [5.25, 4.125]),
@@ -117,6 +119,9 @@ fn preset_costs_are_pinned() {
         ("rec4.25", [5.25, 3.25], [5.125, 3.125]),
         ("rec3.25", [4.25, 2.25], [4.125, 2.125]),
         ("rec2.75", [3.25, 2.25], [3.125, 2.125]),
+        // Every layer of these shapes is global.
+        ("rec4.25-global", [5.25, 3.25], [5.125, 3.125]),
+        ("rec3.25-global", [4.25, 2.25], [4.125, 2.125]),
     ];
     for (name, small, large) in expected {
         let allocation = Allocation::preset(name).unwrap();
@@ -161,7 +166,9 @@ fn centered_presets_center_every_stream_and_pin_the_mean_bytes() {
     use tq_cache::center::CenterPolicy;
     for name in Allocation::preset_names() {
         let allocation = Allocation::preset(name).unwrap();
-        let centered = name.ends_with("-c") || Allocation::recommended_names().any(|r| r == name);
+        let centered = name.ends_with("-c")
+            || name.ends_with("-global")
+            || Allocation::recommended_names().any(|r| r == name);
         for shape in [SMALL, LARGE] {
             for layer in [0, shape.num_layers - 1] {
                 for stream in StreamKind::BOTH {

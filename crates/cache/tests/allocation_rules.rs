@@ -4,7 +4,7 @@
 //! inherited settings leaking across a codec switch.
 
 use tq_cache::CodecSpec;
-use tq_cache::allocation::{Allocation, StreamKind, StreamPlan};
+use tq_cache::allocation::{Allocation, LayerKind, StreamKind, StreamPlan};
 use tq_cache::codec::{MseSpec, ProdSpec};
 use tq_qjl::{SketchKind, SketchScale};
 use tq_rotation::RotationKind;
@@ -324,4 +324,127 @@ fn validate_for_checks_heads_against_the_model() {
         err,
         "`override[0].heads[1]`: KV head 3 is out of range for a model with 3 KV heads"
     );
+}
+
+/// The codec of `layer`'s keys on head 0 when the layer is of `kind`.
+fn key_codec_as(allocation: &Allocation, layer: usize, kind: LayerKind) -> CodecSpec {
+    match allocation
+        .resolve_stream_in(layer, kind, LAYERS, 0, DIM, StreamKind::Key)
+        .unwrap()
+        .plan
+    {
+        StreamPlan::Single(spec) => spec,
+        other => panic!("expected one codec, got {other:?}"),
+    }
+}
+
+/// `layer_kind` alone selects every layer of that kind and no other; with `layers`, only the
+/// listed layers of that kind; a later index rule still wins over an earlier kind rule.
+#[test]
+fn layer_kind_selects_by_kind_and_intersects_with_layers() {
+    let a = parse(
+        r#"name = "kinds"
+           key = { codec = "mse", bits = 4 }
+           value = { codec = "mse", bits = 4 }
+           [[override]]
+           layer_kind = "sliding"
+           key = { codec = "f16" }
+           [[override]]
+           layers = [2, 3]
+           layer_kind = "global"
+           key = { bits = 6 }
+           [[override]]
+           layers = [7]
+           key = { codec = "mse", bits = 2 }"#,
+    );
+    let f16 = CodecSpec::F16 { dim: DIM };
+    for layer in [0, 2, 3, 29] {
+        assert_eq!(
+            key_codec_as(&a, layer, LayerKind::Sliding),
+            f16,
+            "layer {layer}"
+        );
+    }
+    // The index rule comes after the kind rule: it switches layer 7 back to mse.
+    assert_eq!(mse(key_codec_as(&a, 7, LayerKind::Sliding)).bits, 2);
+    assert_eq!(mse(key_codec_as(&a, 0, LayerKind::Global)).bits, 4);
+    assert_eq!(mse(key_codec_as(&a, 2, LayerKind::Global)).bits, 6);
+    assert_eq!(mse(key_codec_as(&a, 3, LayerKind::Global)).bits, 6);
+    assert_eq!(mse(key_codec_as(&a, 4, LayerKind::Global)).bits, 4);
+    assert_eq!(mse(key_codec_as(&a, 7, LayerKind::Global)).bits, 2);
+    // `resolve` is the global view.
+    assert_eq!(
+        single(&a, 2, 0, StreamKind::Key),
+        key_codec_as(&a, 2, LayerKind::Global)
+    );
+    // Values are not touched by any rule.
+    let v = a
+        .resolve_stream_in(0, LayerKind::Sliding, LAYERS, 0, DIM, StreamKind::Value)
+        .unwrap();
+    assert_eq!(v.plan.bytes_per_token(), DIM * 4 / 8 + 2);
+}
+
+#[test]
+fn a_rule_must_select_layers_and_kinds_are_spelled_out() {
+    let none = Allocation::from_toml_str(&format!(
+        "{BASE}
+        [[override]]
+        key = {{ bits = 5 }}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        none.starts_with("`override[0].layers`: selects no layer") && none.contains("layer_kind"),
+        "{none}"
+    );
+    let typo = Allocation::from_toml_str(&format!(
+        "{BASE}
+        [[override]]
+        layer_kind = \"local\"
+        key = {{ bits = 5 }}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        typo.contains("layer_kind") && typo.contains("sliding"),
+        "{typo}"
+    );
+    let a = parse(&format!(
+        "{BASE}
+        [[override]]
+        layer_kind = \"sliding\"
+        layers = [1, -1]
+        key = {{ codec = \"f16\" }}"
+    ));
+    let text = a.to_toml_string().unwrap();
+    assert!(text.contains("layer_kind = \"sliding\""), "{text}");
+    assert_eq!(parse(&text), a);
+}
+
+/// The shipped `-global` presets leave sliding layers in f16 and are their base presets on
+/// global layers.
+#[test]
+fn global_presets_compress_only_global_layers() {
+    for (name, base) in [("rec4.25-global", "rec4.25"), ("rec3.25-global", "rec3.25")] {
+        let a = Allocation::preset(name).unwrap();
+        let b = Allocation::preset(base).unwrap();
+        for layer in [0, 5, 17] {
+            for stream in StreamKind::BOTH {
+                let at = |x: &Allocation, kind| {
+                    x.resolve_stream_in(layer, kind, 18, 0, 256, stream)
+                        .unwrap()
+                };
+                assert_eq!(
+                    at(&a, LayerKind::Global),
+                    at(&b, LayerKind::Global),
+                    "{name}"
+                );
+                assert_eq!(
+                    at(&a, LayerKind::Sliding).plan,
+                    StreamPlan::Single(CodecSpec::F16 { dim: 256 }),
+                    "{name}"
+                );
+            }
+        }
+    }
 }

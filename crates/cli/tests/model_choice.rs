@@ -116,6 +116,31 @@ fn the_llamacpp_kernel_refuses_compressed_caches_with_a_message() {
     }
 }
 
+/// Gemma 3 270M is a base model without a chat template: `--chat` says so instead of
+/// wrapping the prompt in another model's template.
+#[test]
+fn chat_without_a_template_is_a_message() {
+    if present(KnownModel::Gemma3_270m).is_none() {
+        return;
+    }
+    let (ok, _, stderr) = tq(&[
+        "generate",
+        "--model",
+        "gemma3-270m",
+        "--prompt",
+        "Hi",
+        "--chat",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--chat needs a ChatML chat template") && stderr.contains("without --chat"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn bad_model_choices_are_messages() {
     let (ok, _, stderr) = tq(&["tokenize", "--model", "gemma3", "--text", "x"]);

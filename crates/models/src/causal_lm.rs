@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tq_cache::allocation::{Allocation, ModelShape};
+use tq_cache::allocation::{Allocation, LayerKind, ModelShape};
 use tq_cache::attention::AttentionKernel;
 use tq_cache::states::{ModelCache, StateSpec};
 use tq_cache::token_store::Growth;
@@ -79,21 +79,41 @@ pub trait CausalLm: std::fmt::Debug + Send + Sync {
         usize::MAX
     }
 
+    /// Per layer, the ring of a sliding-window layer (`Some(slots)`: it holds at most that
+    /// many tokens, and its streams resolve as
+    /// [`LayerKind::Sliding`]) or `None` for a
+    /// global layer, which keeps every token.
+    fn ring_slots(&self) -> Vec<Option<usize>> {
+        let mut rings = vec![None; self.dims().layers];
+        for spec in self.state_specs(Growth::Static { capacity: 1 }) {
+            if let tq_cache::states::StateKind::Kv { layer, layout } = &spec.kind
+                && let Some(ring) = rings.get_mut(*layer)
+            {
+                *ring = layout.ring_slots();
+            }
+        }
+        rings
+    }
+
+    /// Per layer, whether it is a sliding-window or a global layer (what `layer_kind` in an
+    /// allocation's `[[override]]` selects).
+    fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.ring_slots()
+            .iter()
+            .map(|ring| match ring {
+                Some(_) => LayerKind::Sliding,
+                None => LayerKind::Global,
+            })
+            .collect()
+    }
+
     /// f16 cache bytes of a sequence of `tokens` tokens: the baseline a compressed cache is
     /// measured against (a sliding-window layer holds at most its ring).
     fn f16_cache_bytes(&self, tokens: usize) -> usize {
         let per_layer = self.dims().f16_bytes_per_token_per_layer();
-        self.state_specs(Growth::Static { capacity: tokens })
+        self.ring_slots()
             .iter()
-            .map(|spec| match &spec.kind {
-                tq_cache::states::StateKind::Kv { layout, .. } => {
-                    per_layer
-                        * layout
-                            .ring_slots()
-                            .map_or(tokens, |slots| slots.min(tokens))
-                }
-                _ => 0,
-            })
+            .map(|ring| per_layer * ring.map_or(tokens, |slots| slots.min(tokens)))
             .sum()
     }
 

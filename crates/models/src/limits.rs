@@ -3,7 +3,7 @@
 //! being discovered by a failed forward call or by the allocator half-way through a prefill.
 
 use tq_cache::TokenCodec;
-use tq_cache::allocation::{Allocation, AllocationError, ModelShape};
+use tq_cache::allocation::{Allocation, AllocationError, LayerKind, ModelShape, StreamKind};
 
 /// Why a run was refused before it started.
 #[derive(Debug, thiserror::Error)]
@@ -77,28 +77,68 @@ pub fn cache_bytes_for(
     shape: &ModelShape,
     tokens: usize,
 ) -> Result<u64, AllocationError> {
+    cache_bytes_for_layers(allocation, shape, &vec![None; shape.num_layers], tokens)
+}
+
+/// [`cache_bytes_for`] on a model with sliding-window layers: `rings[l]` is `Some(slots)` for
+/// a sliding layer, whose ring holds at most `slots` tokens (and whose streams resolve as
+/// [`LayerKind::Sliding`]), `None` for a global layer. `rings` has one entry per layer.
+///
+/// ```
+/// use tq_cache::allocation::{Allocation, ModelShape};
+/// use tq_models::limits::cache_bytes_for_layers;
+/// let shape = ModelShape { num_layers: 2, num_kv_heads: 1, head_dim: 256 };
+/// let f16 = Allocation::preset("f16").unwrap();
+/// // A global layer holds all 4096 tokens, a sliding one its 1023 slots: 1 KiB + 4 B each.
+/// let bytes = cache_bytes_for_layers(&f16, &shape, &[None, Some(1023)], 4096).unwrap();
+/// assert_eq!(bytes, (4096 + 1023) * (1024 + 4));
+/// ```
+pub fn cache_bytes_for_layers(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    rings: &[Option<usize>],
+    tokens: usize,
+) -> Result<u64, AllocationError> {
+    if rings.len() != shape.num_layers {
+        return Err(AllocationError::Shape(format!(
+            "{} ring sizes for a {}-layer model",
+            rings.len(),
+            shape.num_layers
+        )));
+    }
     let fp = TokenCodec::new(&allocation.fp_codec(shape.head_dim))
         .map(|c| c.bytes_per_token() as u64)
         .unwrap_or(2 * shape.head_dim as u64);
-    let copies = (allocation.sink_tokens + allocation.recent_fp_tokens).min(tokens) as u64;
     let mut bytes = 0u64;
-    for layer in 0..shape.num_layers {
+    for (layer, ring) in rings.iter().enumerate() {
+        // A ring keeps no full-precision sink or recent copies: its window is what attention
+        // sees, and a sink would have left the window.
+        let (kind, held, copies) = match *ring {
+            Some(slots) => (LayerKind::Sliding, tokens.min(slots), 0),
+            None => (
+                LayerKind::Global,
+                tokens,
+                (allocation.sink_tokens + allocation.recent_fp_tokens).min(tokens) as u64,
+            ),
+        };
         for head in 0..shape.num_kv_heads {
-            for stream in tq_cache::allocation::StreamKind::BOTH {
-                let r = allocation.resolve_stream(
+            for stream in StreamKind::BOTH {
+                let r = allocation.resolve_stream_in(
                     layer,
+                    kind,
                     shape.num_layers,
                     head,
                     shape.head_dim,
                     stream,
                 )?;
-                bytes += tokens as u64 * r.plan.bytes_per_token() as u64
+                bytes += held as u64 * r.plan.bytes_per_token() as u64
                     + r.metadata_bytes_per_head() as u64
                     + copies * fp;
             }
         }
+        bytes += 4 * held as u64;
     }
-    Ok(bytes + 4 * (tokens * shape.num_layers) as u64)
+    Ok(bytes)
 }
 
 /// Refuses a cache of `allocation` for `tokens` tokens whose [`cache_bytes_for`] exceeds
@@ -109,7 +149,25 @@ pub fn check_cache_budget(
     tokens: usize,
     budget: u64,
 ) -> Result<(), LimitError> {
-    let needed = cache_bytes_for(allocation, shape, tokens)?;
+    check_layers_budget(
+        allocation,
+        shape,
+        &vec![None; shape.num_layers],
+        tokens,
+        budget,
+    )
+}
+
+/// [`check_cache_budget`] with sliding-window layers counted at their rings (see
+/// [`cache_bytes_for_layers`]).
+pub fn check_layers_budget(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    rings: &[Option<usize>],
+    tokens: usize,
+    budget: u64,
+) -> Result<(), LimitError> {
+    let needed = cache_bytes_for_layers(allocation, shape, rings, tokens)?;
     if needed > budget {
         return Err(LimitError::OverBudget {
             allocation: allocation.name.clone(),

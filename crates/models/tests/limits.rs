@@ -8,7 +8,9 @@ use tq_cache::allocation::{Allocation, ModelShape};
 use tq_cache::kv_cache::{KvKind, KvLayout};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
-use tq_models::limits::{LimitError, cache_bytes_for, check_cache_budget, check_context};
+use tq_models::limits::{
+    LimitError, cache_bytes_for, cache_bytes_for_layers, check_cache_budget, check_context,
+};
 
 const D: usize = 64;
 const TOKENS: usize = 48;
@@ -60,6 +62,87 @@ fn the_formula_is_what_a_full_cache_holds() {
             "{name}"
         );
     }
+}
+
+/// Layer 1 of three is a sliding window of 16 tokens with room for chunks of 8 (a ring of 23
+/// slots), so after 48 tokens it holds 23.
+const RING: usize = 23;
+
+fn mixed_cache(allocation: &Allocation) -> ModelCache {
+    let layout = |kind| KvLayout {
+        kv_heads: 2,
+        head_dim: D,
+        kind,
+        max_rewind: 0,
+    };
+    let growing = KvKind::Growing {
+        growth: Growth::Static { capacity: TOKENS },
+    };
+    let specs = (0..3)
+        .map(|layer| StateSpec {
+            name: format!("blk.{layer}.kv"),
+            kind: StateKind::Kv {
+                layer,
+                layout: if layer == 1 {
+                    KvLayout {
+                        max_rewind: RING - 16,
+                        ..layout(KvKind::Sliding { window: 16 })
+                    }
+                } else {
+                    layout(growing)
+                },
+            },
+        })
+        .collect();
+    let mut cache = ModelCache::with_allocation(specs, allocation).unwrap();
+    cache_common::fill_layers_in_chunks(&mut cache, 3, D, TOKENS, 8);
+    cache
+}
+
+/// With a sliding layer, the formula counts its ring (not every token) and resolves its
+/// streams as a sliding layer's: it equals a built cache's bytes for every preset and for an
+/// allocation that compresses only the global layers.
+#[test]
+fn the_formula_counts_sliding_layers_at_their_ring() {
+    let shape = ModelShape {
+        num_layers: 3,
+        num_kv_heads: 2,
+        head_dim: D,
+    };
+    let rings = [None, Some(RING), None];
+    let global_only = Allocation::from_toml_str(
+        r#"
+        name = "global-only"
+        key = { codec = "mse", bits = 4 }
+        value = { codec = "mse", bits = 4 }
+        [[override]]
+        layer_kind = "sliding"
+        key = { codec = "f16" }
+        value = { codec = "f16" }
+        "#,
+    )
+    .unwrap();
+    let presets = Allocation::preset_names().map(|n| Allocation::preset(n).unwrap());
+    for allocation in presets.chain([global_only]) {
+        let cache = mixed_cache(&allocation);
+        let built: usize = cache.memory().iter().map(|m| m.formula_bytes).sum();
+        let channel_lists: usize = allocation
+            .plans(&shape)
+            .map(|p| p.unwrap().metadata_bytes_per_head())
+            .sum();
+        assert_eq!(
+            cache_bytes_for_layers(&allocation, &shape, &rings, TOKENS).unwrap(),
+            (built + channel_lists) as u64,
+            "{}",
+            allocation.name
+        );
+    }
+    // The sliding layer's f16 streams cost what an f16 layer of RING tokens costs.
+    let f16 = Allocation::preset("f16").unwrap();
+    let all = cache_bytes_for(&f16, &shape, TOKENS).unwrap();
+    let mixed = cache_bytes_for_layers(&f16, &shape, &rings, TOKENS).unwrap();
+    assert_eq!(all - mixed, ((TOKENS - RING) * (2 * 2 * D * 2 + 4)) as u64);
+    assert!(cache_bytes_for_layers(&f16, &shape, &[None], TOKENS).is_err());
 }
 
 #[test]

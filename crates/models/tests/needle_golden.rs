@@ -18,28 +18,15 @@
 //! ISA-free too, but it decodes the whole cache per call: too slow for CI.)
 
 mod gguf_common;
+mod needle_common;
 
 use gguf_common::reference_model_or_skip;
-use serde::Serialize;
-use tq_cache::allocation::Allocation;
+use needle_common::run_grid;
 use tq_cache::attention::AttentionKernel;
 use tq_cache::attention::simd::Isa;
 use tq_models::chat::ChatTemplate;
 use tq_models::llama::Llama;
-use tq_models::needle::{NeedleOptions, NeedleSpec, build_prompt, run_prompt};
-use tq_models::tokenizer::Tokenizer;
-
-#[derive(Serialize)]
-struct Cell {
-    alloc: String,
-    context: usize,
-    depth: f64,
-    prompt_tokens: usize,
-    expected: Vec<String>,
-    hit: bool,
-    score_case_insensitive: f64,
-    answer: String,
-}
+use tq_models::needle::{NeedleOptions, NeedleSpec, PromptStyle};
 
 const ALLOCS: [&str; 4] = ["f16", "k5v4", "tq3.5", "mse-k4v4"];
 const CONTEXTS: [usize; 2] = [1024, 2048];
@@ -60,49 +47,23 @@ fn needle_retrieval_on_the_reference_model() {
         return;
     }
     let model = Llama::load(&path).expect("the reference model loads");
-    let tokenizer = Tokenizer::from_gguf(model.file()).expect("tokenizer");
-    let template = ChatTemplate::from_gguf(model.file()).expect("a ChatML template");
-    let spec = NeedleSpec::builtin();
+    let style =
+        PromptStyle::Chat(ChatTemplate::from_gguf(model.file()).expect("a ChatML template"));
     // A 5-digit key and a short sentence fit in 24 tokens; fewer decode steps keep CI short.
     let options = NeedleOptions {
         max_tokens: 24,
         kernel: AttentionKernel::FusedOn(Isa::Avx2),
         ..NeedleOptions::default()
     };
-    let allocations: Vec<Allocation> = ALLOCS
-        .iter()
-        .map(|name| Allocation::preset(name).expect("a shipped preset"))
-        .collect();
-    let mut cells = Vec::new();
-    for context in CONTEXTS {
-        for depth in DEPTHS {
-            let prompt = build_prompt(&tokenizer, &template, &spec, context, depth)
-                .expect("the prompt builds");
-            for allocation in &allocations {
-                let row = run_prompt(
-                    &model,
-                    &tokenizer,
-                    &prompt,
-                    &allocation.name,
-                    allocation,
-                    context,
-                    depth,
-                    &options,
-                )
-                .expect("the cell runs");
-                cells.push(Cell {
-                    hit: row.hit(),
-                    alloc: row.alloc,
-                    context,
-                    depth,
-                    prompt_tokens: row.prompt_tokens,
-                    expected: row.expected,
-                    score_case_insensitive: row.score_case_insensitive,
-                    answer: row.answer,
-                });
-            }
-        }
-    }
+    let cells = run_grid(
+        &model,
+        &style,
+        &NeedleSpec::builtin(),
+        &ALLOCS,
+        &CONTEXTS,
+        &DEPTHS,
+        &options,
+    );
     insta::with_settings!({
         snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../golden"),
         prepend_module_to_snapshot => false,

@@ -14,7 +14,7 @@ mod quant_common;
 use proptest::prelude::*;
 use quant_common::{Rng, config, random_activation, random_matrix};
 use tq_models::quant::{
-    KQuantOrder, Q8KActivation, QK_K, QuantKind, dequantize_row, dot_q8k, unpack_q4k_scales,
+    Isa, KQuantOrder, Q8KActivation, QK_K, QuantKind, dequantize_row, dot_q8k, unpack_q4k_scales,
 };
 
 fn f16_at(b: &[u8], at: usize) -> f64 {
@@ -88,11 +88,19 @@ proptest! {
         let bound = (3 * blocks + 12) as f64 * 2f64.powi(-24) * mag + f64::from(f32::MIN_POSITIVE);
         for order in [KQuantOrder::VecDot, KQuantOrder::LlamaCppX86] {
             for batch_row in 0..batch_rows {
-                let got = dot_q8k(kind, &row, &a, order, batch_row, batch_rows).unwrap();
+                let got = dot_q8k(kind, &row, &a, order, batch_row, batch_rows, Isa::Scalar).unwrap();
                 prop_assert!(
                     (f64::from(got) - want).abs() <= bound,
                     "{kind:?} {order:?} row {batch_row}/{batch_rows}: {got} vs {want} (bound {bound})"
                 );
+                // The SIMD kernels are the scalar kernels' operations in the same order.
+                for isa in Isa::available() {
+                    let simd = dot_q8k(kind, &row, &a, order, batch_row, batch_rows, isa).unwrap();
+                    prop_assert_eq!(
+                        simd.to_bits(), got.to_bits(),
+                        "{:?} {:?} on {:?}: {} vs scalar {}", kind, order, isa, simd, got
+                    );
+                }
             }
         }
     }
@@ -162,7 +170,8 @@ fn formats_without_a_q8k_product_are_refused() {
             &act.row(0).unwrap(),
             KQuantOrder::VecDot,
             0,
-            1
+            1,
+            Isa::Scalar
         )
         .is_err()
     );

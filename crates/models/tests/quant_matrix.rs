@@ -41,7 +41,7 @@ fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
                 dot_q8(kind, row, &act.row(0).unwrap(), isa).unwrap()
             } else if k_format {
                 let a = act_k.row(0).unwrap();
-                dot_q8k(kind, row, &a, KQuantOrder::VecDot, 0, 1).unwrap()
+                dot_q8k(kind, row, &a, KQuantOrder::VecDot, 0, 1, isa).unwrap()
             } else {
                 dot_f32(kind, row, x).unwrap()
             }

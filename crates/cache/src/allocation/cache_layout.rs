@@ -1,6 +1,6 @@
 //! From an allocation to the stream layouts of real caches.
 
-use super::{Allocation, AllocationError, StreamKind, StreamPlan};
+use super::{Allocation, AllocationError, LayerKind, StreamKind, StreamPlan};
 use crate::error::CacheError;
 use crate::kv_cache::{KvCache, KvKind, KvLayout};
 use crate::states::{ModelCache, StateSpec, layer_count};
@@ -10,8 +10,9 @@ use crate::token_store::Growth;
 impl Allocation {
     /// The per-head stream layouts of the keys or values of `layer` (of `num_layers`), for a
     /// cache of the given layout: codecs and centering from
-    /// [`resolve_stream`](Self::resolve_stream), full-precision sinks and recent window from
-    /// the allocation.
+    /// [`resolve_stream_in`](Self::resolve_stream_in) (a sliding-window layout is a
+    /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks and
+    /// recent window from the allocation.
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -19,14 +20,14 @@ impl Allocation {
         layout: &KvLayout,
         stream: StreamKind,
     ) -> Result<Vec<StreamLayout>, AllocationError> {
-        let growth = match layout.kind {
-            KvKind::Growing { growth } => growth,
-            KvKind::Sliding { .. } => Growth::Static { capacity: 0 },
+        let (growth, kind) = match layout.kind {
+            KvKind::Growing { growth } => (growth, LayerKind::Global),
+            KvKind::Sliding { .. } => (Growth::Static { capacity: 0 }, LayerKind::Sliding),
         };
         (0..layout.kv_heads)
             .map(|head| {
                 let resolved =
-                    self.resolve_stream(layer, num_layers, head, layout.head_dim, stream)?;
+                    self.resolve_stream_in(layer, kind, num_layers, head, layout.head_dim, stream)?;
                 let (codec, outliers) = match resolved.plan {
                     StreamPlan::Single(spec) => (spec, None),
                     // The rest tier's spec stands in the `codec` field; the tiers are used.

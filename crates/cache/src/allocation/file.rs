@@ -19,6 +19,14 @@ const PRESETS: &[(&str, &str)] = &[
     ("rec4.25", include_str!("../../presets/rec4.25.toml")),
     ("rec3.25", include_str!("../../presets/rec3.25.toml")),
     ("rec2.75", include_str!("../../presets/rec2.75.toml")),
+    (
+        "rec4.25-global",
+        include_str!("../../presets/rec4.25-global.toml"),
+    ),
+    (
+        "rec3.25-global",
+        include_str!("../../presets/rec3.25-global.toml"),
+    ),
 ];
 
 /// The recommended presets, best quality first: what `--alloc recommended` stands for.

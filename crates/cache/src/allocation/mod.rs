@@ -34,6 +34,10 @@
 //! heads = [0, 3]                   # KV-head indices; absent = every head
 //! key = { norm_correction = true }
 //!
+//! [[override]]
+//! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,
+//! value = { codec = "f16" }        # only the listed layers of that kind
+//!
 //! [outliers]                       # two tiers for the streams named below
 //! fraction = 0.25                  # or `channels = 32`: exactly one of the two
 //! key   = { bits = 6 }             # the outlier tier: key settings in force, patched
@@ -81,8 +85,9 @@
 //!
 //! 1. the base `s` table;
 //! 2. `[boundary].s` if `l < N` or `l ≥ L − N` (`N = boundary.layers`);
-//! 3. each `[[override]]` whose `layers` contain `l` and whose `heads` (if given) contain `h`,
-//!    in file order, so later entries win field by field;
+//! 3. each `[[override]]` that selects `l` — its `layers` contain `l` (when given) and its
+//!    `layer_kind` is `l`'s kind (when given) — and whose `heads` (if given) contain `h`, in
+//!    file order, so later entries win field by field;
 //! 4. defaults fill every field still not given (so a patch changing `qjl` to `gaussian` also
 //!    gets the Gaussian default scale);
 //! 5. if `[outliers]` has an `s` table and the result is quantized, the stream splits: `k`
@@ -121,7 +126,7 @@ pub use crate::center::CenterPolicy;
 pub use error::{AllocationError, FieldProblem};
 pub use plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
 pub use schema::{
-    Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerOverride, OutlierRule,
-    StreamSettings,
+    Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerKind, LayerOverride,
+    OutlierRule, StreamSettings,
 };
 pub use seed::{SeedRole, Tier, derive_seed, splitmix64};

@@ -5,7 +5,7 @@ use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::merge::{Merged, Resolved, Section};
 use crate::allocation::plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
-use crate::allocation::schema::{Allocation, FpDtype, OutlierRule, StreamSettings};
+use crate::allocation::schema::{Allocation, FpDtype, LayerKind, OutlierRule, StreamSettings};
 use crate::allocation::seed::{SeedRole, Tier, derive_seed};
 
 /// Quantized tiers need `d >= 3`: the rotated-coordinate law `(1−t²)^((d−3)/2)` has no density
@@ -46,7 +46,9 @@ impl Allocation {
 
     /// Everything [`resolve`](Self::resolve) decides for one stream plus the settings of the
     /// stream as a whole: its [`StreamPlan`] and its mean-centering
-    /// ([`CenterPolicy`](crate::center::CenterPolicy)), resolved in the same order.
+    /// ([`CenterPolicy`](crate::center::CenterPolicy)), resolved in the same order. The layer
+    /// is taken as a [`LayerKind::Global`] one; [`resolve_stream_in`](Self::resolve_stream_in)
+    /// names the kind.
     ///
     /// ```
     /// use tq_cache::allocation::{Allocation, StreamKind};
@@ -60,6 +62,45 @@ impl Allocation {
     pub fn resolve_stream(
         &self,
         layer: usize,
+        num_layers: usize,
+        kv_head: usize,
+        head_dim: usize,
+        stream: StreamKind,
+    ) -> Result<ResolvedStream, AllocationError> {
+        self.resolve_stream_in(
+            layer,
+            LayerKind::Global,
+            num_layers,
+            kv_head,
+            head_dim,
+            stream,
+        )
+    }
+
+    /// [`resolve_stream`](Self::resolve_stream) for a layer of the given kind: overrides with
+    /// a `layer_kind` apply only to layers of that kind.
+    ///
+    /// ```
+    /// use tq_cache::allocation::{Allocation, LayerKind, StreamKind};
+    /// let a = Allocation::from_toml_str(r#"
+    ///     name = "global-only"
+    ///     key = { codec = "mse", bits = 4 }
+    ///     value = { codec = "mse", bits = 4 }
+    ///     [[override]]
+    ///     layer_kind = "sliding"
+    ///     key = { codec = "f16" }
+    ///     value = { codec = "f16" }
+    /// "#)?;
+    /// let sliding = a.resolve_stream_in(0, LayerKind::Sliding, 18, 0, 256, StreamKind::Key)?;
+    /// assert_eq!(sliding.plan.bytes_per_token(), 512);          // f16
+    /// let global = a.resolve_stream_in(5, LayerKind::Global, 18, 0, 256, StreamKind::Key)?;
+    /// assert_eq!(global.plan.bytes_per_token(), 256 * 4 / 8 + 2); // 4-bit codes + f16 norm
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn resolve_stream_in(
+        &self,
+        layer: usize,
+        kind: LayerKind,
         num_layers: usize,
         kv_head: usize,
         head_dim: usize,
@@ -94,6 +135,9 @@ impl Allocation {
                 })?;
                 hits_layer |= absolute == layer;
             }
+            // An empty list with a kind selects every layer of the kind.
+            hits_layer |= rule.layers.is_empty();
+            hits_layer &= rule.layer_kind.is_none_or(|k| k == kind);
             let hits_head = rule.heads.as_ref().is_none_or(|h| h.contains(&kv_head));
             if hits_layer
                 && hits_head
@@ -155,7 +199,8 @@ impl Allocation {
     }
 
     /// Checks the allocation against a whole model: every override's layer and head indices,
-    /// and every (layer, KV head, stream) resolves. Returns the first problem found.
+    /// and every (layer, KV head, stream) resolves, as a global and as a sliding-window layer.
+    /// Returns the first problem found.
     pub fn validate_for(&self, shape: &ModelShape) -> Result<(), AllocationError> {
         check_shape(shape)?;
         for (i, rule) in self.overrides.iter().enumerate() {
@@ -171,18 +216,53 @@ impl Allocation {
                 }
             }
         }
-        self.plans(shape).try_for_each(|plan| plan.map(drop))
+        // A rule selecting by `layer_kind` must resolve whichever kind a layer turns out to be.
+        let sliding = vec![LayerKind::Sliding; shape.num_layers];
+        self.plans(shape)
+            .chain(self.plans_in(shape, &sliding))
+            .try_for_each(|plan| plan.map(drop))
     }
 
-    /// Every stream plan of a model, layer-major, then KV head, then key before value.
+    /// Every stream plan of a model, layer-major, then KV head, then key before value (every
+    /// layer a global one; see [`plans_in`](Self::plans_in)).
     pub fn plans<'a>(
         &'a self,
         shape: &'a ModelShape,
     ) -> impl Iterator<Item = Result<StreamPlan, AllocationError>> + 'a {
+        self.plans_in(shape, &[])
+    }
+
+    /// [`plans`](Self::plans) on a model whose layer `l` is of kind `kinds[l]` (layers beyond
+    /// `kinds` are global, so `&[]` means a model without sliding windows).
+    pub fn plans_in<'a>(
+        &'a self,
+        shape: &'a ModelShape,
+        kinds: &'a [LayerKind],
+    ) -> impl Iterator<Item = Result<StreamPlan, AllocationError>> + 'a {
+        self.streams_in(shape, kinds, &StreamKind::BOTH)
+            .map(|resolved| resolved.map(|r| r.plan))
+    }
+
+    /// Every `streams` stream of every layer and KV head, resolved for the layer's kind
+    /// (`kinds[l]`, global beyond), layer-major, then KV head, then in `streams` order.
+    fn streams_in<'a>(
+        &'a self,
+        shape: &'a ModelShape,
+        kinds: &'a [LayerKind],
+        streams: &'a [StreamKind],
+    ) -> impl Iterator<Item = Result<ResolvedStream, AllocationError>> + 'a {
         (0..shape.num_layers).flat_map(move |layer| {
+            let kind = kinds.get(layer).copied().unwrap_or_default();
             (0..shape.num_kv_heads).flat_map(move |head| {
-                StreamKind::BOTH.into_iter().map(move |stream| {
-                    self.resolve(layer, shape.num_layers, head, shape.head_dim, stream)
+                streams.iter().map(move |&stream| {
+                    self.resolve_stream_in(
+                        layer,
+                        kind,
+                        shape.num_layers,
+                        head,
+                        shape.head_dim,
+                        stream,
+                    )
                 })
             })
         })
@@ -192,7 +272,9 @@ impl Allocation {
     /// model, everything per token included (codes, sign bits, f16 norms and residual norms of
     /// every tier). Excludes what does not scale with tokens (the outlier channel lists and the
     /// means of centered streams, see [`ResolvedStream::metadata_bytes_per_head`]) and the
-    /// unquantized sink and recent tokens, whose share depends on the sequence length.
+    /// unquantized sink and recent tokens, whose share depends on the sequence length. Every
+    /// layer counts as a global one ([`bits_per_value_in`](Self::bits_per_value_in) takes the
+    /// layer kinds).
     ///
     /// ```
     /// use tq_cache::allocation::{Allocation, ModelShape, StreamKind};
@@ -206,13 +288,34 @@ impl Allocation {
         shape: &ModelShape,
         stream: StreamKind,
     ) -> Result<f64, AllocationError> {
+        self.bits_per_value_in(shape, &[], stream)
+    }
+
+    /// [`bits_per_value`](Self::bits_per_value) on a model whose layer `l` is of kind
+    /// `kinds[l]` (layers beyond `kinds` are global): every layer weighs the same, as if each
+    /// stored the token.
+    ///
+    /// ```
+    /// use tq_cache::allocation::{Allocation, LayerKind, ModelShape, StreamKind};
+    /// let shape = ModelShape { num_layers: 6, num_kv_heads: 1, head_dim: 256 };
+    /// let mut kinds = vec![LayerKind::Sliding; 5];
+    /// kinds.push(LayerKind::Global);
+    /// let a = Allocation::preset("rec4.25-global")?;
+    /// // Five f16 sliding layers and one global layer of 5-bit keys with an f16 norm.
+    /// let bits = a.bits_per_value_in(&shape, &kinds, StreamKind::Key)?;
+    /// assert_eq!(bits, (5.0 * 16.0 + 5.0625) / 6.0);
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn bits_per_value_in(
+        &self,
+        shape: &ModelShape,
+        kinds: &[LayerKind],
+        stream: StreamKind,
+    ) -> Result<f64, AllocationError> {
         check_shape(shape)?;
         let mut bytes = 0usize;
-        for layer in 0..shape.num_layers {
-            for head in 0..shape.num_kv_heads {
-                let plan = self.resolve(layer, shape.num_layers, head, shape.head_dim, stream)?;
-                bytes += plan.bytes_per_token();
-            }
+        for resolved in self.streams_in(shape, kinds, &[stream]) {
+            bytes += resolved?.plan.bytes_per_token();
         }
         let values = shape.num_layers * shape.num_kv_heads * shape.head_dim;
         Ok(8.0 * bytes as f64 / values as f64)

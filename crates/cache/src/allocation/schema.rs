@@ -209,12 +209,42 @@ impl StreamSettings {
     }
 }
 
-/// One `[[override]]` entry: new settings for some layers (and optionally some KV heads).
+/// What a layer's attention sees, for `[[override]]` entries that select layers by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Every earlier position (a growing cache); every layer of a model without sliding
+    /// windows.
+    #[default]
+    Global,
+    /// A sliding window of recent positions (a ring of bounded size), as 15 of Gemma 3's 18
+    /// layers.
+    Sliding,
+}
+
+impl LayerKind {
+    /// The TOML spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LayerKind::Global => "global",
+            LayerKind::Sliding => "sliding",
+        }
+    }
+}
+
+/// One `[[override]]` entry: new settings for some layers (and optionally some KV heads),
+/// chosen by index (`layers`), by kind (`layer_kind`), or both (the listed layers of that
+/// kind). At least one of the two must be given.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayerOverride {
-    /// Layer indices; negative ones count from the end (−1 is the last layer).
+    /// Layer indices; negative ones count from the end (−1 is the last layer). Empty (or
+    /// absent) with `layer_kind` given: every layer of that kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<i64>,
+    /// Only layers of this kind (`"global"` or `"sliding"`); absent: either kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_kind: Option<LayerKind>,
     /// KV-head indices; absent means every head.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<Vec<usize>>,

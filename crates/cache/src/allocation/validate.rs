@@ -34,10 +34,10 @@ impl Allocation {
             )?;
         }
         for (i, rule) in self.overrides.iter().enumerate() {
-            if rule.layers.is_empty() {
+            if rule.layers.is_empty() && rule.layer_kind.is_none() {
                 return Err(AllocationError::field(
                     format!("override[{i}].layers"),
-                    FieldProblem::Empty,
+                    FieldProblem::NoLayers,
                 ));
             }
             if rule.heads.as_ref().is_some_and(Vec::is_empty) {

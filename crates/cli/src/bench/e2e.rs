@@ -53,16 +53,18 @@ const LLAMACPP_SPEED: &str = include_str!("../../data/llamacpp_speed.json");
 const PROMPT_SEED: u64 = 0x7E2E_5EED;
 
 /// Arguments of `tq bench e2e`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct E2eBenchArgs {
     /// Print JSON rows instead of a table (the target lines go to stderr).
     #[arg(long)]
     json: bool,
-    /// Context lengths: prompt tokens prefilled before the decode steps (comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
+    /// Context lengths: prompt tokens prefilled before the decode steps (comma separated)
+    /// [default: 512,2048,8192; for gemma3-270m 4096,16384,32768].
+    #[arg(long, value_delimiter = ',')]
     contexts: Vec<usize>,
-    /// Allocations (preset names or TOML files, comma separated).
-    #[arg(long, value_delimiter = ',', default_value = "f16,k5v4,tq3.5,tq2.5")]
+    /// Allocations (preset names or TOML files, comma separated) [default:
+    /// f16,k5v4,tq3.5,tq2.5; for gemma3-270m f16,rec4.25-global,rec4.25].
+    #[arg(long, value_delimiter = ',')]
     alloc: Vec<String>,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
     /// first use) or a .gguf file.
@@ -168,13 +170,7 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string(&measurement)?);
         return Ok(());
     }
-    if args.alloc.is_empty() || args.contexts.is_empty() {
-        return Err("give at least one allocation and one context".into());
-    }
     let model = crate::commands::model::model_path(&args.model)?;
-    for name in &args.alloc {
-        Allocation::load(name)?;
-    }
     // Mapped here for its architecture and chunk limit only; each child maps its own.
     let (architecture, chunk) = {
         let loaded = load_model(&model)?;
@@ -183,6 +179,29 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             args.prefill_chunk.clamp(1, loaded.max_chunk()),
         )
     };
+    // Defaults per architecture: SmolLM2 to its 8K window against llama.cpp's figures; Gemma 3
+    // to its 32K window, the sliding layers kept f16 or compressed with the global ones.
+    let mut args = args.clone();
+    let gemma = architecture == "gemma3";
+    if args.contexts.is_empty() {
+        args.contexts = if gemma {
+            vec![4096, 16384, 32768]
+        } else {
+            vec![512, 2048, 8192]
+        };
+    }
+    if args.alloc.is_empty() {
+        let names: &[&str] = if gemma {
+            &["f16", "rec4.25-global", "rec4.25"]
+        } else {
+            &["f16", "k5v4", "tq3.5", "tq2.5"]
+        };
+        args.alloc = names.iter().map(|n| (*n).to_owned()).collect();
+    }
+    let args = &args;
+    for name in &args.alloc {
+        Allocation::load(name)?;
+    }
     // llama.cpp's figures are the reference model's: no comparison for another architecture.
     let reference = if architecture == "llama" {
         LlamaCppSpeed::parse()?
@@ -498,33 +517,48 @@ fn target_lines(rows: &[E2eRow], reference: &LlamaCppSpeed) -> String {
         rows.iter()
             .find(|r| r.alloc == alloc && r.context == context)
     };
-    let largest = rows
+    // Decode against f16 at the longest context both ran: the decode targets (SmolLM2:
+    // tq3.5 at 8K; Gemma 3: the compressed global layers at 32K).
+    let longest = rows
         .iter()
-        .filter(|r| find("tq3.5", r.context).is_some() && find("f16", r.context).is_some())
+        .filter(|r| find("f16", r.context).is_some())
         .map(|r| r.context)
         .max();
-    match largest {
-        Some(context) => {
-            let (tq, f16) = (
-                find("tq3.5", context).unwrap(),
-                find("f16", context).unwrap(),
-            );
+    let compressed: Vec<&E2eRow> = match longest {
+        Some(context) => rows
+            .iter()
+            .filter(|r| r.context == context && r.alloc != "f16")
+            .collect(),
+        None => Vec::new(),
+    };
+    if compressed.is_empty() {
+        lines.push(
+            "- decode against f16: run f16 and a compressed allocation to see it".to_string(),
+        );
+    }
+    for tq in compressed {
+        let f16 = find("f16", tq.context).expect("filtered on f16");
+        let note = match (tq.model.as_str(), tq.alloc.as_str()) {
+            ("llama", "tq3.5") => " (target >= 1.0 at 8K; the seed's MLX run: 0.55x)",
+            ("gemma3", _) => " (target >= 1.0 at 32K)",
+            _ => "",
+        };
+        lines.push(format!(
+            "- decode {} / f16 at {} tokens: {:.2}x{note}",
+            tq.alloc,
+            tq.prefill_tokens,
+            tq.decode_tokens_per_s / f16.decode_tokens_per_s
+        ));
+        if tq.alloc == "tq3.5"
+            && let Some(q4) = reference.decode(tq.prefill_tokens, "q4_0")
+            && let Some(base) = reference.decode_f16(tq.prefill_tokens)
+        {
             lines.push(format!(
-                "- decode tq3.5 / f16 at {} tokens: {:.2}x (target >= 1.0 at 8K; the seed's MLX run: 0.55x)",
-                tq.prefill_tokens,
-                tq.decode_tokens_per_s / f16.decode_tokens_per_s
+                "  llama.cpp's own q4_0 / f16 decode at depth {}: {:.2}x",
+                base.depth,
+                q4.tokens_per_s / base.tokens_per_s
             ));
-            if let Some(q4) = reference.decode(tq.prefill_tokens, "q4_0")
-                && let Some(base) = reference.decode_f16(tq.prefill_tokens)
-            {
-                lines.push(format!(
-                    "  llama.cpp's own q4_0 / f16 decode at depth {}: {:.2}x",
-                    base.depth,
-                    q4.tokens_per_s / base.tokens_per_s
-                ));
-            }
         }
-        None => lines.push("- decode tq3.5 / f16: run both allocations to see it".to_string()),
     }
     for r in rows {
         if let (Some(peak), Some(ratio)) = (r.peak_rss_bytes, r.memory_ratio) {

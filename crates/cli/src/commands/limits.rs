@@ -4,7 +4,7 @@
 use clap::Args;
 use tq_cache::allocation::Allocation;
 use tq_models::causal_lm::CausalLm;
-use tq_models::limits::{LimitError, check_cache_budget, check_context, default_cache_budget};
+use tq_models::limits::{LimitError, check_context, check_layers_budget, default_cache_budget};
 
 /// The cache memory budget of a command.
 #[derive(Args, Debug, Clone, Copy, Default)]
@@ -39,8 +39,9 @@ pub fn check_run<'a>(
         return Ok(());
     };
     let shape = dims.model_shape();
+    let rings = model.ring_slots();
     for allocation in allocations {
-        check_cache_budget(allocation, &shape, tokens, budget)?;
+        check_layers_budget(allocation, &shape, &rings, tokens, budget)?;
     }
     Ok(())
 }

@@ -238,7 +238,12 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
     args.kernel.check(model, &allocation)?;
     let text = if args.chat {
         ChatTemplate::from_gguf(model.file())
-            .unwrap_or_else(|_| ChatTemplate::smollm2())
+            .map_err(|e| {
+                format!(
+                    "--chat needs a ChatML chat template in the model file ({e}); a base model \
+                     such as gemma3-270m has none: give the prompt as plain text without --chat"
+                )
+            })?
             .render(&[Message::new(Role::User, args.prompt.clone())], true)
     } else {
         args.prompt.clone()
@@ -480,17 +485,18 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
         layer_kinds(&model.state_specs(Growth::Static { capacity: 1 })),
     );
     let shape = dims.model_shape();
+    let kinds = model.layer_kinds();
     // f16 keys and values of one token in every layer (positions left out, as in the plans).
     let f16_per_token = model.f16_cache_bytes(1);
     let mut rows = Vec::new();
     for name in Allocation::preset_names() {
         let allocation = Allocation::preset(name)?;
         let mut bytes = 0usize;
-        for plan in allocation.plans(&shape) {
+        for plan in allocation.plans_in(&shape, &kinds) {
             bytes += plan?.bytes_per_token();
         }
-        let bits_k = allocation.bits_per_value(&shape, StreamKind::Key)?;
-        let bits_v = allocation.bits_per_value(&shape, StreamKind::Value)?;
+        let bits_k = allocation.bits_per_value_in(&shape, &kinds, StreamKind::Key)?;
+        let bits_v = allocation.bits_per_value_in(&shape, &kinds, StreamKind::Value)?;
         rows.push(vec![
             name.to_string(),
             format!("{bits_k:.3}"),

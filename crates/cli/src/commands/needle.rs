@@ -8,9 +8,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
-use tq_models::chat::ChatTemplate;
 use tq_models::fetch::ModelSpec;
-use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
+use tq_models::needle::{
+    NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, build_prompt, run_prompt,
+};
 use tq_models::tokenizer::Tokenizer;
 
 use crate::output::table;
@@ -18,8 +19,9 @@ use crate::output::table;
 /// Arguments of `tq needle`.
 #[derive(Args, Debug)]
 pub struct NeedleArgs {
-    /// A needle spec (TOML: filler, needle, question, facts, key_seed); default: the built-in
-    /// 5-digit pass key in "the grass is green" filler.
+    /// A needle spec (TOML: filler, needle, question, facts, key_seed, answer_prefix); default:
+    /// the built-in 5-digit pass key in "the grass is green" filler (for a model without a chat
+    /// template, such as gemma3-270m, asked as "Question: … Answer: The secret pass key is").
     #[arg(long)]
     spec: Option<PathBuf>,
     /// Allocations: preset names or TOML files, comma-separated, `all` for every preset
@@ -115,14 +117,22 @@ fn load_allocations(names: &[String]) -> Result<Vec<Allocation>, Box<dyn std::er
     Ok(out)
 }
 
-fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let spec = match &args.spec {
-        Some(path) => NeedleSpec::from_toml(
-            &std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the needle spec {}: {e}", path.display()))?,
-        )?,
-        None => NeedleSpec::builtin(),
+/// The spec at `path`, if one is given (read before the model, so a bad file fails fast);
+/// without one the caller takes [`NeedleSpec::builtin_for`] the model's prompt style (a base
+/// model gets the answer cue it completes).
+pub(super) fn read_spec(
+    path: Option<&std::path::Path>,
+) -> Result<Option<NeedleSpec>, Box<dyn std::error::Error>> {
+    let Some(path) = path else {
+        return Ok(None);
     };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the needle spec {}: {e}", path.display()))?;
+    Ok(Some(NeedleSpec::from_toml(&text)?))
+}
+
+fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let spec = read_spec(args.spec.as_deref())?;
     let allocations = load_allocations(&or_default(&args.alloc, &MODEL_ALLOCS))?;
     let contexts = or_default(&args.contexts, &MODEL_CONTEXTS);
     let model = super::model::open_model(&args.model)?;
@@ -135,8 +145,8 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         &args.budget,
     )?;
     let tokenizer = Tokenizer::from_gguf(model.file())?;
-    let template =
-        ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());
+    let style = PromptStyle::for_model(model.file());
+    let spec = spec.unwrap_or_else(|| NeedleSpec::builtin_for(&style));
     let options = NeedleOptions {
         max_tokens: args.max_tokens,
         prefill_chunk: args.prefill_chunk,
@@ -148,7 +158,7 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     for &context in &contexts {
         for &depth in &args.depths {
             // One prompt per (context, depth): every allocation answers the same question.
-            let prompt = build_prompt(&tokenizer, &template, &spec, context, depth)?;
+            let prompt = build_prompt(&tokenizer, &style, &spec, context, depth)?;
             for allocation in &allocations {
                 bar.set_message(format!(
                     "{} at {context} tokens, depth {:.0}%",

@@ -10,11 +10,12 @@ use clap::Args;
 use serde::Serialize;
 use tq_cache::allocation::Allocation;
 use tq_cache::allocation::StreamKind;
-use tq_models::chat::ChatTemplate;
 use tq_models::eval::sensitivity::{bytes_per_token, raised, rank, spend_budget};
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
 use tq_models::fetch::ModelSpec;
-use tq_models::needle::{NeedleOptions, NeedleRow, NeedleSpec, build_prompt, run_prompt};
+use tq_models::needle::{
+    NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, build_prompt, run_prompt,
+};
 use tq_models::tokenizer::Tokenizer;
 
 use super::eval::{load_allocations, text_tokens};
@@ -120,17 +121,13 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         return replot(&args.out);
     }
     let allocations = load_allocations(&args.allocs)?;
-    let spec = match &args.spec {
-        Some(path) => NeedleSpec::from_toml(
-            &std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the needle spec {}: {e}", path.display()))?,
-        )?,
-        None => NeedleSpec::builtin(),
-    };
+    let spec = super::needle::read_spec(args.spec.as_deref())?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let model = open_model(&args.model)?;
     let model = &*model;
+    let style = PromptStyle::for_model(model.file());
+    let spec = spec.unwrap_or_else(|| NeedleSpec::builtin_for(&style));
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let tokens = text_tokens(
         &tokenizer,
@@ -173,8 +170,6 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
     bar.set_position(eval_calls as u64);
     let mut needle_rows = Vec::with_capacity(needle_cells);
     if !args.no_needle {
-        let template =
-            ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());
         let needle_options = NeedleOptions {
             max_tokens: args.max_tokens,
             prefill_chunk: args.prefill_chunk,
@@ -182,7 +177,7 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         };
         for &context in &args.contexts {
             for &depth in &args.depths {
-                let prompt = build_prompt(&tokenizer, &template, &spec, context, depth)?;
+                let prompt = build_prompt(&tokenizer, &style, &spec, context, depth)?;
                 for (name, allocation) in &allocations {
                     bar.set_message(format!(
                         "needle: {name} at {context} tokens, depth {:.0}%",

@@ -27,6 +27,7 @@ pub fn raised(base: &Allocation, layer: usize, stream: StreamKind) -> Allocation
     let mut allocation = base.clone();
     allocation.overrides.push(LayerOverride {
         layers: vec![layer as i64],
+        layer_kind: None,
         heads: None,
         key,
         value,

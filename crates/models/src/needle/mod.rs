@@ -2,21 +2,24 @@
 //!
 //! A [`NeedleSpec`] says what to hide and what to ask: filler text repeated to the context
 //! length, a needle sentence inserted at a depth, a question after the haystack, and the facts
-//! the answer must contain. [`prompt::build_prompt`] lays the prompt out in tokens (ChatML
-//! template applied), [`run_cell`] prefills it in chunks through a compressed cache — so the
-//! cache's quantization affects the prompt, not only the answer — decodes greedily and
-//! [`score`](score::score) counts the facts found, with exact and case-insensitive matching as
-//! the evaluation seed does. One call is one cell of the (allocation, context, depth) grid and
-//! yields one [`NeedleRow`].
+//! the answer must contain. [`prompt::build_prompt`] lays the prompt out in tokens, framed by
+//! a [`PromptStyle`] (the model's chat template, or completion text with a `Question:` /
+//! `Answer:` cue for a base model), [`run_cell`] prefills it in chunks through a compressed
+//! cache — so the cache's quantization affects the prompt, not only the answer — decodes
+//! greedily and [`score`](score::score) counts the facts found, with exact and
+//! case-insensitive matching as the evaluation seed does. One call is one cell of the
+//! (allocation, context, depth) grid and yields one [`NeedleRow`].
 
 mod error;
 pub mod prompt;
 mod run;
 pub mod score;
 mod spec;
+mod style;
 
 pub use error::NeedleError;
 pub use prompt::{NeedlePrompt, build_prompt};
 pub use run::{NeedleOptions, NeedleRow, run_cell, run_prompt};
 pub use score::{FactScore, score};
 pub use spec::{KEY_PLACEHOLDER, NeedleSpec};
+pub use style::PromptStyle;

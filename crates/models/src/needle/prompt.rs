@@ -1,16 +1,15 @@
 //! Laying out a needle prompt in tokens: filler sentences repeated to the context length, the
 //! needle on a sentence boundary at the requested depth, the question after the haystack, all
-//! inside the chat template.
+//! framed by a [`PromptStyle`].
 
-use crate::chat::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 
-use super::{NeedleError, NeedleSpec};
+use super::{NeedleError, NeedleSpec, PromptStyle};
 
 /// A built prompt and where its parts sit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeedlePrompt {
-    /// The rendered prompt (chat template applied).
+    /// The rendered prompt (framing applied).
     pub text: String,
     /// Its tokens.
     pub tokens: Vec<u32>,
@@ -61,11 +60,12 @@ pub fn sentences(filler: &str) -> Vec<&str> {
     out
 }
 
-/// Builds the prompt of `spec` at `context` tokens (the whole prompt, template included, within
-/// about one filler sentence) with the needle at `depth` ∈ [0, 1] of the haystack.
+/// Builds the prompt of `spec` at `context` tokens (the whole prompt, framing included, within
+/// about one filler sentence) with the needle at `depth` ∈ [0, 1] of the haystack, framed by
+/// `style`.
 pub fn build_prompt(
     tokenizer: &Tokenizer,
-    template: &ChatTemplate,
+    style: &PromptStyle,
     spec: &NeedleSpec,
     context: usize,
     depth: f64,
@@ -82,11 +82,9 @@ pub fn build_prompt(
         .iter()
         .map(|f| NeedleSpec::fill(f, key))
         .collect();
-    let user = |haystack: &str| format!("{haystack}\n\n{question}");
+    let render = |haystack: &str| style.render(haystack, &question, spec.answer_prefix.as_deref());
 
-    let overhead = tokenizer
-        .encode(&template.prompt(None, &user(&needle)))?
-        .len();
+    let overhead = tokenizer.encode(&render(&needle).0)?.len();
     if overhead > context {
         return Err(NeedleError::ContextTooShort {
             context,
@@ -95,10 +93,18 @@ pub fn build_prompt(
     }
     let filler = sentences(&spec.filler);
     // Mid-text every sentence follows a space, which the GPT-2 pattern attaches to its first
-    // word: count each sentence that way.
+    // word (and SentencePiece to the word's piece): count each sentence that way, without the
+    // BOS token `encode` may prepend.
+    let bos = usize::from(tokenizer.add_bos() && tokenizer.bos_id().is_some());
     let costs = filler
         .iter()
-        .map(|s| Ok(tokenizer.encode(&format!(" {s}"))?.len().max(1)))
+        .map(|s| {
+            Ok(tokenizer
+                .encode(&format!(" {s}"))?
+                .len()
+                .saturating_sub(bos)
+                .max(1))
+        })
         .collect::<Result<Vec<usize>, NeedleError>>()?;
     let budget = context - overhead;
     let mut cumulative = vec![0usize];
@@ -133,17 +139,17 @@ pub fn build_prompt(
         }
         haystack.push_str(part);
     }
-    let content = user(&haystack);
-    let text = template.prompt(None, &content);
+    let (text, haystack_at) = render(&haystack);
+    if text.get(haystack_at..haystack_at + haystack.len()) != Some(haystack.as_str()) {
+        return Err(NeedleError::Spec(
+            "the chat template altered the user message".into(),
+        ));
+    }
     let tokens = tokenizer.encode(&text)?;
-    // The system turn cannot contain the whole user turn, so the first match is the user turn.
-    let content_start = text
-        .find(&content)
-        .ok_or_else(|| NeedleError::Spec("the chat template altered the user message".into()))?;
     // Cuts fall where the pre-tokenizer splits anyway (before a space-led word or after the
     // template's newline), so a prefix's tokens are the prompt's first tokens.
     let tokens_before = |bytes: usize| -> Result<usize, NeedleError> {
-        Ok(tokenizer.encode(&text[..content_start + bytes])?.len())
+        Ok(tokenizer.encode(&text[..haystack_at + bytes])?.len())
     };
     Ok(NeedlePrompt {
         haystack_start: tokens_before(0)?,
@@ -161,12 +167,18 @@ pub fn build_prompt(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::ChatTemplate;
     use crate::tokenizer::{BpeVocab, PreTokenizerKind, TokenType};
     use proptest::prelude::*;
 
     /// A byte-level tokenizer with a few merges and the ChatML control tokens: real BPE
     /// behaviour (space-led words, digits split) without the model file.
     fn tokenizer() -> Tokenizer {
+        tokenizer_with_bos(false)
+    }
+
+    /// [`tokenizer`], prepending a BOS token `<s>` when `bos` (as base models' files ask).
+    fn tokenizer_with_bos(bos: bool) -> Tokenizer {
         let mut tokens: Vec<String> = (0..=255u8)
             .map(|b| Tokenizer::byte_token(b).to_string())
             .collect();
@@ -176,18 +188,19 @@ mod tests {
             tokens.push(merge.replace(' ', ""));
             token_types.push(TokenType::Normal);
         }
-        for control in ["<|im_start|>", "<|im_end|>"] {
+        for control in ["<|im_start|>", "<|im_end|>", "<s>"] {
             tokens.push(control.to_owned());
             token_types.push(TokenType::Control);
         }
+        let bos_id = (tokens.len() - 1) as u32;
         Tokenizer::from_vocab(BpeVocab {
             tokens,
             token_types,
             merges: merges.iter().map(|m| (*m).to_owned()).collect(),
             pre_tokenizer: PreTokenizerKind::DigitsThenGpt2,
-            bos_id: None,
+            bos_id: bos.then_some(bos_id),
             eos_id: None,
-            add_bos: false,
+            add_bos: bos,
             add_eos: false,
         })
         .unwrap()
@@ -220,12 +233,20 @@ mod tests {
 
         /// The prompt is within one filler sentence of the target length, the needle sits on a
         /// sentence boundary within one sentence of the requested depth, and the question
-        /// follows the haystack.
+        /// follows the haystack — in a chat prompt, and in a completion prompt with an answer
+        /// cue and a BOS token (a base model's).
         #[test]
-        fn length_and_depth_are_on_target(context in 400usize..3000, depth in 0.0f64..=1.0) {
-            let tokenizer = tokenizer();
-            let spec = NeedleSpec::builtin();
-            let template = ChatTemplate::smollm2();
+        fn length_and_depth_are_on_target(context in 400usize..3000, depth in 0.0f64..=1.0, completion in any::<bool>()) {
+            let tokenizer = tokenizer_with_bos(completion);
+            let (spec, template, bos, tail) = if completion {
+                let spec = NeedleSpec::builtin_completion();
+                let tail = format!("\n\nQuestion: {}\nAnswer: The secret pass key is", spec.question);
+                (spec, PromptStyle::Completion, "<s>", tail)
+            } else {
+                let spec = NeedleSpec::builtin();
+                let tail = format!("\n\n{}<|im_end|>\n<|im_start|>assistant\n", spec.question);
+                (spec, PromptStyle::Chat(ChatTemplate::smollm2()), "", tail)
+            };
             let p = build_prompt(&tokenizer, &template, &spec, context, depth).unwrap();
             let sentence = longest_sentence(&tokenizer, &spec);
             // Half a sentence from choosing the count, plus one token each where the first
@@ -239,11 +260,11 @@ mod tests {
             let from_needle = tokenizer.decode(&p.tokens[p.needle_token..]).unwrap();
             prop_assert!(from_needle.trim_start().starts_with(&needle), "{from_needle}");
             let before = tokenizer.decode(&p.tokens[..p.needle_token]).unwrap();
-            prop_assert!(before.ends_with('.') || before.ends_with("user\n"), "{before}");
+            prop_assert!(before.ends_with('.') || before.ends_with("user\n") || before == bos, "{before}");
             prop_assert_eq!(p.text.matches(&needle).count(), 1);
             let after = tokenizer.decode(&p.tokens[p.haystack_end..]).unwrap();
-            prop_assert_eq!(after, format!("\n\n{}<|im_end|>\n<|im_start|>assistant\n", spec.question));
-            prop_assert_eq!(tokenizer.decode(&p.tokens).unwrap(), p.text.clone());
+            prop_assert_eq!(after, tail);
+            prop_assert_eq!(tokenizer.decode(&p.tokens).unwrap(), format!("{bos}{}", p.text));
             prop_assert_eq!(p.facts.clone(), vec![p.key.unwrap().to_string()]);
         }
     }
@@ -251,7 +272,7 @@ mod tests {
     #[test]
     fn the_same_cell_gives_the_same_prompt_and_the_seed_changes_only_the_key() {
         let tokenizer = tokenizer();
-        let template = ChatTemplate::smollm2();
+        let template = PromptStyle::Chat(ChatTemplate::smollm2());
         let spec = NeedleSpec::builtin();
         let a = build_prompt(&tokenizer, &template, &spec, 1024, 0.5).unwrap();
         let b = build_prompt(&tokenizer, &template, &spec, 1024, 0.5).unwrap();
@@ -269,7 +290,7 @@ mod tests {
     #[test]
     fn depth_zero_and_one_put_the_needle_at_the_ends() {
         let tokenizer = tokenizer();
-        let template = ChatTemplate::smollm2();
+        let template = PromptStyle::Chat(ChatTemplate::smollm2());
         let spec = NeedleSpec::builtin();
         let first = build_prompt(&tokenizer, &template, &spec, 800, 0.0).unwrap();
         assert_eq!(first.needle_token, first.haystack_start);
@@ -284,7 +305,7 @@ mod tests {
     #[test]
     fn bad_depths_and_short_contexts_are_typed_errors() {
         let tokenizer = tokenizer();
-        let template = ChatTemplate::smollm2();
+        let template = PromptStyle::Chat(ChatTemplate::smollm2());
         let spec = NeedleSpec::builtin();
         for depth in [-0.1, 1.5, f64::NAN] {
             assert!(matches!(

@@ -6,14 +6,13 @@ use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
 
 use crate::causal_lm::CausalLm;
-use crate::chat::ChatTemplate;
 use crate::llama::generate::generate;
 use crate::llama::{GenerationOptions, Sampler};
 use crate::tokenizer::Tokenizer;
 
 use super::prompt::{NeedlePrompt, build_prompt};
 use super::score::score;
-use super::{NeedleError, NeedleSpec};
+use super::{NeedleError, NeedleSpec, PromptStyle};
 
 /// How to run a cell.
 #[derive(Clone, Debug)]
@@ -76,8 +75,9 @@ impl NeedleRow {
     }
 }
 
-/// Runs one cell: the prompt of `spec` at `context` tokens with the needle at `depth`, over a
-/// fresh cache with `allocation` (reported as `alloc_name`).
+/// Runs one cell: the prompt of `spec` at `context` tokens with the needle at `depth`, framed
+/// by the model's [`PromptStyle`], over a fresh cache with `allocation` (reported as
+/// `alloc_name`).
 #[allow(clippy::too_many_arguments)]
 pub fn run_cell(
     model: &dyn CausalLm,
@@ -89,9 +89,8 @@ pub fn run_cell(
     depth: f64,
     options: &NeedleOptions,
 ) -> Result<NeedleRow, NeedleError> {
-    let template =
-        ChatTemplate::from_gguf(model.file()).unwrap_or_else(|_| ChatTemplate::smollm2());
-    let prompt = build_prompt(tokenizer, &template, spec, context, depth)?;
+    let style = PromptStyle::for_model(model.file());
+    let prompt = build_prompt(tokenizer, &style, spec, context, depth)?;
     run_prompt(
         model, tokenizer, &prompt, alloc_name, allocation, context, depth, options,
     )
@@ -118,7 +117,7 @@ pub fn run_prompt(
         });
     }
     let mut cache = model.new_cache(allocation, needed)?;
-    let stop_tokens: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
+    let stop_tokens: Vec<u32> = ["<|im_end|>", "<|endoftext|>", "<end_of_turn>"]
         .iter()
         .filter_map(|t| tokenizer.token_id(t))
         .chain(tokenizer.eos_id())

@@ -19,7 +19,13 @@ pub const KEY_PLACEHOLDER: &str = "{key}";
 /// question = "What is the secret pass key?"               # asked after the haystack
 /// facts    = ["{key}"]                                     # strings the answer must contain
 /// key_seed = 7                                             # {key}: a 5-digit number per prompt
+/// answer_prefix = "The secret pass key is"                # optional: the cue the model completes
 /// ```
+///
+/// `answer_prefix` starts the answer for the model: after `Answer:` in a completion prompt
+/// (base models), at the start of the assistant turn in a chat prompt (see
+/// [`PromptStyle`](super::PromptStyle)). It may not contain `{key}`, which would give the
+/// answer away.
 ///
 /// Without `{key}` the needle and facts are literal (e.g. two facts such as `FROSTBLOCK-7` and
 /// `VcMYb4` in one needle sentence).
@@ -36,6 +42,9 @@ pub struct NeedleSpec {
     /// Seed of the pass keys (ignored when nothing contains `{key}`).
     #[serde(default)]
     pub key_seed: u64,
+    /// The words the answer starts with, written into the prompt for the model to complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_prefix: Option<String>,
 }
 
 impl NeedleSpec {
@@ -51,6 +60,26 @@ impl NeedleSpec {
             question: "What is the secret pass key?".to_owned(),
             facts: vec![KEY_PLACEHOLDER.to_owned()],
             key_seed: 7,
+            answer_prefix: None,
+        }
+    }
+
+    /// [`builtin`](Self::builtin) with the answer cue `"The secret pass key is"`: the spec the
+    /// needle commands use for a base model (no chat template), which completes text rather
+    /// than answers questions.
+    pub fn builtin_completion() -> Self {
+        Self {
+            answer_prefix: Some("The secret pass key is".to_owned()),
+            ..Self::builtin()
+        }
+    }
+
+    /// The built-in spec for a prompt `style`: [`builtin`](Self::builtin) for a chat model,
+    /// [`builtin_completion`](Self::builtin_completion) for a base model.
+    pub fn builtin_for(style: &super::PromptStyle) -> Self {
+        match style {
+            super::PromptStyle::Chat(_) => Self::builtin(),
+            super::PromptStyle::Completion => Self::builtin_completion(),
         }
     }
 
@@ -77,6 +106,18 @@ impl NeedleSpec {
             return Err(NeedleError::Spec(
                 "`facts` must list at least one non-empty string".into(),
             ));
+        }
+        if let Some(prefix) = &self.answer_prefix {
+            if blank(prefix) {
+                return Err(NeedleError::Spec(
+                    "`answer_prefix` is empty (omit it instead)".into(),
+                ));
+            }
+            if prefix.contains(KEY_PLACEHOLDER) {
+                return Err(NeedleError::Spec(
+                    "`answer_prefix` contains {key}: it would give the answer away".into(),
+                ));
+            }
         }
         // A fact that names the key can only be found if the needle states it.
         if self.facts.iter().any(|f| f.contains(KEY_PLACEHOLDER))
@@ -181,14 +222,24 @@ mod tests {
             NeedleSpec::from_toml(orphan_key),
             Err(NeedleError::Spec(_))
         ));
+        let base = "filler = \"a.\"\nneedle = \"k {key}\"\nquestion = \"c\"\nfacts = [\"{key}\"]\n";
+        for prefix in ["answer_prefix = \" \"", "answer_prefix = \"It is {key}\""] {
+            assert!(matches!(
+                NeedleSpec::from_toml(&format!("{base}{prefix}")),
+                Err(NeedleError::Spec(_))
+            ));
+        }
+        let cued = NeedleSpec::from_toml(&format!("{base}answer_prefix = \"The key is\"")).unwrap();
+        assert_eq!(cued.answer_prefix.as_deref(), Some("The key is"));
     }
 
     #[test]
-    fn the_builtin_spec_is_valid_and_round_trips_through_toml() {
-        let spec = NeedleSpec::builtin();
-        spec.validate().unwrap();
-        let text = toml::to_string(&spec).unwrap();
-        assert_eq!(NeedleSpec::from_toml(&text).unwrap(), spec);
+    fn the_builtin_specs_are_valid_and_round_trip_through_toml() {
+        for spec in [NeedleSpec::builtin(), NeedleSpec::builtin_completion()] {
+            spec.validate().unwrap();
+            let text = toml::to_string(&spec).unwrap();
+            assert_eq!(NeedleSpec::from_toml(&text).unwrap(), spec);
+        }
     }
 
     proptest! {

@@ -226,7 +226,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         check_len("matmul output", y_len, y.len())?;
         let data = self.data()?;
         let kernel = q8_kernel(self.kind, scratch.isa);
-        let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n);
+        let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa);
         match (kernel, kernel_k) {
             (Some(_), _) => scratch.act.quantize(x, n, self.cols)?,
             (None, Some(_)) => {
@@ -259,6 +259,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             rows: q8_rows_kernel(self.kind, scratch.isa),
             kernel_k,
             k_order: scratch.k_order,
+            isa: scratch.isa,
             act: &scratch.act,
             act_k: &scratch.act_k,
             x,
@@ -315,6 +316,7 @@ struct RowDot<'a> {
     rows: Option<Q8RowsKernel>,
     kernel_k: Option<Q8KKernel>,
     k_order: KQuantOrder,
+    isa: Isa,
     act: &'a Q8Activation,
     act_k: &'a Q8KActivation,
     x: &'a [f32],
@@ -346,10 +348,15 @@ impl RowDot<'_> {
 
     /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`.
     fn eval_row(&self, w: &[u8], out: &mut [f32], buf: &mut Option<TileBuf>) {
-        if self.kernel_k.is_some() {
+        if let Some(first) = self.kernel_k {
             let n = out.len();
             for (i, o) in out.iter_mut().enumerate() {
-                if let Some(kernel) = q8k_kernel(self.kind, self.k_order, i, n) {
+                // Only the llama.cpp order picks its kernel by batch position.
+                let kernel = match self.k_order {
+                    KQuantOrder::VecDot => Some(first),
+                    KQuantOrder::LlamaCppX86 => q8k_kernel(self.kind, self.k_order, i, n, self.isa),
+                };
+                if let Some(kernel) = kernel {
                     *o = kernel(w, &self.act_k.row_unchecked(i));
                 }
             }

@@ -15,8 +15,9 @@
 //!   kernel: on aarch64 it runs the scalar kernel, which gives the same bits.)
 //! - **Q8_K activations, integer sums** ([`dot_q8k`]; Q4_K, Q6_K): 256-value super-blocks,
 //!   exact integer products scaled by the integer sub-block scales, combined in f32 in the
-//!   order [`KQuantOrder`] selects (see `kquant`). Scalar code for now (LLVM vectorizes the
-//!   integer loops).
+//!   order [`KQuantOrder`] selects (see `kquant`). The [`KQuantOrder::VecDot`] order has AVX2
+//!   kernels (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86 orders are
+//!   scalar (they serve parity runs, not speed).
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
 //!   activation. Used by the matvec for F32 and F16, and as the
 //!   reference the integer path is tested against: the two differ by the activation's
@@ -30,6 +31,8 @@ mod tile_buf;
 mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_kquant;
 
 use tq_cache::attention::simd::Isa;
 
@@ -139,21 +142,32 @@ pub enum KQuantOrder {
 }
 
 /// The Q8_K-activation kernel for `kind` (Q4_K, Q6_K) in `order`, for activation row `row` of
-/// `rows` (the repacked order depends on it), or `None` for formats without one.
+/// `rows` (the repacked order depends on it), on `isa` (scalar if unavailable), or `None` for
+/// formats without one.
 pub(crate) fn q8k_kernel(
     kind: QuantKind,
     order: KQuantOrder,
     row: usize,
     rows: usize,
+    isa: Isa,
 ) -> Option<Q8KKernel> {
+    let vec_dot_q6k: Q8KKernel = match usable(isa) {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => avx2::q6k,
+        _ => kquant::dot_q6k,
+    };
     match (kind, order) {
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4K, KQuantOrder::VecDot) if matches!(usable(isa), Isa::Avx2 | Isa::Avx512) => {
+            Some(avx2::q4k)
+        }
         (QuantKind::Q4K, KQuantOrder::VecDot) => Some(kquant::dot_q4k),
         (QuantKind::Q4K, KQuantOrder::LlamaCppX86) if row < rows - rows % 4 => {
             Some(kquant::dot_q4k_repacked_gemm)
         }
         (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => Some(kquant::dot_q4k_repacked_gemv),
         (QuantKind::Q6K, KQuantOrder::LlamaCppX86) if rows >= 8 => Some(kquant::dot_q6k_tiled),
-        (QuantKind::Q6K, _) => Some(kquant::dot_q6k),
+        (QuantKind::Q6K, _) => Some(vec_dot_q6k),
         _ => None,
     }
 }
@@ -166,7 +180,18 @@ pub(crate) fn q8k_kernel(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::x86::{self, Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{Q8Row, ROWS, TileBuf};
+    use super::{Q8KRow, Q8Row, ROWS, TileBuf, x86_kquant};
+
+    pub(super) fn q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+        // SAFETY: as `q8_0`; `dot_q8k` and the matrix product check the row and activation
+        // lengths before calling.
+        unsafe { x86_kquant::dot_q4k(row, act) }
+    }
+
+    pub(super) fn q6k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+        // SAFETY: as `q4k`.
+        unsafe { x86_kquant::dot_q6k(row, act) }
+    }
 
     pub(super) fn q8_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
         // SAFETY: as `q8_0`.
@@ -282,8 +307,9 @@ pub fn dot_f32(kind: QuantKind, row: &[u8], x: &[f32]) -> Result<f32, QuantError
 
 /// `Σ_j w_j·x̂_j` of a K-format weight row (Q4_K, Q6_K) and a Q8_K-quantized activation row
 /// `x̂`, in `order` for activation row `batch_row` of a product over `batch_rows` rows (the
-/// llama.cpp x86 order depends on both). Every order computes the same exact integer sums per
-/// block; their f32 combinations differ by rounding only.
+/// llama.cpp x86 order depends on both), on `isa` (scalar if unavailable). Every order
+/// computes the same exact integer sums per block; their f32 combinations differ by rounding
+/// only. Every instruction set returns the same bits for a given order.
 pub fn dot_q8k(
     kind: QuantKind,
     row: &[u8],
@@ -291,9 +317,10 @@ pub fn dot_q8k(
     order: KQuantOrder,
     batch_row: usize,
     batch_rows: usize,
+    isa: Isa,
 ) -> Result<f32, QuantError> {
     let kernel =
-        q8k_kernel(kind, order, batch_row, batch_rows).ok_or(QuantError::NoQ8Dot { kind })?;
+        q8k_kernel(kind, order, batch_row, batch_rows, isa).ok_or(QuantError::NoQ8Dot { kind })?;
     check_row(kind, row, act.len())?;
     Ok(kernel(row, act))
 }
