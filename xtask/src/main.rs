@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         Some("needle") => needle::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|e2e|states|python> [--json] [args...]>"
+                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }

@@ -2,9 +2,12 @@
 //! temporary virtual environment and runs its pytest suite; `cargo xtask bench python` runs
 //! the encode benchmark there.
 //!
-//! The environment gets maturin, numpy and pytest from PyPI with pip; the wheel is built with
-//! `CARGO_TARGET_DIR=target/python`, so the extension's feature set never invalidates the
-//! workspace's `target/release`. Without a `python3` (or `$TQ_PYTHON`) the step is skipped
+//! The environment gets maturin, numpy and pytest from PyPI with pip; the wheel is built in the
+//! workspace's own target directory (`target/release`, or `$CARGO_TARGET_DIR`), so it reuses every crate the test step compiled (a target
+//! directory of its own rebuilt all of them: minutes of a fresh CI run). Only the PyO3 crates
+//! and the bindings compile again, because the extension's feature and maturin's environment
+//! differ from the test build's; the next workspace build recompiles those few (under a
+//! minute). Without a `python3` (or `$TQ_PYTHON`) the step is skipped
 //! with the reason printed, unless `TQ_REQUIRE_PYTHON=1`, which makes it a failure.
 
 use std::path::{Path, PathBuf};
@@ -92,8 +95,7 @@ fn prepare(purpose: &str) -> Result<Option<Env>, String> {
         .arg("--interpreter")
         .arg(&env.python)
         .arg("--out")
-        .arg(&wheels)
-        .env("CARGO_TARGET_DIR", root.join("target/python")))?;
+        .arg(&wheels))?;
     let wheel = only_wheel(&wheels)?;
     run(Command::new(&env.python)
         .args([

@@ -52,7 +52,8 @@ fn the_preset_list_is_the_documented_one() {
             "rec3.25",
             "rec2.75",
             "rec4.25-global",
-            "rec3.25-global"
+            "rec3.25-global",
+            "k6v5-global"
         ]
     );
     let readme = include_str!("../presets/README.md");
@@ -106,7 +107,7 @@ fn every_preset_resolves_and_builds_with_honest_bytes() {
 /// Bits per value (keys, values) at d = 64 and d = 128, as `presets/README.md` states them.
 #[test]
 fn preset_costs_are_pinned() {
-    let expected: [(&str, [f64; 2], [f64; 2]); 14] = [
+    let expected: [(&str, [f64; 2], [f64; 2]); 15] = [
         ("f16", [16.0, 16.0], [16.0, 16.0]),
         ("mse-k4v4", [4.25, 4.25], [4.125, 4.125]),
         ("k5v4", [5.5, 4.25], [5.25, 4.125]),
@@ -122,6 +123,7 @@ fn preset_costs_are_pinned() {
         // Every layer of these shapes is global.
         ("rec4.25-global", [5.25, 3.25], [5.125, 3.125]),
         ("rec3.25-global", [4.25, 2.25], [4.125, 2.125]),
+        ("k6v5-global", [6.25, 5.25], [6.125, 5.125]),
     ];
     for (name, small, large) in expected {
         let allocation = Allocation::preset(name).unwrap();

@@ -448,3 +448,32 @@ fn global_presets_compress_only_global_layers() {
         }
     }
 }
+
+/// `k6v5-global` is, on global layers, keys TQ_mse 6 and values TQ_mse 5, centered, with 4 f16
+/// sinks — what its file says without the override — and f16 on sliding layers.
+#[test]
+fn k6v5_global_is_six_and_five_bits_on_global_layers() {
+    let a = Allocation::preset("k6v5-global").unwrap();
+    let base = parse(
+        r#"
+        name = "k6v5-global"
+        sink_tokens = 4
+        key = { codec = "mse", bits = 6, center = "first-chunk" }
+        value = { codec = "mse", bits = 5, center = "first-chunk" }
+        "#,
+    );
+    assert_eq!(a.sink_tokens, 4);
+    for layer in [0, 5, 17] {
+        for stream in StreamKind::BOTH {
+            let at = |x: &Allocation, kind| {
+                x.resolve_stream_in(layer, kind, 18, 0, 256, stream)
+                    .unwrap()
+            };
+            assert_eq!(at(&a, LayerKind::Global), at(&base, LayerKind::Global));
+            assert_eq!(
+                at(&a, LayerKind::Sliding).plan,
+                StreamPlan::Single(CodecSpec::F16 { dim: 256 })
+            );
+        }
+    }
+}

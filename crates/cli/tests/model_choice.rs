@@ -2,7 +2,7 @@
 //! (with `--kernel llamacpp`, the reference engine's tokens), bad names and misuse are
 //! messages, and `tq tokenize` / `tq inspect` work on both models (Gemma 3's sliding and
 //! global layers shown apart). Tests that need a model file skip with a message when it is
-//! absent (fail instead with `TQ_REQUIRE_MODEL=1`).
+//! absent (fail instead with `TQ_REQUIRE_MODEL=1`). `tq bench matmul` runs on both models.
 
 mod common;
 
@@ -225,4 +225,52 @@ fn inspect_has_no_sliding_table_for_smollm2() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("30 layers (every token)"), "{stdout}");
     assert!(!stdout.contains("sliding B/token"), "{stdout}");
+}
+
+#[test]
+fn bench_matmul_times_every_instruction_set_on_both_models() {
+    for (model, name, kinds) in [
+        (KnownModel::SmolLm2, "smollm2", &["Q4_1"][..]),
+        (
+            KnownModel::Gemma3_270m,
+            "gemma3-270m",
+            &["Q4_K", "Q6_K"][..],
+        ),
+    ] {
+        if present(model).is_none() {
+            continue;
+        }
+        let args = [
+            "bench",
+            "matmul",
+            "--model",
+            name,
+            "--tokens",
+            "1,3",
+            "--repeats",
+            "1",
+            "--json",
+        ];
+        let (ok, stdout, stderr) = tq(&args);
+        assert!(ok, "{args:?}: {stderr}");
+        // The block's matrices are listed with their formats.
+        for kind in kinds {
+            assert!(stderr.contains(kind), "{kind}: {stderr}");
+        }
+        let rows: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON array");
+        let rows = rows.as_array().unwrap();
+        let isas = tq_models::quant::Isa::available();
+        assert_eq!(rows.len(), 2 * isas.len(), "{stdout}");
+        for (row, (tokens, isa)) in rows.iter().zip(
+            [1u64, 3]
+                .iter()
+                .flat_map(|t| isas.iter().map(move |i| (*t, i))),
+        ) {
+            assert_eq!(row["tokens"], tokens, "{row}");
+            assert_eq!(row["isa"], isa.name(), "{row}");
+            assert!(row["gmacs"].as_f64().unwrap() > 0.0, "{row}");
+        }
+    }
+    let (ok, _, stderr) = tq(&["bench", "matmul", "--tokens", "0"]);
+    assert!(!ok && stderr.contains("--tokens"), "{stderr}");
 }

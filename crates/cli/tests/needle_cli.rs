@@ -130,6 +130,44 @@ fn needle_json_rows_have_the_contract_keys() {
     }
 }
 
+/// `--concurrent` runs the cells as parallel tasks: the same rows in the same order, the same
+/// answers (only the speeds may differ).
+#[test]
+fn concurrent_cells_give_the_same_rows() {
+    if !model_present() {
+        return;
+    }
+    let grid = [
+        "needle",
+        "--contexts",
+        "300",
+        "--depths",
+        "0.2,0.8",
+        "--alloc",
+        "f16,tq3.5",
+        "--max-tokens",
+        "8",
+        "--json",
+    ];
+    let answers = |extra: &[&str]| {
+        let args: Vec<&str> = grid.iter().chain(extra).copied().collect();
+        let (ok, stdout, stderr) = tq(&args);
+        assert!(ok, "{stderr}");
+        let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+        rows.as_array()
+            .expect("an array")
+            .iter()
+            .map(|r| {
+                let keys = ["alloc", "context", "depth", "answer", "prompt_tokens"];
+                keys.map(|k| r[k].to_string())
+            })
+            .collect::<Vec<_>>()
+    };
+    let one_at_a_time = answers(&[]);
+    assert_eq!(one_at_a_time.len(), 2 * 2);
+    assert_eq!(answers(&["--concurrent"]), one_at_a_time);
+}
+
 #[test]
 fn demo_prints_one_row_per_allocation() {
     if !model_present() {

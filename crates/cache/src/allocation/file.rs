@@ -27,6 +27,10 @@ const PRESETS: &[(&str, &str)] = &[
         "rec3.25-global",
         include_str!("../../presets/rec3.25-global.toml"),
     ),
+    (
+        "k6v5-global",
+        include_str!("../../presets/k6v5-global.toml"),
+    ),
 ];
 
 /// The recommended presets, best quality first: what `--alloc recommended` stands for.

@@ -44,6 +44,7 @@ use tq_models::fetch::ModelSpec;
 use tq_models::llama::ops::argmax;
 use tq_models::llama::{ForwardScratch, Logits};
 
+use crate::commands::model::{SLIDING_MODEL_ALLOCS, has_sliding_layers};
 use crate::output::table;
 
 /// llama.cpp's figures for the reference model (see `crates/cli/data/README.md`).
@@ -59,11 +60,13 @@ pub struct E2eBenchArgs {
     #[arg(long)]
     json: bool,
     /// Context lengths: prompt tokens prefilled before the decode steps (comma separated)
-    /// [default: 512,2048,8192; for gemma3-270m 4096,16384,32768].
+    /// [default: 512,2048,8192; for a model with sliding-window layers (gemma3-270m)
+    /// 4096,16384,32768].
     #[arg(long, value_delimiter = ',')]
     contexts: Vec<usize>,
     /// Allocations (preset names or TOML files, comma separated) [default:
-    /// f16,k5v4,tq3.5,tq2.5; for gemma3-270m f16,rec4.25-global,rec4.25].
+    /// f16,k5v4,tq3.5,tq2.5; for a model with sliding-window layers (gemma3-270m)
+    /// f16,k6v5-global,rec4.25-global].
     #[arg(long, value_delimiter = ',')]
     alloc: Vec<String>,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
@@ -170,38 +173,39 @@ pub fn run(args: &E2eBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string(&measurement)?);
         return Ok(());
     }
+    // Explicit allocations are checked before the model is opened (a typo fails at once).
+    for name in &args.alloc {
+        Allocation::load(name)?;
+    }
     let model = crate::commands::model::model_path(&args.model)?;
     // Mapped here for its architecture and chunk limit only; each child maps its own.
-    let (architecture, chunk) = {
+    let (architecture, chunk, sliding) = {
         let loaded = load_model(&model)?;
         (
             loaded.architecture(),
             args.prefill_chunk.clamp(1, loaded.max_chunk()),
+            has_sliding_layers(&*loaded),
         )
     };
-    // Defaults per architecture: SmolLM2 to its 8K window against llama.cpp's figures; Gemma 3
-    // to its 32K window, the sliding layers kept f16 or compressed with the global ones.
+    // Defaults: SmolLM2 to its 8K window against llama.cpp's figures; a model with
+    // sliding-window layers (Gemma 3) to its 32K window, as `tq demo` compares it.
     let mut args = args.clone();
-    let gemma = architecture == "gemma3";
     if args.contexts.is_empty() {
-        args.contexts = if gemma {
+        args.contexts = if sliding {
             vec![4096, 16384, 32768]
         } else {
             vec![512, 2048, 8192]
         };
     }
     if args.alloc.is_empty() {
-        let names: &[&str] = if gemma {
-            &["f16", "rec4.25-global", "rec4.25"]
+        let names: &[&str] = if sliding {
+            &SLIDING_MODEL_ALLOCS
         } else {
             &["f16", "k5v4", "tq3.5", "tq2.5"]
         };
         args.alloc = names.iter().map(|n| (*n).to_owned()).collect();
     }
     let args = &args;
-    for name in &args.alloc {
-        Allocation::load(name)?;
-    }
     // llama.cpp's figures are the reference model's: no comparison for another architecture.
     let reference = if architecture == "llama" {
         LlamaCppSpeed::parse()?

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod codec;
 pub mod e2e;
 pub mod estimators;
+pub mod matmul;
 pub mod states;
 mod timing;
 
@@ -22,6 +23,9 @@ pub enum BenchCommand {
     E2e(e2e::E2eBenchArgs),
     /// Bias and variance of the inner-product estimators (TQ_prod, debiased MSE) at b = 2..5.
     Estimators(estimators::EstimatorArgs),
+    /// The weight products of one block of a real model (decode and prefill-chunk shapes) on
+    /// each instruction set this CPU runs, side by side.
+    Matmul(matmul::MatmulBenchArgs),
     /// Memory of the hybrid models' states (sliding rings, full KV, shared KV, fixed conv and
     /// recurrent states), or with --model a real model's, against context length: byte
     /// formula beside the measured allocation.
@@ -35,6 +39,7 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         BenchCommand::Codec(args) => codec::run(&args),
         BenchCommand::E2e(args) => e2e::run(&args),
         BenchCommand::Estimators(args) => estimators::run(&args),
+        BenchCommand::Matmul(args) => matmul::run(&args),
         BenchCommand::States(args) => states::run(&args),
     }
 }

@@ -1,5 +1,8 @@
-//! Wall-clock measurement: contenders run interleaved (A B A B ...) after a warm-up, and each
-//! gets the median of its runs, so a burst of noise on a shared machine hits all of them alike.
+//! Wall-clock measurement: contenders run interleaved after a warm-up, and each gets the median
+//! of its runs, so a burst of noise on a shared machine hits all of them alike. Each round
+//! starts one contender later (A B C, B C A, C A B, ...): a contender that evicts the caches
+//! (a slow scalar kernel streaming its own buffers) would otherwise always hand the next one in
+//! line a cold cache — `tq bench matmul` showed identical kernels 1.2–1.3× apart that way.
 
 use std::time::Instant;
 
@@ -9,12 +12,14 @@ pub fn interleaved_medians(repeats: usize, contenders: &mut [&mut dyn FnMut()]) 
     for work in contenders.iter_mut() {
         work();
     }
-    let mut times = vec![Vec::with_capacity(repeats); contenders.len()];
-    for _ in 0..repeats.max(1) {
-        for (work, samples) in contenders.iter_mut().zip(times.iter_mut()) {
+    let count = contenders.len();
+    let mut times = vec![Vec::with_capacity(repeats); count];
+    for round in 0..repeats.max(1) {
+        for k in 0..count {
+            let i = (round + k) % count;
             let start = Instant::now();
-            work();
-            samples.push(start.elapsed().as_secs_f64());
+            contenders[i]();
+            times[i].push(start.elapsed().as_secs_f64());
         }
     }
     times

@@ -4,7 +4,7 @@
 //! model `--model` names, e.g. `gemma3-270m`), hides a 5-digit pass key in about 2K tokens of
 //! filler (16K for gemma3-270m, a base model, which completes "Answer: The secret pass key
 //! is") and asks for it back, once per allocation (f16 baseline, the recommended `rec4.25`,
-//! `k5v4`, `tq3.5`; for Gemma 3 f16, `rec4.25-global` and `rec4.25`), with chunked prefill
+//! `k5v4`, `tq3.5`; for Gemma 3 f16, `k6v5-global` and `rec4.25-global`), with chunked prefill
 //! through the compressed cache so the quantization affects the prompt too. The table shows hit or miss, the answer, what a token
 //! of cache costs, and prefill / decode speed. The default depth is 50%, where the f16 cache
 //! finds the key in the reference engine (llama.cpp) and here; at 10% of 1K–4K SmolLM2
@@ -12,7 +12,7 @@
 //! `tq needle --synthetic`.
 
 use clap::Args;
-use tq_cache::allocation::{Allocation, LayerKind};
+use tq_cache::allocation::Allocation;
 use tq_models::causal_lm::CausalLm;
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
@@ -20,7 +20,7 @@ use tq_models::needle::{
 };
 use tq_models::tokenizer::Tokenizer;
 
-use super::model::open_model;
+use super::model::{SLIDING_MODEL_ALLOCS, has_sliding_layers, open_model};
 use super::needle::{one_line, progress};
 use crate::output::table;
 
@@ -35,7 +35,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.5)]
     depth: f64,
     /// Allocations: preset names or TOML files, comma-separated [default: f16,rec4.25,k5v4,tq3.5;
-    /// for a model with sliding-window layers f16,rec4.25-global,rec4.25].
+    /// for a model with sliding-window layers f16,k6v5-global,rec4.25-global].
     #[arg(long, value_delimiter = ',')]
     alloc: Vec<String>,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
@@ -63,9 +63,8 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let model = open_model(&args.model)?;
     let model = &*model;
-    let sliding = model.layer_kinds().contains(&LayerKind::Sliding);
-    let defaults: &[&str] = if sliding {
-        &["f16", "rec4.25-global", "rec4.25"]
+    let defaults: &[&str] = if has_sliding_layers(model) {
+        &SLIDING_MODEL_ALLOCS
     } else {
         &["f16", "rec4.25", "k5v4", "tq3.5"]
     };

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tq_attention_wgpu::{ContextOptions, GpuContext, GpuError};
 use tq_cache::allocation::{Allocation, StreamKind};
-use tq_cache::states::{ModelCache, StateKind};
+use tq_cache::states::ModelCache;
 use tq_cache::token_store::Growth;
 use tq_models::causal_lm::{CausalLm, load_model};
 use tq_models::chat::{ChatTemplate, Message, Role};
@@ -40,6 +40,19 @@ pub enum ModelChoiceError {
         /// The known names.
         known: String,
     },
+}
+
+/// The allocations `tq demo` and `tq bench e2e` compare by default on a model with
+/// sliding-window layers (Gemma 3): f16, then only the global layers compressed — with the
+/// preset that finds every pass key f16 finds at 16K and 32K, and with the recommended 4.25-bit
+/// one. (Compressing the sliding rings too saves little: they are bounded by the window.)
+pub(crate) const SLIDING_MODEL_ALLOCS: [&str; 3] = ["f16", "k6v5-global", "rec4.25-global"];
+
+/// Whether `model` has sliding-window layers, the criterion for [`SLIDING_MODEL_ALLOCS`].
+pub(crate) fn has_sliding_layers(model: &dyn CausalLm) -> bool {
+    model
+        .layer_kinds()
+        .contains(&tq_cache::allocation::LayerKind::Sliding)
 }
 
 /// The model file of a command: `--model smollm2|gemma3-270m|FILE.gguf`, the reference model
@@ -522,14 +535,6 @@ pub fn inspect(args: &InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("\n{}", sliding_global_table(model.as_ref())?);
     }
     Ok(())
-}
-
-/// Whether any of `model`'s KV states is a sliding-window ring.
-fn has_sliding_layers(model: &dyn CausalLm) -> bool {
-    model
-        .state_specs(Growth::Static { capacity: 1 })
-        .iter()
-        .any(|spec| matches!(&spec.kind, StateKind::Kv { layout, .. } if layout.ring_slots().is_some()))
 }
 
 /// A model with sliding layers: per allocation, the bytes per token of the sliding and the

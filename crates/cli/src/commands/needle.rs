@@ -10,7 +10,7 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, build_prompt, run_prompt,
+    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -43,6 +43,10 @@ pub struct NeedleArgs {
     /// Print JSON rows instead of a table (progress stays on stderr).
     #[arg(long)]
     json: bool,
+    /// Run the grid's cells concurrently: about 1.8× sooner on two cores, the same answers,
+    /// but each row's tokens/s then shares the cores with the other cells.
+    #[arg(long)]
+    concurrent: bool,
     #[command(flatten)]
     budget: super::limits::CacheBudgetArgs,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
@@ -154,32 +158,38 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let cells = contexts.len() * args.depths.len() * allocations.len();
     let bar = progress(cells as u64);
-    let mut rows = Vec::with_capacity(cells);
-    for &context in &contexts {
-        for &depth in &args.depths {
-            // One prompt per (context, depth): every allocation answers the same question.
-            let prompt = build_prompt(&tokenizer, &style, &spec, context, depth)?;
-            for allocation in &allocations {
-                bar.set_message(format!(
-                    "{} at {context} tokens, depth {:.0}%",
-                    allocation.name,
-                    100.0 * depth
-                ));
-                let row = run_prompt(
-                    model,
-                    &tokenizer,
-                    &prompt,
-                    &allocation.name,
-                    allocation,
-                    context,
-                    depth,
-                    &options,
-                )?;
-                rows.push(row);
-                bar.inc(1);
-            }
-        }
-    }
+    let named: Vec<(&str, &Allocation)> = allocations
+        .iter()
+        .map(|allocation| (allocation.name.as_str(), allocation))
+        .collect();
+    let grid = NeedleGrid {
+        allocations: &named,
+        contexts: &contexts,
+        depths: &args.depths,
+    };
+    let order = if args.concurrent {
+        CellOrder::Concurrent
+    } else {
+        CellOrder::OneAtATime
+    };
+    let rows = run_grid(
+        model,
+        &tokenizer,
+        &style,
+        &spec,
+        &grid,
+        &options,
+        order,
+        &|row| {
+            bar.set_message(format!(
+                "{} at {} tokens, depth {:.0}%: done",
+                row.alloc,
+                row.context,
+                100.0 * row.depth
+            ));
+            bar.inc(1);
+        },
+    )?;
     bar.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

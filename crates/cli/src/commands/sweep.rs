@@ -14,7 +14,7 @@ use tq_models::eval::sensitivity::{bytes_per_token, raised, rank, spend_budget};
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, build_prompt, run_prompt,
+    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -168,35 +168,42 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         |done, _| bar.set_position(done as u64),
     )?;
     bar.set_position(eval_calls as u64);
-    let mut needle_rows = Vec::with_capacity(needle_cells);
+    let mut needle_rows = Vec::new();
     if !args.no_needle {
         let needle_options = NeedleOptions {
             max_tokens: args.max_tokens,
             prefill_chunk: args.prefill_chunk,
             ..NeedleOptions::default()
         };
-        for &context in &args.contexts {
-            for &depth in &args.depths {
-                let prompt = build_prompt(&tokenizer, &style, &spec, context, depth)?;
-                for (name, allocation) in &allocations {
-                    bar.set_message(format!(
-                        "needle: {name} at {context} tokens, depth {:.0}%",
-                        100.0 * depth
-                    ));
-                    needle_rows.push(run_prompt(
-                        model,
-                        &tokenizer,
-                        &prompt,
-                        name,
-                        allocation,
-                        context,
-                        depth,
-                        &needle_options,
-                    )?);
-                    bar.inc(1);
-                }
-            }
-        }
+        let named: Vec<(&str, &Allocation)> = allocations
+            .iter()
+            .map(|(name, allocation)| (name.as_str(), allocation))
+            .collect();
+        let grid = NeedleGrid {
+            allocations: &named,
+            contexts: &args.contexts,
+            depths: &args.depths,
+        };
+        // Concurrently: the sweep keeps only the cells' answers (decode speed comes from the
+        // evaluation above, measured alone).
+        needle_rows = run_grid(
+            model,
+            &tokenizer,
+            &style,
+            &spec,
+            &grid,
+            &needle_options,
+            CellOrder::Concurrent,
+            &|row| {
+                bar.set_message(format!(
+                    "needle: {} at {} tokens, depth {:.0}%: done",
+                    row.alloc,
+                    row.context,
+                    100.0 * row.depth
+                ));
+                bar.inc(1);
+            },
+        )?;
     }
     bar.finish_and_clear();
     let rows = summarize(&report, &needle_rows, !args.no_needle);

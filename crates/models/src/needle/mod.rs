@@ -8,9 +8,11 @@
 //! cache — so the cache's quantization affects the prompt, not only the answer — decodes
 //! greedily and [`score`](score::score) counts the facts found, with exact and
 //! case-insensitive matching as the evaluation seed does. One call is one cell of the
-//! (allocation, context, depth) grid and yields one [`NeedleRow`].
+//! (allocation, context, depth) grid and yields one [`NeedleRow`]; [`run_grid`] runs a whole
+//! grid, one cell at a time or concurrently ([`CellOrder`]).
 
 mod error;
+mod grid;
 pub mod prompt;
 mod run;
 pub mod score;
@@ -18,6 +20,7 @@ mod spec;
 mod style;
 
 pub use error::NeedleError;
+pub use grid::{CellOrder, NeedleGrid, run_grid};
 pub use prompt::{NeedlePrompt, build_prompt};
 pub use run::{NeedleOptions, NeedleRow, run_cell, run_prompt};
 pub use score::{FactScore, score};

@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 use tq_cache::attention::simd::Isa;
 
-use super::activation::Q8Activation;
-use super::activation_k::Q8KActivation;
+use super::activation::{Q8Activation, Q8Row};
+use super::activation_k::{Q8KActivation, Q8KRow};
 use super::dequant::dequantize_unchecked;
 use super::dot::{
     KQuantOrder, Q8KKernel, Q8Kernel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_kernel,
@@ -275,11 +275,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         out.clear();
         out.resize(y_len, 0.0);
         rows.for_each_chunk(out, n, &dot);
-        for (r, outs) in out.chunks_exact(n).enumerate() {
-            for (i, &v) in outs.iter().enumerate() {
-                y[i * self.rows + r] = v;
-            }
-        }
+        transpose_into(out, self.rows, n, y);
         Ok(())
     }
 }
@@ -338,26 +334,52 @@ impl RowDot<'_> {
             }
             (w, out) = (ws.remainder(), os.into_remainder());
         }
-        // Unpacking space of the tile kernel, made on first use (only products of several
-        // activation rows on AVX2 need it).
+        // Products of several activation rows: their views (and for the K formats their
+        // kernels) made once per task rather than once per weight row. A matrix-vector product
+        // allocates nothing (the decode step must not): its one row is read in `eval_row`.
+        let acts: Vec<_> = match (self.kernel_k, self.kernel) {
+            (None, Some(_)) if n > 1 => (0..n).map(|i| self.act.row_unchecked(i)).collect(),
+            _ => Vec::new(),
+        };
+        let acts_k: Vec<_> = match self.kernel_k {
+            Some(first) if n > 1 => (0..n)
+                .map(|i| {
+                    // Only the llama.cpp order picks its kernel by batch position.
+                    let kernel = match self.k_order {
+                        KQuantOrder::VecDot => Some(first),
+                        KQuantOrder::LlamaCppX86 => {
+                            q8k_kernel(self.kind, self.k_order, i, n, self.isa)
+                        }
+                    };
+                    (kernel, self.act_k.row_unchecked(i))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let mut buf = None;
         for (w, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
-            self.eval_row(w, o, &mut buf);
+            self.eval_row(w, o, &acts, &acts_k, &mut buf);
         }
     }
 
-    /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`.
-    fn eval_row(&self, w: &[u8], out: &mut [f32], buf: &mut Option<TileBuf>) {
+    /// `out[i]` = weight row `w` against activation row `i`, for `i < out.len()`; `acts` and
+    /// `acts_k` are the activation rows' views when the row's path reads them.
+    fn eval_row(
+        &self,
+        w: &[u8],
+        out: &mut [f32],
+        acts: &[Q8Row<'_>],
+        acts_k: &[(Option<Q8KKernel>, Q8KRow<'_>)],
+        buf: &mut Option<TileBuf>,
+    ) {
         if let Some(first) = self.kernel_k {
-            let n = out.len();
-            for (i, o) in out.iter_mut().enumerate() {
-                // Only the llama.cpp order picks its kernel by batch position.
-                let kernel = match self.k_order {
-                    KQuantOrder::VecDot => Some(first),
-                    KQuantOrder::LlamaCppX86 => q8k_kernel(self.kind, self.k_order, i, n, self.isa),
-                };
+            if let [o] = out {
+                // Batch position 0 of 1: every order's kernel is `first` there.
+                *o = first(w, &self.act_k.row_unchecked(0));
+            }
+            for (o, (kernel, act)) in out.iter_mut().zip(acts_k) {
                 if let Some(kernel) = kernel {
-                    *o = kernel(w, &self.act_k.row_unchecked(i));
+                    *o = kernel(w, act);
                 }
             }
             return;
@@ -365,13 +387,8 @@ impl RowDot<'_> {
         match (self.tile, self.kernel) {
             (Some(tile), _) if out.len() > 1 => {
                 let buf = buf.get_or_insert_with(TileBuf::new);
-                for (t, out) in out.chunks_mut(TILE).enumerate() {
-                    let first = t * TILE;
-                    let mut acts = [self.act.row_unchecked(first); TILE];
-                    for (j, act) in acts.iter_mut().enumerate().take(out.len()) {
-                        *act = self.act.row_unchecked(first + j);
-                    }
-                    tile(w, &acts[..out.len()], out, buf);
+                for (out, acts) in out.chunks_mut(TILE).zip(acts.chunks(TILE)) {
+                    tile(w, acts, out, buf);
                 }
             }
             (_, Some(kernel)) => {
@@ -386,6 +403,27 @@ impl RowDot<'_> {
             }
         }
     }
+}
+
+/// Token rows per task of [`transpose_into`]: each task reads 64 contiguous bytes of every
+/// weight row's outputs and writes its token rows whole.
+const TRANSPOSE_TOKENS: usize = 16;
+
+/// `y[i·rows + r] = out[r·n + i]`: the products, computed weight row by weight row, into the
+/// token-major layout callers use. In parallel over blocks of token rows: done on one thread
+/// it was 5–8% of a prefill (the strided writes miss the cache), all of it serial.
+fn transpose_into(out: &[f32], rows: usize, n: usize, y: &mut [f32]) {
+    y.par_chunks_mut(TRANSPOSE_TOKENS * rows)
+        .enumerate()
+        .for_each(|(block, ys)| {
+            let i0 = block * TRANSPOSE_TOKENS;
+            let count = ys.len() / rows;
+            for (r, outs) in out.chunks_exact(n).enumerate() {
+                for (k, &v) in outs[i0..i0 + count].iter().enumerate() {
+                    ys[k * rows + r] = v;
+                }
+            }
+        });
 }
 
 fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), QuantError> {

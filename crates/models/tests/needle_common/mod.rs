@@ -5,7 +5,7 @@
 use serde::Serialize;
 use tq_cache::allocation::Allocation;
 use tq_models::causal_lm::CausalLm;
-use tq_models::needle::{NeedleOptions, NeedleSpec, PromptStyle, build_prompt, run_prompt};
+use tq_models::needle::{self, CellOrder, NeedleGrid, NeedleOptions, NeedleSpec, PromptStyle};
 use tq_models::tokenizer::Tokenizer;
 
 /// What a golden records of one cell.
@@ -21,7 +21,9 @@ pub struct Cell {
     pub answer: String,
 }
 
-/// Every (context, depth, allocation) cell of `spec` on `model`, prompts framed by `style`.
+/// Every (context, depth, allocation) cell of `spec` on `model`, prompts framed by `style`,
+/// in that order, run concurrently ([`CellOrder::Concurrent`]: CI would otherwise wait on one
+/// core through each cell's serial steps; the answers are the same).
 pub fn run_grid(
     model: &dyn CausalLm,
     style: &PromptStyle,
@@ -36,35 +38,33 @@ pub fn run_grid(
         .iter()
         .map(|name| Allocation::preset(name).expect("a shipped preset"))
         .collect();
-    let mut cells = Vec::new();
-    for &context in contexts {
-        for &depth in depths {
-            let prompt =
-                build_prompt(&tokenizer, style, spec, context, depth).expect("the prompt builds");
-            for allocation in &allocations {
-                let row = run_prompt(
-                    model,
-                    &tokenizer,
-                    &prompt,
-                    &allocation.name,
-                    allocation,
-                    context,
-                    depth,
-                    options,
-                )
-                .expect("the cell runs");
-                cells.push(Cell {
-                    hit: row.hit(),
-                    alloc: row.alloc,
-                    context,
-                    depth,
-                    prompt_tokens: row.prompt_tokens,
-                    expected: row.expected,
-                    score_case_insensitive: row.score_case_insensitive,
-                    answer: row.answer,
-                });
-            }
-        }
-    }
-    cells
+    let named: Vec<(&str, &Allocation)> = allocs.iter().copied().zip(&allocations).collect();
+    let grid = NeedleGrid {
+        allocations: &named,
+        contexts,
+        depths,
+    };
+    needle::run_grid(
+        model,
+        &tokenizer,
+        style,
+        spec,
+        &grid,
+        options,
+        CellOrder::Concurrent,
+        &|_| {},
+    )
+    .expect("the grid runs")
+    .into_iter()
+    .map(|row| Cell {
+        hit: row.hit(),
+        alloc: row.alloc,
+        context: row.context,
+        depth: row.depth,
+        prompt_tokens: row.prompt_tokens,
+        expected: row.expected,
+        score_case_insensitive: row.score_case_insensitive,
+        answer: row.answer,
+    })
+    .collect()
 }
