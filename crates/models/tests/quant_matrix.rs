@@ -134,6 +134,38 @@ fn large_matrix_is_deterministic() {
     }
 }
 
+/// A product of more activation rows than one block of the parallel transpose (16) and not a
+/// multiple of it, for every format: each token row is the matvec of that row.
+#[test]
+fn matmul_of_many_rows_is_repeated_matvec() {
+    let mut rng = Rng::new(23);
+    let n = 37;
+    for kind in QuantKind::ALL {
+        let (rows, cols) = (45, 2 * kind.block_size().max(32));
+        let m =
+            QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
+        let x = random_activation(n * cols, &mut rng);
+        for isa in Isa::available() {
+            let mut scratch = MatvecScratch::with_isa(isa);
+            let mut expected = vec![0.0f32; n * rows];
+            for i in 0..n {
+                let (xi, yi) = (
+                    &x[i * cols..(i + 1) * cols],
+                    &mut expected[i * rows..][..rows],
+                );
+                m.matvec(xi, yi, &mut scratch).unwrap();
+            }
+            for threads in [1, 2] {
+                let mut y = vec![f32::NAN; n * rows];
+                pool(threads)
+                    .install(|| m.matmul(&x, n, &mut y, &mut scratch))
+                    .unwrap();
+                assert_eq!(bits(&y), bits(&expected), "{kind} {} {threads}", isa.name());
+            }
+        }
+    }
+}
+
 #[test]
 fn embedding_rows_are_dequantized_rows() {
     let mut rng = Rng::new(11);

@@ -44,7 +44,8 @@ pub struct NeedleArgs {
     #[arg(long)]
     json: bool,
     /// Run the grid's cells concurrently: about 1.8× sooner on two cores, the same answers,
-    /// but each row's tokens/s then shares the cores with the other cells.
+    /// but each row's tokens/s then shares the cores with the other cells, and each cell in
+    /// flight holds a cache of its own (--max-cache-bytes bounds one).
     #[arg(long)]
     concurrent: bool,
     #[command(flatten)]

@@ -184,8 +184,8 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
             contexts: &args.contexts,
             depths: &args.depths,
         };
-        // Concurrently: the sweep keeps only the cells' answers (decode speed comes from the
-        // evaluation above, measured alone).
+        // One cell at a time: the cache budget checked above bounds one cache, and cells in
+        // flight together would hold one each.
         needle_rows = run_grid(
             model,
             &tokenizer,
@@ -193,7 +193,7 @@ pub fn run(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
             &spec,
             &grid,
             &needle_options,
-            CellOrder::Concurrent,
+            CellOrder::OneAtATime,
             &|row| {
                 bar.set_message(format!(
                     "needle: {} at {} tokens, depth {:.0}%: done",

@@ -129,6 +129,26 @@ impl Gelu {
 mod tests {
     use super::*;
 
+    /// Both GELUs over several parallel blocks with a tail equal the one-thread pass bit for
+    /// bit.
+    #[test]
+    fn gelu_gate_in_blocks_is_the_serial_gate() {
+        let n = 3 * ELEMENTWISE_TASK + 17;
+        let gate: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 40.0)
+            .collect();
+        let up: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 997) as f32 - 498.0) / 100.0)
+            .collect();
+        for gelu in [Gelu::Exact, Gelu::F16Table] {
+            let (mut blocks, mut serial) = (gate.clone(), gate.clone());
+            gelu.gate(&mut blocks, &up);
+            gelu.gate_serial(&mut serial, &up);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&blocks), bits(&serial), "{gelu:?}");
+        }
+    }
+
     #[test]
     fn neox_rope_rotates_halves_and_keeps_norms() {
         // head_dim 4: pairs (0, 2) and (1, 3); the first turns by pos, the second by

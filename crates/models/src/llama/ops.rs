@@ -72,6 +72,23 @@ pub fn argmax(values: &[f32]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// Values across several parallel blocks, with a tail: the split must not change a bit.
+    #[test]
+    fn swiglu_in_blocks_is_swiglu_per_value() {
+        let n = 3 * ELEMENTWISE_TASK + 17;
+        let gate: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 50.0)
+            .collect();
+        let up: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 997) as f32 - 498.0) / 100.0)
+            .collect();
+        let (mut blocks, mut serial) = (gate.clone(), gate);
+        swiglu(&mut blocks, &up);
+        swiglu_serial(&mut serial, &up);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&blocks), bits(&serial));
+    }
+
     #[test]
     fn rms_norm_normalizes_then_scales() {
         let mut out = [0.0; 4];

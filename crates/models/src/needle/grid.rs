@@ -32,9 +32,10 @@ pub enum CellOrder {
     OneAtATime,
     /// Every cell a task on rayon's pool, beside its forward passes' own tasks: one cell
     /// leaves cores idle through its serial steps, so a grid finishes sooner on several cores
-    /// (about 1.8× on two), but the rows' tokens/s then share the cores. The answers are the
-    /// same: the kernels give the same bits whatever the thread count, and each cell has a
-    /// cache of its own.
+    /// (about 1.8× on two), but the rows' tokens/s then share the cores, and every cell in
+    /// flight holds a cache of its own (work stealing can start more cells than there are
+    /// threads). The answers are the same: the kernels give the same bits whatever the thread
+    /// count.
     Concurrent,
 }
 
