@@ -4,9 +4,8 @@
 use std::sync::OnceLock;
 
 use half::f16;
-use rayon::prelude::*;
 
-use crate::llama::ops::{ELEMENTWISE_TASK, rms_norm};
+use crate::llama::ops::{gated_in_blocks, rms_norm};
 
 /// Rotates the pairs `(x[i], x[i + head_dim/2])` of every head by `pos·base^(−2i/head_dim)` —
 /// the NEOX layout (GGUF stores Gemma's Q/K weights unpermuted). Angles are built by repeated
@@ -89,15 +88,9 @@ fn gelu_table() -> &'static [u16] {
 }
 
 impl Gelu {
-    /// `gate ← GELU(gate) ⊙ up`, in parallel over blocks of [`ELEMENTWISE_TASK`] values
-    /// (element by element, so the same bits whatever the split).
+    /// `gate ← GELU(gate) ⊙ up`, through [`gated_in_blocks`] (parallel blocks, the same bits).
     pub fn gate(self, gate: &mut [f32], up: &[f32]) {
-        if gate.len() <= ELEMENTWISE_TASK {
-            return self.gate_serial(gate, up);
-        }
-        gate.par_chunks_mut(ELEMENTWISE_TASK)
-            .zip(up.par_chunks(ELEMENTWISE_TASK))
-            .for_each(|(gate, up)| self.gate_serial(gate, up));
+        gated_in_blocks(gate, up, |gate, up| self.gate_serial(gate, up));
     }
 
     fn gate_serial(self, gate: &mut [f32], up: &[f32]) {
@@ -128,6 +121,7 @@ impl Gelu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llama::ops::ELEMENTWISE_TASK;
 
     /// Both GELUs over several parallel blocks with a tail equal the one-thread pass bit for
     /// bit.

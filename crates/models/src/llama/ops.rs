@@ -37,15 +37,21 @@ pub fn rope(x: &mut [f32], head_dim: usize, rope_dims: usize, base: f32, positio
 /// thousands, ~5% of a prefill on one thread) is split.
 pub const ELEMENTWISE_TASK: usize = 16 * 1024;
 
-/// `gate ← silu(gate) ⊙ up`, the SwiGLU activation, in parallel over blocks of
-/// [`ELEMENTWISE_TASK`] values (element by element, so the same bits whatever the split).
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// Applies `gated(gate, up)`, an element-wise gated activation, over blocks of
+/// [`ELEMENTWISE_TASK`] values in parallel (one block on the calling thread). Element by
+/// element, so the same bits whatever the split: the one split rule of both models' MLPs.
+pub fn gated_in_blocks(gate: &mut [f32], up: &[f32], gated: impl Fn(&mut [f32], &[f32]) + Sync) {
     if gate.len() <= ELEMENTWISE_TASK {
-        return swiglu_serial(gate, up);
+        return gated(gate, up);
     }
     gate.par_chunks_mut(ELEMENTWISE_TASK)
         .zip(up.par_chunks(ELEMENTWISE_TASK))
-        .for_each(|(gate, up)| swiglu_serial(gate, up));
+        .for_each(|(gate, up)| gated(gate, up));
+}
+
+/// `gate ← silu(gate) ⊙ up`, the SwiGLU activation, through [`gated_in_blocks`].
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    gated_in_blocks(gate, up, swiglu_serial);
 }
 
 fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
