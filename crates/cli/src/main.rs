@@ -64,7 +64,34 @@ static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    // The command runs on a worker of rayon's global pool, not on the main thread. Every weight
+    // product and attention call is a parallel iterator: entered from outside the pool, each
+    // one hands its work to a worker and sleeps on a latch until it is done (a futex wake and
+    // two context switches, about 200 times per decoded token on SmolLM2); entered from a
+    // worker, it runs in place while the other workers steal. The workers get the main
+    // thread's 8 MiB of stack, since the serial parts of the command now run on one of them.
+    // `RAYON_NUM_THREADS` still sets the pool's size.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .stack_size(MAIN_STACK_BYTES)
+        .build_global();
+    let result = match pool {
+        Ok(()) => rayon::scope(|_| run(cli.command).map_err(|e| error_text(&*e))),
+        Err(e) => Err(format!("could not start the worker threads: {e}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(text) => {
+            eprint!("{text}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The stack of each worker thread: the size Linux gives a program's main thread.
+const MAIN_STACK_BYTES: usize = 8 << 20;
+
+fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    match command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Needle(args) => commands::needle::run(&args),
         Command::Eval(args) => commands::eval::run(&args),
@@ -76,17 +103,16 @@ fn main() -> ExitCode {
         Command::Inspect(args) => commands::model::inspect(&args),
         Command::Tokenize(args) => commands::tokenize::run(&args),
         Command::Bench(command) => bench::run(command),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("tq: error: {error}");
-            let mut source = std::error::Error::source(&*error);
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
-            }
-            ExitCode::FAILURE
-        }
     }
+}
+
+/// `tq: error: ...` and one `caused by:` line per source, each line ended.
+fn error_text(error: &dyn std::error::Error) -> String {
+    let mut text = format!("tq: error: {error}\n");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!("  caused by: {cause}\n"));
+        source = cause.source();
+    }
+    text
 }

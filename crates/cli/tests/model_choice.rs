@@ -274,3 +274,64 @@ fn bench_matmul_times_every_instruction_set_on_both_models() {
     let (ok, _, stderr) = tq(&["bench", "matmul", "--tokens", "0"]);
     assert!(!ok && stderr.contains("--tokens"), "{stderr}");
 }
+
+#[test]
+fn bench_e2e_accounts_for_the_peak_rss() {
+    // A small run of the reference model: the JSON rows split the peak resident memory into
+    // the model file, the fixed part (program, code paged in, metadata), the cache, one chunk's
+    // scratch, and what is left. The split must explain the peak to within a few MiB: a model
+    // file not resident, code pages counted twice or the cache's heap missed would leave tens
+    // of MiB unexplained (the cache alone is 2 MiB here, the weights 100 MiB).
+    if present(KnownModel::SmolLm2).is_none() {
+        return;
+    }
+    let args = [
+        "bench",
+        "e2e",
+        "--contexts",
+        "96",
+        "--alloc",
+        "f16,tq3.5",
+        "--repeats",
+        "1",
+        "--decode-tokens",
+        "2",
+        "--prefill-chunk",
+        "32",
+        "--json",
+    ];
+    let (ok, stdout, stderr) = tq(&args);
+    assert!(ok, "{args:?}: {stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON array");
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    const MIB: f64 = 1048576.0;
+    for row in rows {
+        let get = |key: &str| {
+            row[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{key} in {row}"))
+        };
+        assert_eq!(row["prefill_tokens"], 96, "{row}");
+        assert!(get("prefill_tokens_per_s") > 0.0 && get("decode_tokens_per_s") > 0.0);
+        // The cache's heap holds its buffers (and codec state on top).
+        assert!(get("cache_heap_bytes") >= get("cache_bytes"), "{row}");
+        // The kernels' and forward pass's code: some pages, not the model file.
+        let code = get("code_paged_bytes");
+        assert!(code > 0.0 && code < 32.0 * MIB, "{row}");
+        let accounted = get("weights_bytes")
+            + get("program_bytes")
+            + code
+            + get("metadata_heap_bytes")
+            + get("cache_heap_bytes")
+            + get("scratch_bytes");
+        let other = get("other_bytes");
+        assert_eq!(get("peak_rss_bytes"), accounted + other, "{row}");
+        assert!(
+            other.abs() < 4.0 * MIB,
+            "unexplained {} MiB: {row}",
+            other / MIB
+        );
+    }
+    assert!(stderr.contains("code paged in"), "{stderr}");
+}

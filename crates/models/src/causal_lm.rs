@@ -132,6 +132,12 @@ pub trait CausalLm: std::fmt::Debug + Send + Sync {
     /// (`offset = positions.len − tokens.len` tokens are already cached) with attention
     /// delegated to `backend`, and returns the logits (`[vocab]` for [`Logits::Last`],
     /// `[tokens.len, vocab]` for [`Logits::All`]).
+    ///
+    /// The weight products and attention are rayon parallel iterators, some 200 per decoded
+    /// token. Call this from inside a rayon pool (`pool.install(|| ...)` around the whole
+    /// generation loop, as `tq` does): from any other thread, each of them hands its work to
+    /// a worker and sleeps until it is done, which cost a fifth of SmolLM2's decode speed
+    /// (`docs/results.md`, "Per-token overhead").
     fn forward_with<'s>(
         &self,
         tokens: &[u32],

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod codec;
+pub mod compare;
 pub mod e2e;
 pub mod estimators;
 pub mod matmul;
@@ -18,6 +19,10 @@ pub enum BenchCommand {
     Attention(attention::AttentionBenchArgs),
     /// Encode and decode throughput of the codecs (vectors/s, one thread and all threads).
     Codec(codec::CodecBenchArgs),
+    /// This engine against llama.cpp's `llama-bench` (`--llama-bench PATH`; otherwise its
+    /// stored figures) on the same model, threads and depths, interleaved: prefill and decode
+    /// ratios.
+    Compare(compare::CompareBenchArgs),
     /// The reference model end to end: prefill and decode tokens/s, cache bytes and peak RSS
     /// per allocation and context, against llama.cpp's figures.
     E2e(e2e::E2eBenchArgs),
@@ -37,6 +42,7 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         BenchCommand::Attention(args) => attention::run(&args),
         BenchCommand::Codec(args) => codec::run(&args),
+        BenchCommand::Compare(args) => compare::run(&args),
         BenchCommand::E2e(args) => e2e::run(&args),
         BenchCommand::Estimators(args) => estimators::run(&args),
         BenchCommand::Matmul(args) => matmul::run(&args),
