@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tq_cache::allocation::Allocation;
 use tq_models::fetch::ModelSpec;
 
-use super::e2e::{ChildRun, LlamaCppSpeed, Measurement, run_child};
+use super::e2e::{ChildRun, LlamaCppSpeed, Measurement, median, run_child};
 use crate::output::table;
 
 /// Arguments of `tq bench compare`.
@@ -167,7 +167,7 @@ pub fn run(args: &CompareBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut rows = Vec::new();
     for (c, &(threads, depth)) in cells.iter().enumerate() {
         let reference = if args.llama_bench.is_some() {
-            measured_reference(&engine[c], args, threads, depth)?
+            Some(measured_reference(&engine[c], args, threads, depth)?)
         } else if threads == 1 {
             stored_reference(&stored, args.prompt_tokens, depth)
         } else {
@@ -193,13 +193,15 @@ pub fn run(args: &CompareBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             let decode = median(
                 samples
                     .iter()
-                    .map(|m| m.decode_steps as f64 / m.decode_seconds),
+                    .map(|m| m.decode_steps as f64 / m.decode_seconds)
+                    .collect(),
             );
             let prefill = (depth == 0).then(|| {
                 median(
                     samples
                         .iter()
-                        .map(|m| m.prefill_tokens as f64 / m.prefill_seconds),
+                        .map(|m| m.prefill_tokens as f64 / m.prefill_seconds)
+                        .collect(),
                 )
             });
             rows.push(CompareRow {
@@ -310,7 +312,7 @@ fn measured_reference(
     args: &CompareBenchArgs,
     threads: usize,
     depth: usize,
-) -> Result<Option<Reference>, Box<dyn std::error::Error>> {
+) -> Result<Reference, Box<dyn std::error::Error>> {
     let pick = |prompt: usize, generated: usize| -> Vec<f64> {
         rows.iter()
             .filter(|r| {
@@ -331,11 +333,11 @@ fn measured_reference(
         .into());
     }
     let prefill = pick(args.prompt_tokens, 0);
-    Ok(Some(Reference {
-        prefill: (depth == 0 && !prefill.is_empty()).then(|| median(prefill.into_iter())),
-        decode: median(decode.into_iter()),
+    Ok(Reference {
+        prefill: (depth == 0 && !prefill.is_empty()).then(|| median(prefill)),
+        decode: median(decode),
         source: "measured",
-    }))
+    })
 }
 
 /// The stored one-thread figures at the nearest depth (no figure beyond 512 tokens of it).
@@ -354,12 +356,6 @@ fn stored_reference(
         decode: decode.tokens_per_s,
         source: "stored",
     })
-}
-
-fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn print_table(args: &CompareBenchArgs, rows: &[CompareRow]) {
@@ -438,9 +434,7 @@ mod tests {
     #[test]
     fn llama_bench_rows_are_matched_by_threads_depth_and_test() {
         let rows = parse_llama_bench(LLAMA_BENCH_JSON).unwrap();
-        let r = measured_reference(&rows, &args(&[0]), 2, 0)
-            .unwrap()
-            .unwrap();
+        let r = measured_reference(&rows, &args(&[0]), 2, 0).unwrap();
         assert_eq!((r.prefill, r.decode), (Some(250.5), 90.0));
         // No row at another thread count: an error, not a silent ratio against nothing.
         assert!(measured_reference(&rows, &args(&[0]), 1, 0).is_err());

@@ -417,7 +417,8 @@ fn status_bytes(field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count; NaN for none).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => f64::NAN,
