@@ -3,11 +3,20 @@
 //! A page holds `tokens` records of `record_words` `u32` words plus `scales_per_token` f16
 //! scales, contiguous, in the packed layout of [`TokenCodec`](crate::TokenCodec): a GPU can
 //! upload a page as is. Two growth policies:
-//! - [`Growth::Static`]: every page is allocated up front for `capacity` tokens; appending past
-//!   it is [`CacheError::ContextOverflow`]. Nothing is allocated while decoding.
+//! - [`Growth::Static`]: every page is allocated up front for `capacity` tokens, in one buffer
+//!   (the pages are consecutive views of it); appending past it is
+//!   [`CacheError::ContextOverflow`]. Nothing is allocated while decoding.
 //! - [`Growth::Doubling`]: the first page holds `initial` tokens and each new page doubles the
 //!   previous one (up to [`MAX_PAGE_TOKENS`]), so memory follows the context within a factor of
 //!   two and growing never copies what is stored.
+//!
+//! Why one buffer for a static store rather than one per page: a page's buffer is a whole
+//! number of memory pages (1024 records of 512 or 192 bytes), and the system allocator puts
+//! its bookkeeping in front of a large block, so every such buffer took one more resident
+//! memory page than its records — 4 KiB per 1024 tokens per stream, about 1 MiB of resident
+//! memory no buffer accounted for at 32K tokens on Gemma 3 (`tq bench e2e`'s "other" column).
+//! One buffer per store pays that once. The page boundaries, and with them the runs the
+//! kernels walk and every result, are the same either way.
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -36,11 +45,18 @@ pub enum Growth {
     },
 }
 
-/// One page of records.
+/// One page of records: `tokens` records from record `offset` of buffer `buffer`.
 #[derive(Clone, Debug, PartialEq)]
 struct Page {
     first_token: usize,
     tokens: usize,
+    buffer: usize,
+    offset: usize,
+}
+
+/// Memory holding the records of one or more consecutive pages.
+#[derive(Clone, Debug, PartialEq)]
+struct Buffer {
     words: Vec<u32>,
     scales: Vec<f16>,
 }
@@ -77,6 +93,7 @@ pub struct TokenStore {
     record_words: usize,
     scales_per_token: usize,
     growth: Growth,
+    buffers: Vec<Buffer>,
     pages: Vec<Page>,
     len: usize,
 }
@@ -88,26 +105,60 @@ impl TokenStore {
             record_words,
             scales_per_token,
             growth,
+            buffers: Vec::new(),
             pages: Vec::new(),
             len: 0,
         };
-        if let Growth::Static { capacity } = growth {
-            while store.capacity() < capacity {
-                let tokens = STATIC_PAGE_TOKENS.min(capacity - store.capacity());
-                store.add_page(tokens);
+        if let Growth::Static { capacity } = growth
+            && capacity > 0
+        {
+            store.add_buffer(capacity);
+            let mut first_token = 0;
+            while first_token < capacity {
+                let tokens = STATIC_PAGE_TOKENS.min(capacity - first_token);
+                store.pages.push(Page {
+                    first_token,
+                    tokens,
+                    buffer: 0,
+                    offset: first_token,
+                });
+                first_token += tokens;
             }
         }
         store
     }
 
-    fn add_page(&mut self, tokens: usize) {
-        let first_token = self.capacity();
-        self.pages.push(Page {
-            first_token,
-            tokens,
+    /// Allocates a zeroed buffer of `tokens` records; returns its index.
+    fn add_buffer(&mut self, tokens: usize) -> usize {
+        self.buffers.push(Buffer {
             words: vec![0; tokens * self.record_words],
             scales: vec![f16::ZERO; tokens * self.scales_per_token],
         });
+        self.buffers.len() - 1
+    }
+
+    /// Appends a page of `tokens` records with a buffer of its own.
+    fn add_page(&mut self, tokens: usize) {
+        let first_token = self.capacity();
+        let buffer = self.add_buffer(tokens);
+        self.pages.push(Page {
+            first_token,
+            tokens,
+            buffer,
+            offset: 0,
+        });
+    }
+
+    /// Records `from..from + n` of page `page` (in that page's buffer).
+    fn slices(&self, page: usize, from: usize, n: usize) -> (&[u32], &[f16]) {
+        let p = &self.pages[page];
+        let b = &self.buffers[p.buffer];
+        let (w, s) = (self.record_words, self.scales_per_token);
+        let first = p.offset + from;
+        (
+            &b.words[first * w..(first + n) * w],
+            &b.scales[first * s..(first + n) * s],
+        )
     }
 
     /// Tokens stored.
@@ -142,9 +193,9 @@ impl TokenStore {
 
     /// Bytes held by the pages, measured from the buffers themselves (not from a formula).
     pub fn allocated_bytes(&self) -> usize {
-        self.pages
+        self.buffers
             .iter()
-            .map(|p| 4 * p.words.capacity() + 2 * p.scales.capacity())
+            .map(|b| 4 * b.words.capacity() + 2 * b.scales.capacity())
             .sum()
     }
 
@@ -181,13 +232,7 @@ impl TokenStore {
             return None;
         }
         let (page, offset) = self.locate(token);
-        let p = &self.pages[page];
-        let w = self.record_words;
-        let s = self.scales_per_token;
-        Some((
-            &p.words[offset * w..(offset + 1) * w],
-            &p.scales[offset * s..(offset + 1) * s],
-        ))
+        Some(self.slices(page, offset, 1))
     }
 
     /// The record of token `token` for overwriting (ring buffers write slots again).
@@ -200,12 +245,13 @@ impl TokenStore {
             });
         }
         let (page, offset) = self.locate(token);
-        let w = self.record_words;
-        let s = self.scales_per_token;
-        let p = &mut self.pages[page];
+        let p = &self.pages[page];
+        let first = p.offset + offset;
+        let (w, s) = (self.record_words, self.scales_per_token);
+        let b = &mut self.buffers[p.buffer];
         Ok((
-            &mut p.words[offset * w..(offset + 1) * w],
-            &mut p.scales[offset * s..(offset + 1) * s],
+            &mut b.words[first * w..(first + 1) * w],
+            &mut b.scales[first * s..(first + 1) * s],
         ))
     }
 
@@ -216,15 +262,11 @@ impl TokenStore {
             return None;
         }
         let (page, offset) = self.locate(start);
-        let p = &self.pages[page];
-        let n = max_len.min(p.tokens - offset).min(self.len - start);
-        let w = self.record_words;
-        let s = self.scales_per_token;
-        Some((
-            &p.words[offset * w..(offset + n) * w],
-            &p.scales[offset * s..(offset + n) * s],
-            n,
-        ))
+        let n = max_len
+            .min(self.pages[page].tokens - offset)
+            .min(self.len - start);
+        let (words, scales) = self.slices(page, offset, n);
+        Some((words, scales, n))
     }
 
     /// Drops every token from `len` on. Pages stay allocated for reuse.
@@ -237,18 +279,18 @@ impl TokenStore {
     /// The filled part of each page, in token order.
     pub fn pages(&self) -> impl Iterator<Item = PageView<'_>> {
         let len = self.len;
-        let w = self.record_words;
-        let s = self.scales_per_token;
         self.pages
             .iter()
-            .take_while(move |p| p.first_token < len)
-            .map(move |p| {
+            .enumerate()
+            .take_while(move |(_, p)| p.first_token < len)
+            .map(move |(i, p)| {
                 let filled = (len - p.first_token).min(p.tokens);
+                let (words, scales) = self.slices(i, 0, filled);
                 PageView {
                     first_token: p.first_token,
                     len: filled,
-                    words: &p.words[..filled * w],
-                    scales: &p.scales[..filled * s],
+                    words,
+                    scales,
                 }
             })
     }
