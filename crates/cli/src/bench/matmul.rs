@@ -4,12 +4,11 @@
 //! instruction set this CPU runs, timed side by side (interleaved rounds, medians).
 //!
 //! Every instruction set gives the same bits (the quantized-matrix tests check it), so the rows
-//! differ in time only. With several activation rows `avx2` and `avx512` run the same 256-bit
-//! tile kernels, so their rows differ by the machine's noise alone — a check of the bench
-//! itself; with one (`--tokens 1`), `avx512` runs the VNNI matrix–vector kernel where the CPU
-//! has VNNI. It is the bench to show what a new kernel buys: an AVX-512 VNNI tile (`vpdpbusd`
-//! for `vpmaddubsw` + `vpmaddwd`) measured 0.99× and 1.11× the AVX2 tile here
-//! (docs/results.md) and was not kept.
+//! differ in time only. `avx2` and `avx512` run the same 256-bit weight kernels today, so their
+//! rows differ by the machine's noise alone — a check of the bench itself. It is the bench to
+//! show what a new kernel buys: an
+//! AVX-512 VNNI tile (`vpdpbusd` for `vpmaddubsw` + `vpmaddwd`) measured 0.99× and 1.11× the
+//! AVX2 tile here (docs/results.md) and was not kept.
 
 use clap::Args;
 use rand::SeedableRng;

@@ -33,8 +33,6 @@ mod neon;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_kquant;
-#[cfg(target_arch = "x86_64")]
-mod x86_vnni;
 
 use tq_cache::attention::simd::Isa;
 
@@ -59,19 +57,10 @@ pub(crate) type Q8RowsKernel = fn(&[&[u8]; ROWS], &Q8Row<'_>) -> [f32; ROWS];
 /// Weight rows a multi-row kernel takes at once.
 pub(crate) const ROWS: usize = 4;
 
-/// The multi-row kernel for `kind` on `isa`, where one exists (AVX2, and on AVX-512 with VNNI
-/// the kernel of `x86_vnni`, same bits); elsewhere a matrix–vector product calls the row kernel
-/// per row.
+/// The multi-row kernel for `kind` on `isa`, where one exists (AVX2); elsewhere a matrix–vector
+/// product calls the row kernel per row.
 pub(crate) fn q8_rows_kernel(kind: QuantKind, isa: Isa) -> Option<Q8RowsKernel> {
     match (kind, usable(isa)) {
-        #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q8_0, Isa::Avx512) if x86_vnni::available() => Some(vnni::q8_0_rows),
-        #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_0, Isa::Avx512) if x86_vnni::available() => Some(vnni::q4_0_rows),
-        #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_1, Isa::Avx512) if x86_vnni::available() => Some(vnni::q4_1_rows),
-        #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q5_0, Isa::Avx512) if x86_vnni::available() => Some(vnni::q5_0_rows),
         #[cfg(target_arch = "x86_64")]
         (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_rows),
         #[cfg(target_arch = "x86_64")]
@@ -185,11 +174,9 @@ pub(crate) fn q8k_kernel(
 
 /// Safe entry points to the AVX2 kernels, reachable only through [`q8_kernel`] and
 /// [`q8_tile_kernel`], which hand them out only when [`Isa::Avx2`] or [`Isa::Avx512`] (a
-/// superset: AVX-512 besides AVX2, FMA and F16C) is available. AVX-512 has one kernel of its
-/// own, the multi-row kernel of a matrix–vector product where VNNI is present (`x86_vnni`, the
-/// same bits); the one-row and tile kernels stay 256-bit here: a VNNI tile measured no faster
-/// (docs/results.md), the products of several activation rows being bound by the multiply
-/// ports rather than by the instruction count.
+/// superset: AVX-512 besides AVX2, FMA and F16C) is available. There is no separate AVX-512
+/// kernel: the 256-bit integer kernels are what llama.cpp's numerics are defined by, and the
+/// products are bound by memory (one row) or by the multiply ports (several rows), not width.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::x86::{self, Q4_0, Q4_1, Q5_0, Q8_0};
@@ -265,36 +252,6 @@ mod avx2 {
     pub(super) fn q4_1_tile(row: &[u8], acts: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
         // SAFETY: as `q8_0`.
         unsafe { x86::dot_tile::<Q4_1>(row, acts, out, buf) }
-    }
-}
-
-/// Safe entry points to the AVX-512 VNNI multi-row kernels, reachable only through
-/// [`q8_rows_kernel`], which hands them out only when `x86_vnni::available()`.
-#[cfg(target_arch = "x86_64")]
-mod vnni {
-    use super::x86::{Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{Q8Row, ROWS, x86_vnni};
-
-    pub(super) fn q8_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
-        // SAFETY: selected only after `x86_vnni::available()` found every feature the kernel
-        // enables; the matrix product checks the row and activation lengths before calling
-        // (and the kernel clamps its reads to the buffers).
-        unsafe { x86_vnni::dot_rows::<Q8_0, ROWS>(rows, act) }
-    }
-
-    pub(super) fn q4_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
-        // SAFETY: as `q8_0_rows`.
-        unsafe { x86_vnni::dot_rows::<Q4_0, ROWS>(rows, act) }
-    }
-
-    pub(super) fn q4_1_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
-        // SAFETY: as `q8_0_rows`.
-        unsafe { x86_vnni::dot_rows::<Q4_1, ROWS>(rows, act) }
-    }
-
-    pub(super) fn q5_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
-        // SAFETY: as `q8_0_rows`.
-        unsafe { x86_vnni::dot_rows::<Q5_0, ROWS>(rows, act) }
     }
 }
 

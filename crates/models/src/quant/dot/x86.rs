@@ -44,7 +44,7 @@ pub(crate) const Q4_1: u8 = 2;
 pub(crate) const Q5_0: u8 = 3;
 
 /// Bytes per block of format `K`.
-pub(super) const fn block_bytes(k: u8) -> usize {
+const fn block_bytes(k: u8) -> usize {
     match k {
         Q8_0 => 34,
         Q4_0 => 18,
@@ -57,7 +57,7 @@ pub(super) const fn block_bytes(k: u8) -> usize {
 /// llama.cpp's `hsum_float_8`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn hsum(v: __m256) -> f32 {
+fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
@@ -109,7 +109,7 @@ unsafe fn f16_at(w: *const u8) -> f32 {
 /// AVX2; `w` points to a whole block of format `K`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
+unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
     if K == Q4_1 {
         // SAFETY: a Q4_1 block is 20 bytes; its nibbles are bytes 4..20.
         let raw = unsafe { _mm_loadu_si128(w.add(4).cast()) };
@@ -143,7 +143,7 @@ pub(super) unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
 /// The eight exact lane sums of a block's products, as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256 {
+fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256 {
     let products = if K == Q4_1 {
         _mm256_maddubs_epi16(mag, qy)
     } else {
@@ -163,11 +163,7 @@ pub(super) fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -
 /// AVX2/F16C; blocks `g .. g + count` of the row at `w0` (stride `block_bytes(K)`) are readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scales<const K: u8>(
-    w0: *const u8,
-    g: usize,
-    count: usize,
-) -> (__m256, __m256) {
+unsafe fn scales<const K: u8>(w0: *const u8, g: usize, count: usize) -> (__m256, __m256) {
     let bb = block_bytes(K) as i32;
     let offsets = _mm256_setr_epi32(0, bb, 2 * bb, 3 * bb, 4 * bb, 5 * bb, 6 * bb, 7 * bb);
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
