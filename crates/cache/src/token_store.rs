@@ -13,8 +13,9 @@
 //! Why one buffer for a static store rather than one per page: a page's buffer is a whole
 //! number of memory pages (1024 records of 512 or 192 bytes), and the system allocator puts
 //! its bookkeeping in front of a large block, so every such buffer took one more resident
-//! memory page than its records — 4 KiB per 1024 tokens per stream, about 1 MiB of resident
-//! memory no buffer accounted for at 32K tokens on Gemma 3 (`tq bench e2e`'s "other" column).
+//! memory page than its records — 4 KiB per 1024 tokens per stream, resident memory no buffer
+//! accounted for (`tq bench e2e`'s "other" column: 0.8 MiB at 32K tokens on Gemma 3, 4.9 MiB
+//! at 8K on SmolLM2's f16 cache).
 //! One buffer per store pays that once. The page boundaries, and with them the runs the
 //! kernels walk and every result, are the same either way.
 
