@@ -67,6 +67,17 @@ pub enum CacheError {
     /// An invalid cache configuration.
     #[error("invalid cache configuration: {0}")]
     InvalidConfig(String),
+    /// A store allocated up front (a static cache, a sliding-window ring, sink or recent
+    /// copies) is larger than memory: its byte count overflows or the allocator refused it.
+    #[error(
+        "cannot allocate a store of {tokens} records of {bytes_per_record} bytes (its size overflows or memory is too small)"
+    )]
+    StorageTooLarge {
+        /// Records asked for.
+        tokens: usize,
+        /// Bytes per record (code words and f16 scales).
+        bytes_per_record: usize,
+    },
 }
 
 impl From<crate::allocation::AllocationError> for CacheError {

@@ -216,9 +216,9 @@ impl Stream {
         };
         Ok(Self {
             layout,
-            body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth),
-            sinks: fp_store(sink_tokens),
-            recent: fp_store(recent_slots),
+            body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth)?,
+            sinks: fp_store(sink_tokens)?,
+            recent: fp_store(recent_slots)?,
             centered,
             codec,
             fp_codec,

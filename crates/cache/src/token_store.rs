@@ -79,7 +79,7 @@ pub struct PageView<'a> {
 ///
 /// ```
 /// use tq_cache::token_store::{Growth, TokenStore};
-/// let mut store = TokenStore::new(4, 1, Growth::Doubling { initial: 2 });
+/// let mut store = TokenStore::new(4, 1, Growth::Doubling { initial: 2 })?;
 /// for t in 0..5u32 {
 ///     let (words, scales) = store.push().unwrap();
 ///     words.fill(t);
@@ -88,6 +88,7 @@ pub struct PageView<'a> {
 /// assert_eq!(store.len(), 5);
 /// assert_eq!(store.record(3).unwrap().0, &[3, 3, 3, 3]);
 /// assert_eq!(store.capacity(), 2 + 4); // pages of 2 and 4 tokens
+/// # Ok::<(), tq_cache::CacheError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenStore {
@@ -101,7 +102,15 @@ pub struct TokenStore {
 
 impl TokenStore {
     /// An empty store; [`Growth::Static`] allocates all its pages now.
-    pub fn new(record_words: usize, scales_per_token: usize, growth: Growth) -> Self {
+    ///
+    /// Fails with [`CacheError::StorageTooLarge`] when a static store's bytes overflow `usize`
+    /// or the allocator cannot provide them (a model file or allocation asking for billions
+    /// of records gets that error, not an aborted process).
+    pub fn new(
+        record_words: usize,
+        scales_per_token: usize,
+        growth: Growth,
+    ) -> Result<Self, CacheError> {
         let mut store = Self {
             record_words,
             scales_per_token,
@@ -113,6 +122,7 @@ impl TokenStore {
         if let Growth::Static { capacity } = growth
             && capacity > 0
         {
+            store.check_fits(capacity)?;
             store.add_buffer(capacity);
             let mut first_token = 0;
             while first_token < capacity {
@@ -126,7 +136,32 @@ impl TokenStore {
                 first_token += tokens;
             }
         }
-        store
+        Ok(store)
+    }
+
+    /// Whether `tokens` records can be allocated: their word and scale counts fit `usize`
+    /// and the allocator grants that many bytes. The probe allocation is returned at once;
+    /// [`add_buffer`](Self::add_buffer) then allocates zeroed memory, which the system maps
+    /// lazily (a static store's untouched pages cost no resident memory, which a probe that
+    /// wrote zeros would lose).
+    fn check_fits(&self, tokens: usize) -> Result<(), CacheError> {
+        let too_large = || CacheError::StorageTooLarge {
+            tokens,
+            bytes_per_record: 4 * self.record_words + 2 * self.scales_per_token,
+        };
+        let words = tokens
+            .checked_mul(self.record_words)
+            .ok_or_else(too_large)?;
+        let scales = tokens
+            .checked_mul(self.scales_per_token)
+            .ok_or_else(too_large)?;
+        Vec::<u32>::new()
+            .try_reserve_exact(words)
+            .map_err(|_| too_large())?;
+        Vec::<f16>::new()
+            .try_reserve_exact(scales)
+            .map_err(|_| too_large())?;
+        Ok(())
     }
 
     /// Allocates a zeroed buffer of `tokens` records; returns its index.

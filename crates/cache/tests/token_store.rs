@@ -18,7 +18,7 @@ fn record_of(t: usize, words: usize, scales: usize) -> (Vec<u32>, Vec<f16>) {
 }
 
 fn filled(words: usize, scales: usize, growth: Growth, n: usize) -> TokenStore {
-    let mut store = TokenStore::new(words, scales, growth);
+    let mut store = TokenStore::new(words, scales, growth).unwrap();
     for t in 0..n {
         let (w, s) = store.push().expect("within capacity");
         let (want_w, want_s) = record_of(t, words, scales);
@@ -142,11 +142,27 @@ fn a_doubling_store_grows_without_moving_records() {
 /// An empty static store allocates nothing and overflows at once.
 #[test]
 fn a_zero_capacity_static_store_holds_nothing() {
-    let mut store = TokenStore::new(8, 1, Growth::Static { capacity: 0 });
+    let mut store = TokenStore::new(8, 1, Growth::Static { capacity: 0 }).unwrap();
     assert_eq!(store.allocated_bytes(), 0);
     assert_eq!(store.pages().count(), 0);
     assert!(matches!(
         store.push(),
         Err(CacheError::ContextOverflow { capacity: 0 })
     ));
+}
+
+/// Found by the GGUF fuzz target (a model file whose sliding window was 2.4 billion tokens):
+/// a static store too large for memory is a typed error, whether its byte count overflows or
+/// the allocator refuses it, never an aborted process or a wrapped size.
+#[test]
+fn a_store_larger_than_memory_is_a_typed_error() {
+    for (words, capacity) in [(usize::MAX / 2, 3), (64, 1 << 50), (1, usize::MAX)] {
+        let err = TokenStore::new(words, 1, Growth::Static { capacity }).unwrap_err();
+        assert!(
+            matches!(err, CacheError::StorageTooLarge { tokens, .. } if tokens == capacity),
+            "{err}"
+        );
+    }
+    // Large but possible: granted, and mapped lazily (nothing to check here but success).
+    TokenStore::new(16, 1, Growth::Static { capacity: 1 << 20 }).unwrap();
 }
