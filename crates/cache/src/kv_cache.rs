@@ -157,7 +157,7 @@ impl KvCache {
             (KvKind::Growing { growth }, None) => growth,
             (KvKind::Sliding { .. }, None) => unreachable!("sliding layouts have ring slots"),
         };
-        let positions = TokenStore::new(1, 0, growth);
+        let positions = TokenStore::new(1, 0, growth)?;
         Ok(Self {
             keys: build(key_streams)?,
             values: build(value_streams)?,
@@ -324,12 +324,15 @@ impl KvCache {
                 });
             }
         }
-        let mut expected = self
-            .len
-            .checked_sub(1)
-            .and_then(|t| self.position(t))
-            .map(|p| p + 1);
-        for &p in positions {
+        let last = self.len.checked_sub(1).and_then(|t| self.position(t));
+        if last == Some(u32::MAX) && n > 0 {
+            return Err(CacheError::PositionGap {
+                expected: u32::MAX,
+                got: positions[0],
+            });
+        }
+        let mut expected = last.and_then(|p| p.checked_add(1));
+        for (i, &p) in positions.iter().enumerate() {
             if let Some(e) = expected
                 && p < e
             {
@@ -338,7 +341,14 @@ impl KvCache {
                     got: p,
                 });
             }
-            expected = Some(p + 1);
+            expected = p.checked_add(1);
+            if expected.is_none() && i + 1 < n {
+                // Nothing comes after the last representable position.
+                return Err(CacheError::PositionGap {
+                    expected: u32::MAX,
+                    got: positions[i + 1],
+                });
+            }
         }
         let start = self.len;
         let dim = self.layout.head_dim;
@@ -478,6 +488,18 @@ impl KvCache {
             return Err(crate::persist::PersistError::Inconsistent(
                 "position table length",
             ));
+        }
+        // Appends only ever store increasing positions; a table that does not is damage the
+        // CRC missed or a file written by hand, and its masks would be wrong.
+        let mut previous = None;
+        for t in self.first_stored()..self.len {
+            let position = self.position(t);
+            if position.is_none() || position <= previous {
+                return Err(crate::persist::PersistError::Inconsistent(
+                    "stored positions do not increase",
+                ));
+            }
+            previous = position;
         }
         Ok(())
     }
