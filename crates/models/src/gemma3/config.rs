@@ -37,7 +37,10 @@ pub struct Gemma3Config {
     /// RoPE base of the sliding layers (`gemma3.rope.freq_base_swa`; 10 000 when absent, as the
     /// reference engine assumes).
     pub rope_base_sliding: f32,
-    /// Positions a sliding layer sees (`gemma3.attention.sliding_window`).
+    /// Positions a sliding layer sees (`gemma3.attention.sliding_window`), at most
+    /// `context_length`: a longer window is the whole context (positions at or beyond the
+    /// context are refused, so no query has keys further back), and taken as such, so the
+    /// sliding layers' rings are no larger than the context needs.
     pub sliding_window: usize,
     /// Every `sliding_pattern`-th layer is global (layers `p−1, 2p−1, …`); the reference
     /// engine's Gemma 3 default is 6.
@@ -110,6 +113,7 @@ impl Gemma3Config {
             .and_then(|t| t.dims.get(1).copied())
             .ok_or_else(|| ModelError::Unsupported("no token_embd.weight tensor".into()))?
             as usize;
+        let context_length = get("context_length")?;
         let config = Self {
             layers: get("block_count")?,
             embedding,
@@ -119,10 +123,10 @@ impl Gemma3Config {
             head_dim,
             rope_base_global: optional_f32("rope.freq_base", 1_000_000.0)?,
             rope_base_sliding: optional_f32("rope.freq_base_swa", 10_000.0)?,
-            sliding_window,
+            sliding_window: sliding_window.min(context_length.max(1)),
             sliding_pattern: 6,
             rms_eps: m.f32("gemma3.attention.layer_norm_rms_epsilon")?,
-            context_length: get("context_length")?,
+            context_length,
             vocab,
         };
         if config.layers == 0 || config.embedding == 0 || config.feed_forward == 0 {
