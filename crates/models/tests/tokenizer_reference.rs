@@ -136,3 +136,40 @@ fn arbitrary_text_round_trips() {
         );
     }
 }
+
+/// Found by the tokenizer fuzz target: SmolLM2's vocabulary has no token for some bytes, and
+/// those bytes are dropped, as llama.cpp's BPE tokenizer drops them (a symbol that is not a
+/// token falls back to its single bytes; a byte without a token is skipped).
+#[test]
+fn bytes_without_a_token_are_dropped_like_llama_cpp_does() {
+    let Some((_, tokenizer)) = load() else { return };
+    let missing: Vec<u8> = (0..=255u8)
+        .filter(|&b| {
+            tokenizer
+                .token_id(&Tokenizer::byte_token(b).to_string())
+                .is_none()
+        })
+        .collect();
+    assert_eq!(
+        missing,
+        [
+            0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, 0xF5, 0xF6, 0xF7, 0xF8,
+            0xF9, 0xFA, 0xFB, 0xFC, 0xFD, 0xFE, 0xFF
+        ]
+    );
+    for control in ["\u{4}", "\u{6}", "\u{13}", "\u{14}", "\u{16}", "\u{1d}"] {
+        assert!(tokenizer.encode(control).unwrap().is_empty(), "{control:?}");
+        let text = format!("le{control} x");
+        assert_eq!(
+            tokenizer.encode(&text).unwrap(),
+            tokenizer.encode("le x").unwrap()
+        );
+    }
+    // U+40000 is F1 80 80 80: the lead byte goes, its continuation bytes stay (and decode to
+    // replacement characters).
+    let ids = tokenizer.encode("a\u{40000}b").unwrap();
+    assert_eq!(
+        tokenizer.decode(&ids).unwrap(),
+        "a\u{FFFD}\u{FFFD}\u{FFFD}b"
+    );
+}

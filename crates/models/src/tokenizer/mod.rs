@@ -15,6 +15,14 @@
 //!
 //! Decoding maps each token back to its bytes (control tokens to their literal text).
 //!
+//! A byte the vocabulary has no token for is dropped by the BPE encoder, as llama.cpp drops it
+//! (`llm_tokenizer_bpe_session::tokenize`: a symbol that is not a token falls back to its single
+//! bytes, and a byte that is not a token either is skipped). SmolLM2's vocabulary lacks 21 of
+//! the 256 byte tokens: the control bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, the lead bytes
+//! 0xF1 and 0xF2 of the rare characters U+40000–U+BFFFF, and bytes no UTF-8 text contains. So
+//! `decode(encode(text)) == text` holds exactly for text without those bytes (found by the
+//! tokenizer fuzz target, `docs/fuzzing.md`).
+//!
 //! ```no_run
 //! use tq_models::gguf::Gguf;
 //! use tq_models::tokenizer::Tokenizer;
