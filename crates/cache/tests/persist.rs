@@ -288,3 +288,40 @@ fn a_file_for_another_allocation_or_version_is_a_typed_error() {
     assert!(err.to_string().contains("version"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A positions table that does not increase (two stored positions swapped, the checksum
+/// rewritten) is refused on load: its masks would be wrong.
+#[test]
+fn positions_that_do_not_increase_are_refused() {
+    let mut cache = build(0, 0);
+    run(&mut cache, 0, 12);
+    let mut bytes = to_bytes(&cache).unwrap();
+    let header_len = u64::from_le_bytes(bytes[12..20].try_into().unwrap()) as usize;
+    // Layer 0's table: positions 0, 1, ..., 11 as u32 words, right after the header.
+    let table: Vec<u8> = (0..12u32).flat_map(u32::to_le_bytes).collect();
+    let at = 20
+        + header_len
+        + bytes[20 + header_len..]
+            .windows(table.len())
+            .position(|w| w == table)
+            .expect("the positions table");
+    bytes[at + 8..at + 12].copy_from_slice(&5u32.to_le_bytes()); // 0, 1, 5, 3, ...
+    let n = bytes.len() - 4;
+    let crc = crc32fast::hash(&bytes[..n]);
+    bytes[n..].copy_from_slice(&crc.to_le_bytes());
+    assert!(
+        matches!(
+            from_bytes(&bytes),
+            Err(PersistError::Inconsistent(
+                "stored positions do not increase"
+            ))
+        ),
+        "{:?}",
+        from_bytes(&bytes).err()
+    );
+    // The same file with the table intact loads (the edit, not the search, is what fails).
+    bytes[at + 8..at + 12].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..n]);
+    bytes[n..].copy_from_slice(&crc.to_le_bytes());
+    from_bytes(&bytes).unwrap();
+}
