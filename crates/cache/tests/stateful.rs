@@ -62,6 +62,9 @@
 //! TQ_STATEFUL_CASES=1000000 cargo test --release -p tq-cache --test stateful
 //! ```
 //!
+//! or in reproducible pieces on other seeds (`TQ_STATEFUL_SHARD=k`, k = 1, 2, ...; shard 0 is
+//! the CI's), e.g. ten runs of `TQ_STATEFUL_CASES=100000` with shards 1 to 10.
+//!
 //! `every_allocation_runs_a_scripted_session` also runs one fixed session per allocation, so
 //! every allocation is exercised whatever the random draws.
 
@@ -94,6 +97,17 @@ const FIXED_LEN: usize = 12;
 /// Appends stop growing the sequence here (a session stays cheap).
 const MAX_LEN: usize = 600;
 const MAX_CHUNK: usize = 300;
+
+/// `TQ_STATEFUL_SHARD` (default 0) moves both tests to other fixed seeds, so a long run can be
+/// split into reproducible pieces that draw different sessions and add up (shard k uses seeds
+/// `0x57A7_EF00 + 2k` and `+ 1`).
+fn seed(second_half: bool) -> u64 {
+    let shard: u64 = std::env::var("TQ_STATEFUL_SHARD")
+        .ok()
+        .map(|v| v.parse().expect("TQ_STATEFUL_SHARD must be a number"))
+        .unwrap_or(0);
+    0x57A7_EF00 + 2 * shard + u64::from(second_half)
+}
 
 fn cases() -> u32 {
     std::env::var("TQ_STATEFUL_CASES")
@@ -870,7 +884,7 @@ fn half_cases(first: bool) -> u32 {
 proptest! {
     #![proptest_config(Config {
         cases: half_cases(true),
-        rng_seed: RngSeed::Fixed(0x57A7_EF00),
+        rng_seed: RngSeed::Fixed(seed(false)),
         failure_persistence: None,
         ..Config::default()
     })]
@@ -889,7 +903,7 @@ proptest! {
 proptest! {
     #![proptest_config(Config {
         cases: half_cases(false),
-        rng_seed: RngSeed::Fixed(0x57A7_EF01),
+        rng_seed: RngSeed::Fixed(seed(true)),
         failure_persistence: None,
         ..Config::default()
     })]
