@@ -147,7 +147,11 @@ impl TokenStore {
     fn check_fits(&self, tokens: usize) -> Result<(), CacheError> {
         let too_large = || CacheError::StorageTooLarge {
             tokens,
-            bytes_per_record: 4 * self.record_words + 2 * self.scales_per_token,
+            // Saturating: this reports sizes that overflow, and must not overflow itself.
+            bytes_per_record: self
+                .record_words
+                .saturating_mul(4)
+                .saturating_add(self.scales_per_token.saturating_mul(2)),
         };
         let words = tokens
             .checked_mul(self.record_words)

@@ -162,6 +162,7 @@ fn a_store_larger_than_memory_is_a_typed_error() {
             matches!(err, CacheError::StorageTooLarge { tokens, .. } if tokens == capacity),
             "{err}"
         );
+        assert!(err.to_string().contains(&capacity.to_string()), "{err}");
     }
     // Large but possible: granted, and mapped lazily (nothing to check here but success).
     TokenStore::new(16, 1, Growth::Static { capacity: 1 << 20 }).unwrap();
