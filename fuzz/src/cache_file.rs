@@ -52,30 +52,20 @@ fn next_token(cache: &mut ModelCache) {
             _ => None,
         })
     };
-    let mut layers: Vec<(usize, bool)> = specs
+    // (layer, the layer whose cache it reads, whether it writes that cache)
+    let mut layers: Vec<(usize, usize, bool)> = specs
         .iter()
         .filter_map(|s| match &s.kind {
-            StateKind::Kv { layer, .. } => Some((*layer, true)),
-            StateKind::SharedKv { layer, .. } => Some((*layer, false)),
+            StateKind::Kv { layer, .. } => Some((*layer, *layer, true)),
+            StateKind::SharedKv {
+                layer,
+                source_layer,
+            } => Some((*layer, *source_layer, false)),
             StateKind::Fixed { .. } => None,
         })
         .collect();
-    layers.sort_by_key(|&(layer, produces)| (!produces, layer));
-    for (layer, produces) in layers {
-        let source = if produces {
-            layer
-        } else {
-            match &specs.iter().find_map(|s| match &s.kind {
-                StateKind::SharedKv {
-                    layer: l,
-                    source_layer,
-                } if *l == layer => Some(*source_layer),
-                _ => None,
-            }) {
-                Some(source) => *source,
-                None => continue,
-            }
-        };
+    layers.sort_by_key(|&(layer, _, produces)| (!produces, layer));
+    for (layer, source, produces) in layers {
         let Some(layout) = layout_of(source) else {
             continue;
         };
