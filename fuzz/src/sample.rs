@@ -31,6 +31,7 @@ pub fn specs() -> Vec<StateSpec> {
         head_dim: HEAD_DIM,
         kind,
         max_rewind: 2,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     vec![
         StateSpec {

@@ -86,6 +86,7 @@ pub fn decode_step_timing(
             growth: Growth::Doubling { initial: 16 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     let template = KvCache::with_allocation(layout, &allocation, 1, 3)?;
     let mut gpu = GpuKvCache::new(ctx, &template)?;

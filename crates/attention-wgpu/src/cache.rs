@@ -110,6 +110,7 @@ impl Scratch {
 ///     head_dim: 64,
 ///     kind: KvKind::Growing { growth: Growth::Doubling { initial: 64 } },
 ///     max_rewind: 0,
+///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
 /// };
 /// let cpu = KvCache::with_allocation(layout, &Allocation::preset("k5v4")?, 0, 1)?;
 /// let mut gpu = GpuKvCache::from_cache(&ctx, &cpu)?; // upload once
@@ -184,7 +185,7 @@ impl GpuKvCache {
                 }
                 // Refused by policy, not only once fitted: a basis chosen by the first batch
                 // must not turn a cache that uploaded fine into one that cannot.
-                if l.basis.is_pca() || l.basis_fit.is_some() {
+                if l.basis.fits_basis() || l.basis_fit.is_some() {
                     return Err(GpuError::Unsupported(
                         "streams with a data-aware basis (`basis`)".into(),
                     ));

@@ -55,7 +55,7 @@ impl KvCache {
             });
         }
         let new_positions = &positions[offset..];
-        self.append(keys, values, new_positions)?;
+        self.append_with_queries(keys, values, new_positions, queries, shape.q_heads)?;
         attend(self, queries, new_positions, shape, kernel, out)
     }
 }

@@ -50,6 +50,11 @@ pub struct KvLayout {
     pub kind: KvKind,
     /// Tokens a rewind may drop exactly (extra ring slots / full-precision copies are kept).
     pub max_rewind: usize,
+    /// Which key coordinates the model's RoPE turns together (read only by the plane basis,
+    /// [`BasisPolicy::Planes`](crate::basis::BasisPolicy::Planes); files saved before it
+    /// existed load as [`RopePairs::Adjacent`](crate::basis::RopePairs::Adjacent)).
+    #[serde(default)]
+    pub rope_pairs: crate::basis::RopePairs,
 }
 
 impl KvLayout {
@@ -101,6 +106,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             mean: None,
             basis: crate::basis::BasisPolicy::None,
             basis_fit: None,
+            rope_pairs: layout.rope_pairs,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
@@ -181,6 +187,7 @@ impl KvCache {
     ///     head_dim: 8,
     ///     kind: KvKind::Growing { growth: Growth::Doubling { initial: 16 } },
     ///     max_rewind: 0,
+    ///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     /// };
     /// let f32 = CodecSpec::F32 { dim: 8 };
     /// let mut cache = KvCache::uniform(layout, f32, f32).unwrap();
@@ -307,11 +314,70 @@ impl KvCache {
     }
 
     /// Appends the keys and values `[n, kv_heads, head_dim]` of tokens at `positions` (n of them).
+    ///
+    /// A stream with a plane basis ([`BasisPolicy::Planes`](crate::basis::BasisPolicy::Planes))
+    /// that calibrates on this batch stays on the plain codec: the fit needs the batch's
+    /// queries ([`append_with_queries`](Self::append_with_queries), which the write-then-attend
+    /// entry point [`forward`](Self::forward) uses).
     pub fn append(
         &mut self,
         keys: &[f32],
         values: &[f32],
         positions: &[u32],
+    ) -> Result<(), CacheError> {
+        self.append_calibrated(keys, values, positions, None)
+    }
+
+    /// [`append`](Self::append), with the queries `[n_q, q_heads·head_dim]` (`q_heads` a
+    /// multiple of the KV heads) this batch is attended with, so that a plane-basis stream
+    /// calibrating on it weighs each plane by the energy of the queries that will read it
+    /// ([`fit_planes`](crate::basis::fit_planes)). The queries are read only then (an empty
+    /// cache with a plane-basis stream); otherwise this is `append`.
+    pub fn append_with_queries(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+        queries: &[f32],
+        q_heads: usize,
+    ) -> Result<(), CacheError> {
+        if !self.keys.iter().any(Stream::needs_query_energy) {
+            return self.append_calibrated(keys, values, positions, None);
+        }
+        let (heads, d) = (self.layout.kv_heads, self.layout.head_dim);
+        let width = q_heads * d;
+        if q_heads == 0 || !q_heads.is_multiple_of(heads) || !queries.len().is_multiple_of(width) {
+            return Err(CacheError::ShapeMismatch {
+                what: "queries of a plane-basis fit",
+                expected: queries.len().next_multiple_of(width.max(1)),
+                actual: queries.len(),
+            });
+        }
+        let group = q_heads / heads;
+        let rows = queries.len() / width;
+        // Mean square per coordinate over the batch's rows and the KV head's query heads, in
+        // a fixed order (the fit, and so the codes, must not depend on the thread count).
+        let mut energy = vec![vec![0.0f64; d]; heads];
+        for row in queries.chunks_exact(width) {
+            for (q_head, head) in row.chunks_exact(d).enumerate() {
+                for (e, &v) in energy[q_head / group].iter_mut().zip(head) {
+                    *e += f64::from(v) * f64::from(v);
+                }
+            }
+        }
+        let count = (rows * group).max(1) as f64;
+        for e in energy.iter_mut().flatten() {
+            *e /= count;
+        }
+        self.append_calibrated(keys, values, positions, Some(&energy))
+    }
+
+    fn append_calibrated(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+        query_energy: Option<&[Vec<f64>]>,
     ) -> Result<(), CacheError> {
         let n = positions.len();
         let width = self.layout.kv_heads * self.layout.head_dim;
@@ -363,7 +429,7 @@ impl KvCache {
             .zip(self.scratch.par_iter_mut())
             .enumerate()
             .try_for_each(|(h, ((ks, vs), [key_scratch, value_scratch]))| {
-                for (stream, data) in [(&mut *ks, keys), (&mut *vs, values)] {
+                for (stream, data, is_key) in [(&mut *ks, keys, true), (&mut *vs, values, false)] {
                     if stream.needs_calibration() {
                         let head: Vec<f32> = (0..n)
                             .flat_map(|i| {
@@ -372,7 +438,12 @@ impl KvCache {
                                     .copied()
                             })
                             .collect();
-                        stream.calibrate(&head)?;
+                        // Queries score keys only (the allocation refuses planes on values).
+                        let query = query_energy
+                            .filter(|_| is_key)
+                            .and_then(|e| e.get(h))
+                            .map(Vec::as_slice);
+                        stream.calibrate(&head, query)?;
                     }
                 }
                 for i in 0..n {

@@ -17,10 +17,12 @@
 //!
 //! Versions: 2 added the centering fields to the stream layouts, 3 the data-aware basis
 //! (`basis` policy and `basis_fit`: the f16 rows, groups and f32 scales as integer bit
-//! patterns, one codebook identity per group). This build writes version 3 and reads 1 to 3
-//! (older headers lack the newer fields, which default to "not centered" and "no basis",
-//! exactly what those writers stored); an older build refuses a version-3 file by its version
-//! rather than silently decoding a basis stream as a plain one.
+//! patterns, one codebook identity per group), 4 the plane basis (`basis = "planes"`: a fit
+//! whose `components` list its coordinates) and the layouts' `rope_pairs`. This build writes
+//! version 4 and reads 1 to 4 (older headers lack the newer fields, which default to "not
+//! centered", "no basis" and adjacent RoPE pairs, exactly what those writers stored); an older
+//! build refuses a newer file by its version rather than silently decoding a basis stream as a
+//! plain one.
 //! [`save`] is crash-safe ([`write_atomically`]): a save that fails or is killed leaves the
 //! previous file intact. [`load_matching`] also checks that the file is a cache of the expected
 //! model and allocation ([`PersistError::Mismatch`] otherwise).
@@ -43,7 +45,7 @@ use crate::token_store::TokenStore;
 pub const MAGIC: &[u8; 8] = b"TQCACHE\0";
 
 /// The version this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The oldest version this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -184,7 +186,7 @@ fn codebooks(
 /// use tq_cache::states::{ModelCache, StateKind, StateSpec};
 /// use tq_cache::token_store::Growth;
 /// use tq_cache::CodecSpec;
-/// let layout = KvLayout { kv_heads: 1, head_dim: 8, kind: KvKind::Growing { growth: Growth::Doubling { initial: 4 } }, max_rewind: 0 };
+/// let layout = KvLayout { kv_heads: 1, head_dim: 8, kind: KvKind::Growing { growth: Growth::Doubling { initial: 4 } }, max_rewind: 0, rope_pairs: Default::default() };
 /// let specs = vec![StateSpec { name: "l0".into(), kind: StateKind::Kv { layer: 0, layout } }];
 /// let cache = ModelCache::new(specs, |_, l| {
 ///     let c = CodecSpec::F16 { dim: 8 };

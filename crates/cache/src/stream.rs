@@ -65,6 +65,10 @@ pub struct StreamLayout {
     /// for bit: the fit is integers).
     #[serde(default)]
     pub basis_fit: Option<BasisFit>,
+    /// The coordinate pairs the model's RoPE turns together (the planes of a plane basis;
+    /// from [`KvLayout::rope_pairs`](crate::kv_cache::KvLayout::rope_pairs)).
+    #[serde(default)]
+    pub rope_pairs: crate::basis::RopePairs,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
     /// First tokens kept at full precision.
@@ -113,29 +117,39 @@ impl StreamLayout {
     /// Builds the body codec: the single codec, or the two tiers with the chosen outlier
     /// channels (the first `k` channels until calibration chooses).
     pub fn build_codec(&self) -> Result<TokenCodec, CacheError> {
-        if self.basis.is_pca() {
+        if self.basis.fits_basis() {
             let CodecSpec::Mse(spec) = self.codec else {
                 return Err(CacheError::InvalidConfig(format!(
-                    "basis = \"pca\" needs an mse codec, not {:?}",
-                    self.codec
+                    "basis = \"{}\" needs an mse codec, not {:?}",
+                    self.basis, self.codec
                 )));
             };
             if self.outliers.is_some() {
-                return Err(CacheError::InvalidConfig(
-                    "basis = \"pca\" cannot be combined with [outliers]".into(),
-                ));
+                return Err(CacheError::InvalidConfig(format!(
+                    "basis = \"{}\" cannot be combined with [outliers]",
+                    self.basis
+                )));
             }
             return match &self.basis_fit {
-                Some(BasisFit::Pca(fit)) => Ok(TokenCodec::Basis(Box::new(
-                    crate::basis::BasisCodec::new(spec, fit.clone())?,
+                Some(fit) if !fit.is_from(self.basis) => Err(CacheError::InvalidConfig(format!(
+                    "a recorded basis of another kind on a stream with basis = \"{}\"",
+                    self.basis
                 ))),
-                // Not fitted yet, or fitted to the identity: the plain codec.
-                _ => Ok(TokenCodec::new(&self.codec)?),
+                Some(fit) => match fit.fitted() {
+                    Some(fitted) => Ok(TokenCodec::Basis(Box::new(crate::basis::BasisCodec::new(
+                        spec,
+                        fitted.clone(),
+                    )?))),
+                    // Fitted to the identity: the plain codec.
+                    None => Ok(TokenCodec::new(&self.codec)?),
+                },
+                // Not fitted yet: the plain codec.
+                None => Ok(TokenCodec::new(&self.codec)?),
             };
         }
         if self.basis_fit.is_some() {
             return Err(CacheError::InvalidConfig(
-                "a recorded basis on a stream without basis = \"pca\"".into(),
+                "a recorded basis on a stream without a basis policy".into(),
             ));
         }
         match &self.outliers {
@@ -206,7 +220,7 @@ impl Stream {
             )
         };
         let mut layout = layout.clone();
-        if let Some(BasisFit::Pca(fit)) = &mut layout.basis_fit {
+        if let Some(BasisFit::Pca(fit) | BasisFit::Planes(fit)) = &mut layout.basis_fit {
             fit.shrink_to_fit();
         }
         let centered = if layout.center.is_centered() {
@@ -269,10 +283,12 @@ impl Stream {
             + self.sinks.allocated_bytes()
             + self.recent.allocated_bytes()
             + self.layout.mean.as_ref().map_or(0, |m| 4 * m.capacity())
-            + match &self.layout.basis_fit {
-                Some(BasisFit::Pca(fit)) => fit.allocated_bytes(),
-                _ => 0,
-            }
+            + self
+                .layout
+                .basis_fit
+                .as_ref()
+                .and_then(BasisFit::fitted)
+                .map_or(0, |fit| fit.allocated_bytes())
     }
 
     /// Bytes stored once rather than per token, by formula: the full-precision sink and recent
@@ -282,10 +298,12 @@ impl Stream {
         (self.sink_tokens + self.recent_slots) * self.fp_codec.bytes_per_token()
             + self.layout.center.mean_bytes(self.layout.head_dim())
                 * usize::from(self.layout.mean.is_some())
-            + match &self.layout.basis_fit {
-                Some(BasisFit::Pca(fit)) => fit.bytes(),
-                _ => 0,
-            }
+            + self
+                .layout
+                .basis_fit
+                .as_ref()
+                .and_then(BasisFit::fitted)
+                .map_or(0, |fit| fit.bytes())
     }
 
     /// The stream's basis policy.
@@ -458,7 +476,13 @@ impl Stream {
     }
 
     fn needs_basis(&self) -> bool {
-        self.layout.basis.is_pca() && self.layout.basis_fit.is_none()
+        self.layout.basis.fits_basis() && self.layout.basis_fit.is_none()
+    }
+
+    /// Whether the next append fits a plane basis, which needs the energy of the queries the
+    /// first batch comes with (see [`KvCache::append_with_queries`](crate::kv_cache::KvCache::append_with_queries)).
+    pub fn needs_query_energy(&self) -> bool {
+        self.len == 0 && self.layout.basis == BasisPolicy::Planes && self.needs_basis()
     }
 
     fn needs_channels(&self) -> bool {
@@ -474,7 +498,16 @@ impl Stream {
     /// basis stream — from the centered tokens, since those are what its codec will store —
     /// and rebuilds the codec with them (the record size does not change). On error nothing
     /// changes.
-    pub(crate) fn calibrate(&mut self, tokens: &[f32]) -> Result<(), CacheError> {
+    ///
+    /// A plane basis ([`BasisPolicy::Planes`]) is fitted with `query_energy` (the mean square
+    /// of each query coordinate over the batch and the KV head's query heads); without it (an
+    /// append that brings no queries) the stream stays on the plain codec
+    /// ([`BasisFit::Identity`]) until its next first batch.
+    pub(crate) fn calibrate(
+        &mut self,
+        tokens: &[f32],
+        query_energy: Option<&[f64]>,
+    ) -> Result<(), CacheError> {
         let head_dim = self.layout.head_dim();
         let mean = if self.needs_mean() {
             Some(crate::center::first_chunk_mean(tokens, head_dim)?)
@@ -511,7 +544,17 @@ impl Stream {
         if self.needs_basis()
             && let CodecSpec::Mse(spec) = self.layout.codec
         {
-            let fit = crate::basis::fit_basis(&stored, head_dim, spec.bits)?;
+            let fit = match (self.layout.basis, query_energy) {
+                (BasisPolicy::Planes, Some(query)) => crate::basis::fit_planes(
+                    &stored,
+                    head_dim,
+                    spec.bits,
+                    self.layout.rope_pairs,
+                    query,
+                )?,
+                (BasisPolicy::Planes, None) => BasisFit::Identity,
+                _ => crate::basis::fit_basis(&stored, head_dim, spec.bits)?,
+            };
             let mut layout = self.layout.clone();
             layout.basis_fit = Some(fit);
             self.codec = layout.build_codec()?;

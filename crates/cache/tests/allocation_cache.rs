@@ -20,6 +20,7 @@ fn layout(kv_heads: usize, head_dim: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 64 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 

@@ -174,6 +174,7 @@ fn a_single_identity_group_is_the_plain_codec_bit_for_bit() {
             rows,
             groups: vec![BasisGroup { len: D, bits }],
             scales: vec![1.0f32.to_bits()],
+            components: Vec::new(),
         };
         let basis = BasisCodec::new(spec, fit).unwrap();
         let plain = TqMse::new(spec).unwrap();
@@ -236,6 +237,7 @@ fn layout() -> KvLayout {
             growth: Growth::Doubling { initial: 16 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 
@@ -342,7 +344,7 @@ fn the_basis_cuts_the_error_of_anisotropic_vectors() {
             append(&mut c, &tail, &tail);
             let all: Vec<f32> = fit_batch.iter().chain(&later).copied().collect();
             errors.push(key_error(&c, &all, 32 * D));
-            if policy.is_pca() {
+            if policy.fits_basis() {
                 let Some(BasisFit::Pca(fit)) = c.keys(0).basis_fit() else {
                     panic!("no basis fitted at {bits} bits");
                 };

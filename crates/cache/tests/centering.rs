@@ -97,6 +97,7 @@ fn growing(max_rewind: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 16 },
         },
         max_rewind,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 
@@ -1006,6 +1007,7 @@ fn centered_bytes_match_the_formula() {
                 head_dim: D,
                 kind,
                 max_rewind: 2,
+                rope_pairs: tq_cache::basis::RopePairs::Adjacent,
             };
             let spec = codec(codec_kind, D, 4, 5);
             let build = |center| {

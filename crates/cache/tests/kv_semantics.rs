@@ -211,6 +211,7 @@ fn byte_formula_equals_allocation() {
                 head_dim: D,
                 kind: KvKind::Growing { growth },
                 max_rewind: 4,
+                rope_pairs: tq_cache::basis::RopePairs::Adjacent,
             };
             let streams = |c: CodecSpec| -> Vec<StreamLayout> {
                 uniform_streams(&layout, c)
@@ -276,6 +277,7 @@ fn bad_calls_are_typed_errors() {
             growth: Growth::Static { capacity: 4 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     let mut cache = KvCache::uniform(layout, f32, f32).unwrap();
     let (q, k, v) = token_tensors(0, 1);

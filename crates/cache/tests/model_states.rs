@@ -18,6 +18,7 @@ fn full(head_dim: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 32 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 

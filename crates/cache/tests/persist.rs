@@ -21,6 +21,7 @@ fn specs() -> Vec<StateSpec> {
             growth: Growth::Doubling { initial: 16 },
         },
         max_rewind: 4,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     vec![
         StateSpec {

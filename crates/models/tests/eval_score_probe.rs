@@ -31,6 +31,7 @@ fn cache(allocation: &str) -> ModelCache {
                         growth: Growth::Static { capacity: TOKENS },
                     },
                     max_rewind: 0,
+                    rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                 },
             },
         })

@@ -28,6 +28,7 @@ fn full_cache(allocation: &Allocation) -> ModelCache {
                         growth: Growth::Static { capacity: TOKENS },
                     },
                     max_rewind: 0,
+                    rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                 },
             },
         })
@@ -74,6 +75,7 @@ fn mixed_cache(allocation: &Allocation) -> ModelCache {
         head_dim: D,
         kind,
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     let growing = KvKind::Growing {
         growth: Growth::Static { capacity: TOKENS },

@@ -29,6 +29,7 @@ fn specs() -> Vec<StateSpec> {
                         growth: Growth::Doubling { initial: 16 },
                     },
                     max_rewind: 0,
+                    rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                 },
             },
         })

@@ -32,6 +32,7 @@ fn kv_spec(layer: usize) -> StateSpec {
                     growth: Growth::Static { capacity: 32 },
                 },
                 max_rewind: 0,
+                rope_pairs: tq_cache::basis::RopePairs::Adjacent,
             },
         },
     }

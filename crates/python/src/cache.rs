@@ -102,6 +102,9 @@ fn layout(
         head_dim,
         kind,
         max_rewind,
+        // The Python API takes keys as the caller rotated them; only the plane basis reads
+        // this, and it is not exposed there.
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     })
 }
 

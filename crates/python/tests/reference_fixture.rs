@@ -329,6 +329,7 @@ fn growing(kv_heads: usize, head_dim: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 256 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 

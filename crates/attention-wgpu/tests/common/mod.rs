@@ -110,6 +110,7 @@ pub fn growing(kv_heads: usize, head_dim: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 7 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 
@@ -119,6 +120,7 @@ pub fn sliding(kv_heads: usize, head_dim: usize, window: usize, max_rewind: usiz
         head_dim,
         kind: KvKind::Sliding { window },
         max_rewind,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 

@@ -41,6 +41,7 @@ impl Allocation {
                     mean: None,
                     basis: resolved.basis,
                     basis_fit: None,
+                    rope_pairs: layout.rope_pairs,
                     fp: self.fp_codec(layout.head_dim),
                     sink_tokens: self.sink_tokens,
                     recent_tokens: self.recent_fp_tokens,
@@ -65,6 +66,7 @@ impl KvCache {
     ///     head_dim: 64,
     ///     kind: KvKind::Growing { growth: Growth::Static { capacity: 1024 } },
     ///     max_rewind: 0,
+    ///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     /// };
     /// let cache = KvCache::with_allocation(layout, &Allocation::preset("k5v4")?, 0, 30)?;
     /// // 3 heads × (K: 32 code + 8 sign bytes + 2 f16 scales; V: 32 + one f16) + a 4-byte position

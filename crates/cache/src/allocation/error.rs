@@ -161,6 +161,13 @@ pub enum FieldProblem {
          their bits; drop one of them for this stream"
     )]
     BasisWithOutliers,
+    /// `basis = "planes"` on a value stream: the planes are where RoPE turns the keys, and the
+    /// fit weighs them by the queries that score the keys; values have neither.
+    #[error(
+        "basis = \"planes\" applies to keys only (RoPE planes weighed by the queries); \
+         use basis = \"pca\" or none for values"
+    )]
+    PlanesOnValues,
     /// A layer index outside the model (negative indices count from the end).
     #[error("layer {index} is out of range for a {num_layers}-layer model")]
     LayerOutOfRange {

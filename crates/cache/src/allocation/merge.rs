@@ -183,7 +183,7 @@ impl Merged {
             ));
         }
         if let Some(b) = self.basis
-            && b.value.is_pca()
+            && b.value.fits_basis()
             && kind != CodecKind::Mse
         {
             return Err(AllocationError::field(

@@ -7,6 +7,7 @@ use crate::allocation::merge::{Merged, Resolved, Section};
 use crate::allocation::plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
 use crate::allocation::schema::{Allocation, FpDtype, LayerKind, OutlierRule, StreamSettings};
 use crate::allocation::seed::{SeedRole, Tier, derive_seed};
+use crate::basis::BasisPolicy;
 
 /// Quantized tiers need `d >= 3`: the rotated-coordinate law `(1−t²)^((d−3)/2)` has no density
 /// below that.
@@ -148,6 +149,15 @@ impl Allocation {
         }
         let whole = merged.finish()?;
         let (center, basis) = (whole.center, whole.basis);
+        if basis == BasisPolicy::Planes
+            && stream == StreamKind::Value
+            && let Some(origin) = whole.basis_path
+        {
+            return Err(AllocationError::field(
+                origin.path("basis"),
+                FieldProblem::PlanesOnValues,
+            ));
+        }
         let seed = |tier, role| derive_seed(self.seed, layer, kv_head, stream, tier, role);
         let split = self.outliers.as_ref().and_then(|rule| {
             stream_patch(stream, &rule.key, &rule.value).map(|patch| (rule, patch))
@@ -155,7 +165,7 @@ impl Allocation {
         let plan = match split {
             Some((rule, patch)) if whole.codec.is_quantized() => {
                 if let Some(origin) = whole.basis_path
-                    && basis.is_pca()
+                    && basis.fits_basis()
                 {
                     return Err(AllocationError::field(
                         origin.path("basis"),

@@ -423,6 +423,7 @@ mod tests {
                         growth: Growth::Static { capacity: 300 },
                     },
                     max_rewind: 0,
+                    rope_pairs: crate::basis::RopePairs::Adjacent,
                 };
                 let streams = uniform_streams(&layout, crate::CodecSpec::F16 { dim: d });
                 let mut cache = KvCache::new(layout, &streams, &streams).unwrap();

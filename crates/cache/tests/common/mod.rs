@@ -60,6 +60,7 @@ pub fn growing(kv_heads: usize, head_dim: usize) -> KvLayout {
             growth: Growth::Doubling { initial: 7 },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 
@@ -69,6 +70,7 @@ pub fn sliding(kv_heads: usize, head_dim: usize, window: usize, max_rewind: usiz
         head_dim,
         kind: KvKind::Sliding { window },
         max_rewind,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     }
 }
 

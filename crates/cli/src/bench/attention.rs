@@ -214,6 +214,7 @@ fn build(
             growth: Growth::Static { capacity: tokens },
         },
         max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
     };
     let d = shape.head_dim;
     let mut cache = match config {

@@ -89,12 +89,14 @@ impl Gemma3 {
                     window: c.sliding_window,
                 },
                 max_rewind: self.max_chunk - 1,
+                rope_pairs: tq_cache::basis::RopePairs::Halves,
             },
             LayerKind::Global => KvLayout {
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
                 kind: KvKind::Growing { growth },
                 max_rewind: 0,
+                rope_pairs: tq_cache::basis::RopePairs::Halves,
             },
         }
     }

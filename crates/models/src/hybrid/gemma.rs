@@ -279,12 +279,14 @@ impl GemmaLikeConfig {
                                 },
                                 // The extra ring slots keep a chunk's first token exact.
                                 max_rewind: self.prefill_chunk - 1,
+                                rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                             },
                             AttentionSpan::Full => KvLayout {
                                 kv_heads: self.kv_heads,
                                 head_dim: self.full.head_dim,
                                 kind: KvKind::Growing { growth },
                                 max_rewind: 0,
+                                rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                             },
                         },
                     },

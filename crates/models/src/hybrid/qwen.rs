@@ -140,6 +140,7 @@ impl QwenLikeConfig {
                             head_dim: self.full.head_dim,
                             kind: KvKind::Growing { growth },
                             max_rewind: 0,
+                            rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                         },
                     },
                 });

@@ -66,6 +66,7 @@ impl Llama {
                         head_dim: self.config.head_dim,
                         kind: KvKind::Growing { growth },
                         max_rewind: 0,
+                        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                     },
                 },
             })
