@@ -71,9 +71,10 @@
 //! | shards | cases | failures | time per shard |
 //! |---|---|---|---|
 //! | 1 | 50 000 | 0 | 545 s (both cores free) |
-//! | 2–5 | 200 000 | 0 | 784–1015 s (cores shared with other work) |
+//! | 2–6 | 250 000 | 0 | 784–1015 s (cores shared with other work) |
+//! | 7–9 | 150 000 | 0 | 450–512 s |
 //!
-//! 250 000 sequences in all, none failing; shards 6 onwards remain for the 1 M target. The plane
+//! 450 000 sequences in all, none failing; shards 10 onwards remain for the 1 M target. The plane
 //! basis (`basis = "planes"`, now in `rec4.25`, `rec2.75` and the local `local-planes`) and the
 //! oracle's replay of the calibration batch's queries came after: the CI's 10 000 cases cover
 //! them, the long run does not yet.
