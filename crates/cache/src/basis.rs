@@ -444,22 +444,11 @@ pub fn fit_planes(
             actual: query_energy.len(),
         });
     }
-    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
-        return Err(CacheError::Codec(CodecError::NonFinite {
-            index: index % d,
-            value: tokens[index],
-        }));
-    }
+    check_batch(tokens, d, bits)?;
     if let Some(index) = query_energy.iter().position(|v| !v.is_finite() || *v < 0.0) {
         return Err(CacheError::Codec(CodecError::NonFinite {
             index,
             value: query_energy[index] as f32,
-        }));
-    }
-    if !(1..=8).contains(&bits) {
-        return Err(CacheError::Codec(CodecError::UnsupportedBits {
-            bits,
-            supported: "1..=8",
         }));
     }
     let mut energy = vec![0.0f64; d];
@@ -497,32 +486,16 @@ pub fn fit_planes(
     order.sort_by(|&a, &b| weight(b).total_cmp(&weight(a)).then(a.cmp(&b)));
     let coordinates: Vec<usize> = order.iter().flat_map(|&p| pairs.plane(p, d)).collect();
     let weights: Vec<f64> = order.iter().flat_map(|&p| [weight(p); 2]).collect();
-    let distortion = distortion_table(d)?;
-    let groups = allocate_bits(&weights, words_for(d, bits), &distortion);
-    if groups == [BasisGroup { len: d, bits }] {
+    let Some(groups) = allocate_groups(&weights, d, bits)? else {
         return Ok(BasisFit::Identity);
-    }
-    let rank: usize = groups.iter().map(|g| g.len).sum();
-    let plane_of = |c: usize| match pairs {
-        RopePairs::Adjacent => c / 2,
-        RopePairs::Halves => c % (d / 2),
     };
-    let mut scales = Vec::with_capacity(groups.len());
-    let mut start = 0;
-    for group in &groups {
-        let mean = coordinates[start..start + group.len]
-            .iter()
-            .map(|&c| key[plane_of(c)] / 2.0)
-            .sum::<f64>()
-            / group.len as f64;
-        let scale = (d as f64 * mean).sqrt().max(f64::from(f32::MIN_POSITIVE)) as f32;
-        scales.push(scale.to_bits());
-        start += group.len;
-    }
+    let rank: usize = groups.iter().map(|g| g.len).sum();
+    // Each coordinate holds half of its plane's key energy.
+    let variances: Vec<f64> = order.iter().flat_map(|&p| [key[p] / 2.0; 2]).collect();
     let mut fit = FittedBasis {
         rows: Vec::new(),
+        scales: group_scales(&groups, &variances, d),
         groups,
-        scales,
         // `d ≤ 65536` was checked, so every coordinate fits.
         components: coordinates[..rank].iter().map(|&c| c as u16).collect(),
     };
@@ -545,19 +518,8 @@ pub fn fit_basis(tokens: &[f32], head_dim: usize, bits: u8) -> Result<BasisFit, 
             actual: tokens.len(),
         });
     }
-    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
-        return Err(CacheError::Codec(CodecError::NonFinite {
-            index: index % head_dim,
-            value: tokens[index],
-        }));
-    }
-    if !(1..=8).contains(&bits) {
-        return Err(CacheError::Codec(CodecError::UnsupportedBits {
-            bits,
-            supported: "1..=8",
-        }));
-    }
     let d = head_dim;
+    check_batch(tokens, d, bits)?;
     // Second moment of the unit vectors u = x/‖x‖ (what the codec quantizes), in f64.
     let mut moment = nalgebra::DMatrix::<f64>::zeros(d, d);
     let mut count = 0usize;
@@ -603,11 +565,9 @@ pub fn fit_basis(tokens: &[f32], head_dim: usize, bits: u8) -> Result<BasisFit, 
         .iter()
         .map(|&i| eigen.eigenvalues[i].max(0.0))
         .collect();
-    let distortion = distortion_table(d)?;
-    let groups = allocate_bits(&variances, words_for(d, bits), &distortion);
-    if groups == [BasisGroup { len: d, bits }] {
+    let Some(groups) = allocate_groups(&variances, d, bits)? else {
         return Ok(BasisFit::Identity);
-    }
+    };
     let rank: usize = groups.iter().map(|g| g.len).sum();
     let mut rows = Vec::with_capacity(rank * d);
     for &component in &order[..rank] {
@@ -622,23 +582,59 @@ pub fn fit_basis(tokens: &[f32], head_dim: usize, bits: u8) -> Result<BasisFit, 
         let sign = if vector[pivot] < 0.0 { -1.0 } else { 1.0 };
         rows.extend(vector.iter().map(|&v| f16::from_f64(sign * v).to_bits()));
     }
-    let mut scales = Vec::with_capacity(groups.len());
-    let mut start = 0;
-    for group in &groups {
-        let mean = variances[start..start + group.len].iter().sum::<f64>() / group.len as f64;
-        // A group of (numerically) zero variance still needs a positive, finite scale.
-        let scale = (d as f64 * mean).sqrt().max(f64::from(f32::MIN_POSITIVE)) as f32;
-        scales.push(scale.to_bits());
-        start += group.len;
-    }
     let mut fit = FittedBasis {
         rows,
+        scales: group_scales(&groups, &variances, d),
         groups,
-        scales,
         components: Vec::new(),
     };
     fit.shrink_to_fit();
     Ok(BasisFit::Pca(fit))
+}
+
+/// The checks both fits make on a first batch: finite values, bits the codec supports.
+fn check_batch(tokens: &[f32], d: usize, bits: u8) -> Result<(), CacheError> {
+    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
+        return Err(CacheError::Codec(CodecError::NonFinite {
+            index: index % d,
+            value: tokens[index],
+        }));
+    }
+    if !(1..=8).contains(&bits) {
+        return Err(CacheError::Codec(CodecError::UnsupportedBits {
+            bits,
+            supported: "1..=8",
+        }));
+    }
+    Ok(())
+}
+
+/// [`allocate_bits`] on `weights` (sorted, descending) within the plain `bits`-bit record's
+/// words; `None` when it gives every coordinate `bits` bits, i.e. the plain codec.
+fn allocate_groups(
+    weights: &[f64],
+    d: usize,
+    bits: u8,
+) -> Result<Option<Vec<BasisGroup>>, CacheError> {
+    let distortion = distortion_table(d)?;
+    let groups = allocate_bits(weights, words_for(d, bits), &distortion);
+    Ok((groups != [BasisGroup { len: d, bits }]).then_some(groups))
+}
+
+/// Each group's scale `a_G = √(d·mean variance)` over its coordinates (`variances` in the
+/// groups' order), as f32 bits.
+fn group_scales(groups: &[BasisGroup], variances: &[f64], d: usize) -> Vec<u32> {
+    let mut start = 0;
+    groups
+        .iter()
+        .map(|group| {
+            let mean = variances[start..start + group.len].iter().sum::<f64>() / group.len as f64;
+            start += group.len;
+            // A group of (numerically) zero variance still needs a positive, finite scale.
+            let scale = (d as f64 * mean).sqrt().max(f64::from(f32::MIN_POSITIVE)) as f32;
+            scale.to_bits()
+        })
+        .collect()
 }
 
 /// One group of a built [`BasisCodec`].
