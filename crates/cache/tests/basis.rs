@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::vectors;
+use common::{two_heads, vectors};
 use half::f16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
@@ -262,14 +262,6 @@ fn append(cache: &mut KvCache, k: &[f32], v: &[f32]) {
     cache.append(k, v, &positions).unwrap();
 }
 
-/// Interleaves two heads' `[n, D]` batches into `[n, 2, D]`.
-fn two_heads(a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.chunks_exact(D)
-        .zip(b.chunks_exact(D))
-        .flat_map(|(x, y)| x.iter().chain(y).copied())
-        .collect()
-}
-
 fn records(cache: &KvCache) -> Vec<(Vec<u32>, Vec<u16>)> {
     (0..2)
         .flat_map(|g| [cache.keys(g), cache.values(g)])
@@ -284,8 +276,8 @@ fn records(cache: &KvCache) -> Vec<(Vec<u32>, Vec<u16>)> {
 
 #[test]
 fn an_isotropic_stream_stores_exactly_what_a_plain_one_does() {
-    let batch = two_heads(&isotropic_batch(), &isotropic_batch());
-    let later = two_heads(&anisotropic(30, 1, 7), &anisotropic(30, 2, 8));
+    let batch = two_heads(&isotropic_batch(), &isotropic_batch(), D);
+    let later = two_heads(&anisotropic(30, 1, 7), &anisotropic(30, 2, 8), D);
     let mut with = basis_cache(4, BasisPolicy::Pca);
     let mut without = basis_cache(4, BasisPolicy::None);
     for c in [&mut with, &mut without] {
@@ -338,9 +330,9 @@ fn the_basis_cuts_the_error_of_anisotropic_vectors() {
         let mut errors = Vec::new();
         for policy in [BasisPolicy::Pca, BasisPolicy::None] {
             let mut c = basis_cache(bits, policy);
-            let batch = two_heads(&fit_batch, &fit_batch);
+            let batch = two_heads(&fit_batch, &fit_batch, D);
             append(&mut c, &batch, &batch);
-            let tail = two_heads(&later, &later);
+            let tail = two_heads(&later, &later, D);
             append(&mut c, &tail, &tail);
             let all: Vec<f32> = fit_batch.iter().chain(&later).copied().collect();
             errors.push(key_error(&c, &all, 32 * D));
@@ -374,8 +366,8 @@ fn fused_attention_on_a_basis_cache_matches_the_reference() {
     let mut groups_seen = Vec::new();
     for bits in [2u8, 4, 5] {
         let mut c = basis_cache(bits, BasisPolicy::Pca);
-        let k = two_heads(&anisotropic(300, 1, 2), &anisotropic(300, 3, 4));
-        let v = two_heads(&anisotropic(300, 5, 6), &anisotropic(300, 7, 8));
+        let k = two_heads(&anisotropic(300, 1, 2), &anisotropic(300, 3, 4), D);
+        let v = two_heads(&anisotropic(300, 5, 6), &anisotropic(300, 7, 8), D);
         append(&mut c, &k[..200 * 2 * D], &v[..200 * 2 * D]);
         append(&mut c, &k[200 * 2 * D..], &v[200 * 2 * D..]);
         let TokenCodec::Basis(basis) = c.keys(1).codec() else {
@@ -475,8 +467,8 @@ value = { codec = "mse", bits = 3, basis = "pca" }
     )
     .unwrap();
     let mut cache = ModelCache::with_allocation(specs(), &allocation).unwrap();
-    let k = two_heads(&anisotropic(200, 1, 2), &anisotropic(200, 3, 4));
-    let v = two_heads(&anisotropic(200, 5, 6), &anisotropic(200, 7, 8));
+    let k = two_heads(&anisotropic(200, 1, 2), &anisotropic(200, 3, 4), D);
+    let v = two_heads(&anisotropic(200, 5, 6), &anisotropic(200, 7, 8), D);
     let split = 150 * 2 * D;
     forward(&mut cache, &k[..split], &v[..split]);
     let fit = cache.kv(0).unwrap().keys(0).basis_fit().cloned();

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::vectors;
+use common::{two_heads, vectors};
 use half::f16;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -291,14 +291,6 @@ fn cache(bits: u8, policy: BasisPolicy) -> KvCache {
     KvCache::new(layout, &streams(5, policy), &streams(6, BasisPolicy::None)).unwrap()
 }
 
-/// Interleaves two heads' `[n, D]` batches into `[n, 2, D]`.
-fn two_heads(a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.chunks_exact(D)
-        .zip(b.chunks_exact(D))
-        .flat_map(|(x, y)| x.iter().chain(y).copied())
-        .collect()
-}
-
 fn positions(from: usize, n: usize) -> Vec<u32> {
     (from as u32..(from + n) as u32).collect()
 }
@@ -334,8 +326,8 @@ fn the_plane_basis_cuts_the_score_error_where_the_queries_look() {
     let energy = query_energy(RopePairs::Adjacent);
     let keys0 = rope_keys(768, 0, RopePairs::Adjacent, 11);
     let keys1 = rope_keys(768, 0, RopePairs::Adjacent, 12);
-    let keys = two_heads(&keys0, &keys1);
-    let values = two_heads(&vectors(768, D, 13), &vectors(768, D, 14));
+    let keys = two_heads(&keys0, &keys1, D);
+    let values = two_heads(&vectors(768, D, 13), &vectors(768, D, 14), D);
     let fit_queries = queries_with(&energy, 256, 15);
     let later_queries: Vec<f32> = queries_with(&energy, 16, 16);
     let mut with = cache(4, BasisPolicy::Planes);
@@ -381,7 +373,7 @@ fn each_kv_head_is_fitted_with_its_own_query_heads() {
     // KV head 0's queries (query heads 0, 1) read planes 5, 6, 20; head 1's (2, 3) read
     // planes 30, 31: the heads' fits must lead with those.
     let keys = rope_keys(128, 0, RopePairs::Adjacent, 21);
-    let batch = two_heads(&keys, &keys);
+    let batch = two_heads(&keys, &keys, D);
     let mut second = vec![0.02; D];
     second[60..].fill(4.0);
     let first = query_energy(RopePairs::Adjacent);
@@ -413,6 +405,7 @@ fn without_queries_the_stream_stays_on_the_plain_codec() {
     let keys = two_heads(
         &rope_keys(128, 0, RopePairs::Adjacent, 31),
         &rope_keys(128, 0, RopePairs::Adjacent, 32),
+        D,
     );
     let mut with = cache(4, BasisPolicy::Planes);
     let mut without = cache(4, BasisPolicy::None);
@@ -508,8 +501,9 @@ fn the_write_then_attend_entry_point_fits_it_and_a_reload_is_bit_identical() {
     let keys = two_heads(
         &rope_keys(300, 0, RopePairs::Adjacent, 41),
         &rope_keys(300, 0, RopePairs::Adjacent, 42),
+        D,
     );
-    let values = two_heads(&vectors(300, D, 43), &vectors(300, D, 44));
+    let values = two_heads(&vectors(300, D, 43), &vectors(300, D, 44), D);
     let split = 200 * KV * D;
     forward(&mut cache, &keys[..split], &values[..split], 45);
     let kv = cache.kv(0).unwrap();

@@ -82,3 +82,12 @@ pub fn fill(cache: &mut KvCache, start: u32, n: usize, seed: u64) {
     let positions: Vec<u32> = (start..start + n as u32).collect();
     cache.append(&keys, &values, &positions).unwrap();
 }
+
+/// Interleaves two heads' `[n, dim]` batches into `[n, 2, dim]`, the layout of a two-KV-head
+/// append.
+pub fn two_heads(a: &[f32], b: &[f32], dim: usize) -> Vec<f32> {
+    a.chunks_exact(dim)
+        .zip(b.chunks_exact(dim))
+        .flat_map(|(x, y)| x.iter().chain(y).copied())
+        .collect()
+}
