@@ -7,7 +7,7 @@
 //! reads storage only through its public accessors, so neither layer imports the other in a
 //! cycle; this module is the one place that uses both (see `docs/ARCHITECTURE.md`).
 
-use crate::attention::{AttentionKernel, AttentionShape, attend};
+use crate::attention::{AttentionKernel, AttentionShape, attend_in_step};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::states::ModelCache;
@@ -56,7 +56,7 @@ impl KvCache {
         }
         let new_positions = &positions[offset..];
         self.append_with_queries(keys, values, new_positions, queries, shape.q_heads)?;
-        attend(self, queries, new_positions, shape, kernel, out)
+        attend_in_step(self, queries, new_positions, shape, kernel, out)
     }
 }
 
@@ -110,7 +110,7 @@ impl ModelCache {
                         offset: positions.len().saturating_sub(query_len),
                     });
                 }
-                attend(
+                attend_in_step(
                     cache,
                     queries,
                     &positions[positions.len() - query_len..],

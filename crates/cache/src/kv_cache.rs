@@ -419,6 +419,9 @@ impl KvCache {
         let start = self.len;
         let dim = self.layout.head_dim;
         let heads = self.layout.kv_heads;
+        for stream in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            stream.begin_step();
+        }
         // Heads are independent: encode them in parallel; each vector's code depends only on the
         // vector, so the result does not depend on the thread count. (`try_for_each` rather than
         // collecting per-head results: nothing is allocated per call.)

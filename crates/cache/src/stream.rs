@@ -7,6 +7,11 @@
 //! `max_rewind` tokens still finds full-precision copies of the tokens that become recent again:
 //! rewinding then re-appending is exactly the same as never having appended.
 //!
+//! The queries of a step (the batch just appended) read their own newest `recent_tokens`
+//! tokens in full precision ([`Stream::window_start`]): the stream keeps copies of the batch
+//! and of the `recent_tokens − 1` tokens before it for the step (working memory, not cache
+//! bytes), so every query of a prefill reads the window a decode step at it would.
+//!
 //! In ring mode (sliding-window layers) the body itself is a ring of `slots` records and token
 //! `t` lives in slot `t % slots`; sinks and recent copies are not used there (the window already
 //! bounds the memory).
@@ -105,6 +110,54 @@ pub struct Stream {
     oldest_body: usize,
     /// Oldest token whose recent full-precision copy is intact.
     oldest_recent: usize,
+    /// Full-precision copies for the current step's queries (see [`StepCopies`]).
+    step: StepCopies,
+}
+
+/// Full-precision copies of the tokens the queries of the current step read in their windows:
+/// the `recent_tokens − 1` tokens before the batch (copied from the recent ring when the
+/// batch starts) and every token of the batch (copied from the ring as each is pushed), so a
+/// batch of any length gives each of its queries the same full-precision window a decode step
+/// gives it (see [`Stream::window_start`]).
+///
+/// Working memory of the step, like the model's own keys and values of the batch: not part of
+/// the cache's bytes, not saved, and emptied by a rewind; kept between calls so a decode step
+/// allocates nothing.
+#[derive(Clone, Debug, Default)]
+struct StepCopies {
+    /// The token of the first copy.
+    first: usize,
+    /// Copies held.
+    count: usize,
+    words: Vec<u32>,
+    scales: Vec<f16>,
+}
+
+impl StepCopies {
+    fn clear(&mut self, first: usize) {
+        self.first = first;
+        self.count = 0;
+        self.words.clear();
+        self.scales.clear();
+    }
+
+    fn push(&mut self, record: &[u32], scales: &[f16]) {
+        self.words.extend_from_slice(record);
+        self.scales.extend_from_slice(scales);
+        self.count += 1;
+    }
+
+    fn record(&self, t: usize) -> Option<(&[u32], &[f16])> {
+        let i = t.checked_sub(self.first).filter(|&i| i < self.count)?;
+        let (w, s) = (
+            self.words.len() / self.count,
+            self.scales.len() / self.count,
+        );
+        Some((
+            &self.words[i * w..(i + 1) * w],
+            &self.scales[i * s..(i + 1) * s],
+        ))
+    }
 }
 
 impl StreamLayout {
@@ -243,6 +296,7 @@ impl Stream {
             len: 0,
             oldest_body: 0,
             oldest_recent: 0,
+            step: StepCopies::default(),
         })
     }
 
@@ -381,9 +435,89 @@ impl Stream {
             self.oldest_recent = self
                 .oldest_recent
                 .max((t + 1).saturating_sub(self.recent_slots));
+            if let Some((record, scales)) = self.recent.record(slot) {
+                self.step.push(record, scales);
+            }
         }
         self.len += 1;
         Ok(())
+    }
+
+    /// Starts a step (a batch about to be pushed): keeps full-precision copies of the
+    /// `recent_tokens − 1` tokens before it, which the batch's first queries read in their
+    /// windows and which the batch's own copies may overwrite in the ring.
+    pub(crate) fn begin_step(&mut self) {
+        if self.recent_slots == 0 {
+            return;
+        }
+        let first = (self.len + 1)
+            .saturating_sub(self.recent_tokens)
+            .max(self.oldest_recent);
+        self.step.clear(first);
+        for t in first..self.len {
+            if let Some((record, scales)) = self.recent.record(t % self.recent_slots) {
+                self.step.push(record, scales);
+            }
+        }
+    }
+
+    /// The first token that a query whose visible tokens end at `end` (exclusive) reads from
+    /// a full-precision copy rather than the codes (sinks aside; `len` when none does).
+    ///
+    /// Without `in_step` — attention over a stored cache — that is the recent window
+    /// `[len − recent_tokens, len)`, whatever the query. With `in_step` — the queries of the
+    /// batch just appended — each query reads its own newest
+    /// `recent_tokens` tokens, `[end − recent_tokens, end)`: what a decode step at that query
+    /// reads, so a prefill batch of any length gives every query the window decoding would
+    /// (a superset of the recent window for the tokens the query sees).
+    pub fn window_start(&self, end: usize, in_step: bool) -> usize {
+        let recent = self.recent_start();
+        if !in_step || self.recent_tokens == 0 || self.ring_slots.is_some() {
+            return recent;
+        }
+        let covered = if self.step.count == 0 {
+            recent
+        } else {
+            self.step.first.min(recent)
+        };
+        end.saturating_sub(self.recent_tokens)
+            .max(covered)
+            .min(recent)
+    }
+
+    /// The full-precision copy of token `t`, in the stored domain: a sink, a recent copy or a
+    /// copy of the current step; `None` when the stream holds none.
+    pub fn full_precision(&self, t: usize) -> Option<(&[u32], &[f16])> {
+        if t >= self.len {
+            return None;
+        }
+        if t < self.sink_end() {
+            return self.sinks.record(t);
+        }
+        if self.recent_slots > 0 && t >= self.recent_start() && t >= self.oldest_recent {
+            return self.recent.record(t % self.recent_slots);
+        }
+        self.step.record(t)
+    }
+
+    /// The slot of token `t`'s compressed record in [`body`](Self::body).
+    pub fn body_slot(&self, t: usize) -> usize {
+        self.ring_slots.map_or(t, |slots| t % slots)
+    }
+
+    /// The record a query reads for token `t` when its full-precision window starts at
+    /// `window_start` ([`window_start`](Self::window_start)): the full-precision copy for a
+    /// sink or a token of the window, the compressed record otherwise.
+    pub fn read(&self, t: usize, window_start: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
+        if t >= self.len || t < self.first_stored() {
+            return None;
+        }
+        if t < self.sink_end() || t >= window_start {
+            let (record, scales) = self.full_precision(t)?;
+            return Some((&self.fp_codec, record, scales));
+        }
+        let (record, scales) = self.body.record(self.body_slot(t))?;
+        Some((&self.codec, record, scales))
     }
 
     /// Where token `t` (< len, still stored) must be read from.
@@ -575,6 +709,7 @@ impl Stream {
         self.body.truncate(0);
         self.sinks.truncate(0);
         self.recent.truncate(0);
+        self.step.clear(0);
     }
 
     /// Checks that dropping every token from `new_len` on leaves exactly the state that
@@ -615,6 +750,8 @@ impl Stream {
             return;
         }
         self.len = new_len;
+        // The step's copies belong to the batch as it was written.
+        self.step.clear(new_len);
         // A ring that has wrapped stays full: its slots past `new_len` are stale but unread.
         if self.body.len() > new_len && self.oldest_body == 0 {
             self.body.truncate(new_len);

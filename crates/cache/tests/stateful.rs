@@ -65,19 +65,20 @@
 //! or in reproducible pieces on other seeds (`TQ_STATEFUL_SHARD=k`, k = 1, 2, ...; shard 0 is
 //! the CI's), e.g. ten runs of `TQ_STATEFUL_CASES=100000` with shards 1 to 10.
 //!
-//! The long run so far, shards of 50 000 cases (`TQ_STATEFUL_CASES=50000 TQ_STATEFUL_SHARD=k`),
-//! on the cache code of commit 74e289f (unchanged through 70638aa; the test binary built there):
+//! The long run, shards of 50 000 cases (`TQ_STATEFUL_CASES=50000 TQ_STATEFUL_SHARD=k`), each
+//! on the test binary of the commit named:
 //!
-//! | shards | cases | failures | time per shard |
-//! |---|---|---|---|
-//! | 1 | 50 000 | 0 | 545 s (both cores free) |
-//! | 2–6 | 250 000 | 0 | 784–1015 s (cores shared with other work) |
-//! | 7–9 | 150 000 | 0 | 450–512 s |
+//! | shards | cases | binary (cache code) | failures | time per shard |
+//! |---|---|---|---|---|
+//! | 1 | 50 000 | 70638aa (74e289f) | 0 | 545 s (both cores free) |
+//! | 2–6 | 250 000 | 70638aa (74e289f) | 0 | 784–1015 s (cores shared with other work) |
+//! | 7–9 | 150 000 | 70638aa (74e289f) | 0 | 450–512 s |
+//! | 10–20 | 550 000 | 0a97c4a (with the plane basis and the oracle's query replay) | 0 | 361–892 s (shared) |
 //!
-//! 450 000 sequences in all, none failing; shards 10 onwards remain for the 1 M target. The plane
-//! basis (`basis = "planes"`, now in `rec4.25`, `rec2.75` and the local `local-planes`) and the
-//! oracle's replay of the calibration batch's queries came after: the CI's 10 000 cases cover
-//! them, the long run does not yet.
+//! 1 000 000 sequences in all, none failing. The step window (each query of a step reads its
+//! own newest `recent_fp_tokens` tokens in full precision, `tests/step_window.rs`) came after
+//! 0a97c4a: the CI's 10 000 cases cover it (the oracle rows run through `attend_in_step`), the
+//! long run does not.
 //!
 //! `every_allocation_runs_a_scripted_session` also runs one fixed session per allocation, so
 //! every allocation is exercised whatever the random draws.
@@ -91,7 +92,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tq_cache::CacheError;
 use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape, attend};
+use tq_cache::attention::{AttentionKernel, AttentionShape, attend, attend_in_step};
 use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
 use tq_cache::persist::{from_bytes, to_bytes};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
@@ -695,8 +696,9 @@ impl Session {
                 oracle.append(&k, &v, &positions[len..]).unwrap();
             }
         }
-        // Each query row depends only on its position and the stored tokens: compare a sample
-        // of the rows of a long chunk.
+        // Each query row depends only on its position and the stored tokens (its full-precision
+        // window included: the oracle appended the same batch, so `attend_in_step` gives each
+        // row the window the live step gave it): compare a sample of the rows of a long chunk.
         let rows: Vec<usize> = if n <= 8 {
             (0..n).collect()
         } else {
@@ -712,7 +714,7 @@ impl Session {
                 .collect();
             let p: Vec<u32> = rows.iter().map(|&r| positions[len + r]).collect();
             let mut expected = vec![0.0; q.len()];
-            attend(
+            attend_in_step(
                 &entry.oracle[SOURCE[layer]],
                 &q,
                 &p,

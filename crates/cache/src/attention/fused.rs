@@ -29,7 +29,7 @@ use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
-use crate::stream::{Stream, TokenSource};
+use crate::stream::Stream;
 use crate::token_codec::TokenCodec;
 
 /// Fewest visible tokens per work item.
@@ -488,7 +488,8 @@ fn reserve_for(buffer: &mut Vec<f32>, len: usize) {
 struct Workspace {
     prepared: Vec<PreparedGroup>,
     combine: Vec<CombineScratch>,
-    tasks: Vec<(usize, std::ops::Range<usize>)>,
+    /// (item in the wave, block range, key and value window starts).
+    tasks: Vec<(usize, std::ops::Range<usize>, [usize; 2])>,
     partials: Vec<BlockPartial>,
     first_task: Vec<usize>,
     task_count: Vec<usize>,
@@ -498,31 +499,30 @@ struct Workspace {
 static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec::new());
 
 /// Calls `visit(first_token, words, scales, tokens, is_body)` for consecutive runs of records
-/// covering `range`: body records in contiguous runs, full-precision copies one at a time.
+/// covering `range`: body records in contiguous runs, full-precision copies (sinks, and the
+/// query's window from `window_start` on: [`Stream::window_start`]) one at a time.
 fn walk(
     stream: &Stream,
     range: std::ops::Range<usize>,
+    window_start: usize,
     mut visit: impl FnMut(usize, &[u32], &[f16], usize, bool),
 ) {
     let body = stream.body();
-    let recent_start = stream.recent_start();
+    let sink_end = stream.sink_end();
     let mut t = range.start;
     while t < range.end {
-        match stream.source(t) {
-            TokenSource::Body(slot) => {
-                let limit = range.end.min(recent_start.max(t + 1)) - t;
-                let Some((w, s, n)) = body.run(slot, limit) else {
-                    return;
-                };
-                visit(t, w, s, n, true);
-                t += n;
+        if t < sink_end || t >= window_start {
+            if let Some((record, s)) = stream.full_precision(t) {
+                visit(t, record, s, 1, false);
             }
-            TokenSource::Sink(_) | TokenSource::Recent(_) => {
-                if let Some((_, record, s)) = stream.token(t) {
-                    visit(t, record, s, 1, false);
-                }
-                t += 1;
-            }
+            t += 1;
+        } else {
+            let limit = range.end.min(window_start) - t;
+            let Some((w, s, n)) = body.run(stream.body_slot(t), limit) else {
+                return;
+            };
+            visit(t, w, s, n, true);
+            t += n;
         }
     }
 }
@@ -606,17 +606,18 @@ fn scale_rows_of<const G: usize>(
 }
 
 /// Scores, softmax statistics and value accumulators of the tokens `range` of one item into
-/// `partial`, with this thread's [`BlockScratch`].
+/// `partial`, with this thread's [`BlockScratch`]; `windows` = where the item's full-precision
+/// window starts in the key and the value stream.
 fn run_block(
     isa: Isa,
     plan: &HeadPlan<'_>,
     prepared: &PreparedGroup,
-    range: std::ops::Range<usize>,
+    (range, windows): (std::ops::Range<usize>, [usize; 2]),
     d: usize,
     partial: &mut BlockPartial,
 ) {
     BLOCK_SCRATCH.with_borrow_mut(|scratch| {
-        run_block_with(isa, plan, prepared, range, d, partial, scratch);
+        run_block_with(isa, plan, prepared, (range, windows), d, partial, scratch);
     });
 }
 
@@ -624,7 +625,7 @@ fn run_block_with(
     isa: Isa,
     plan: &HeadPlan<'_>,
     prepared: &PreparedGroup,
-    range: std::ops::Range<usize>,
+    (range, [key_window, value_window]): (std::ops::Range<usize>, [usize; 2]),
     d: usize,
     partial: &mut BlockPartial,
     scratch: &mut BlockScratch,
@@ -641,57 +642,62 @@ fn run_block_with(
     } = scratch;
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
     let scores = zeroed(scores, group * len);
-    walk(plan.keys, range.clone(), |t, words, halves, n, is_body| {
-        let out = &mut scores[t - start..];
-        let record_words = words.len() / n;
-        if !is_body {
-            let run = PlainRun {
-                words,
-                record_words,
-                offset: 0,
-                kind: plain_kind(plan.keys.fp_codec()),
-                dim: d,
-            };
-            simd::score_plain(isa, &run, &prepared.plain, out, len);
-            return;
-        }
-        scales.load(isa, halves, n);
-        // Up to two coded parts (a plain or two-tier record) are scored together in one pass;
-        // the groups of a basis record one after another.
-        let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
-        let mut count = 0;
-        for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
-            match &part.body {
-                Body::Plain(kind) => {
-                    let run = PlainRun {
-                        words,
-                        record_words,
-                        offset: part.word_offset,
-                        kind: *kind,
-                        dim: part.dim,
-                    };
-                    simd::score_plain(isa, &run, &pp.gathered, out, len);
-                }
-                Body::Codes { .. } => {
-                    if let Some(run) = part.coded_run(words, record_words, scales) {
-                        if plan.key_parts.len() > 2 {
-                            simd::score_coded_parts(isa, &[run], &[&pp.keys], out, len);
-                        } else {
-                            coded[count] = Some((run, &pp.keys));
-                            count += 1;
+    walk(
+        plan.keys,
+        range.clone(),
+        key_window,
+        |t, words, halves, n, is_body| {
+            let out = &mut scores[t - start..];
+            let record_words = words.len() / n;
+            if !is_body {
+                let run = PlainRun {
+                    words,
+                    record_words,
+                    offset: 0,
+                    kind: plain_kind(plan.keys.fp_codec()),
+                    dim: d,
+                };
+                simd::score_plain(isa, &run, &prepared.plain, out, len);
+                return;
+            }
+            scales.load(isa, halves, n);
+            // Up to two coded parts (a plain or two-tier record) are scored together in one pass;
+            // the groups of a basis record one after another.
+            let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
+            let mut count = 0;
+            for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
+                match &part.body {
+                    Body::Plain(kind) => {
+                        let run = PlainRun {
+                            words,
+                            record_words,
+                            offset: part.word_offset,
+                            kind: *kind,
+                            dim: part.dim,
+                        };
+                        simd::score_plain(isa, &run, &pp.gathered, out, len);
+                    }
+                    Body::Codes { .. } => {
+                        if let Some(run) = part.coded_run(words, record_words, scales) {
+                            if plan.key_parts.len() > 2 {
+                                simd::score_coded_parts(isa, &[run], &[&pp.keys], out, len);
+                            } else {
+                                coded[count] = Some((run, &pp.keys));
+                                count += 1;
+                            }
                         }
                     }
                 }
             }
-        }
-        match coded {
-            [Some((r0, k0)), Some((r1, k1))] => {
-                simd::score_coded_parts(isa, &[r0, r1], &[k0, k1], out, len);
+            match coded {
+                [Some((r0, k0)), Some((r1, k1))] => {
+                    simd::score_coded_parts(isa, &[r0, r1], &[k0, k1], out, len);
+                }
+                [Some((r0, k0)), None] => simd::score_coded_parts(isa, &[r0], &[k0], out, len),
+                _ => simd::score_coded_parts(isa, &[], &[], out, len),
             }
-            [Some((r0, k0)), None] => simd::score_coded_parts(isa, &[r0], &[k0], out, len),
-            _ => simd::score_coded_parts(isa, &[], &[], out, len),
-        }
-    });
+        },
+    );
     let BlockPartial {
         max,
         sum,
@@ -726,70 +732,79 @@ fn run_block_with(
     }
     code_weights.clear();
     sign_weights.clear();
-    walk(plan.values, range, |t, words, halves, n, is_body| {
-        let i = t - start;
-        let record_words = words.len() / n;
-        let weights = &probabilities[i * group..(i + n) * group];
-        if !is_body {
-            let run = PlainRun {
-                words,
-                record_words,
-                offset: 0,
-                kind: plain_kind(plan.values.fp_codec()),
-                dim: d,
-            };
-            simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
-            return;
-        }
-        scales.load(isa, halves, n);
-        for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
-            match &part.body {
-                Body::Plain(kind) => {
-                    let run = PlainRun {
-                        words,
-                        record_words,
-                        offset: part.word_offset,
-                        kind: *kind,
-                        dim: part.dim,
-                    };
-                    let values = ensure(&mut acc.values, group * part.dim);
-                    simd::accumulate_plain(isa, &run, weights, values);
-                }
-                Body::Codes { .. } => {
-                    let Some(run) = part.coded_run(words, record_words, scales) else {
-                        continue;
-                    };
-                    let m = run.sketch_dim;
-                    let stride = run.scale_stride;
-                    scale_rows(weights, run.scales, stride, 0, group, code_weights);
-                    if m > 0 {
-                        scale_rows(weights, run.scales, stride, 1, group, sign_weights);
-                        ensure(&mut acc.signs, group * m);
+    walk(
+        plan.values,
+        range,
+        value_window,
+        |t, words, halves, n, is_body| {
+            let i = t - start;
+            let record_words = words.len() / n;
+            let weights = &probabilities[i * group..(i + n) * group];
+            if !is_body {
+                let run = PlainRun {
+                    words,
+                    record_words,
+                    offset: 0,
+                    kind: plain_kind(plan.values.fp_codec()),
+                    dim: d,
+                };
+                simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
+                return;
+            }
+            scales.load(isa, halves, n);
+            for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
+                match &part.body {
+                    Body::Plain(kind) => {
+                        let run = PlainRun {
+                            words,
+                            record_words,
+                            offset: part.word_offset,
+                            kind: *kind,
+                            dim: part.dim,
+                        };
+                        let values = ensure(&mut acc.values, group * part.dim);
+                        simd::accumulate_plain(isa, &run, weights, values);
                     }
-                    let values = ensure(&mut acc.values, group * part.dim);
-                    simd::accumulate_coded(
-                        isa,
-                        &run,
-                        code_weights,
-                        sign_weights,
-                        values,
-                        &mut acc.signs,
-                    );
+                    Body::Codes { .. } => {
+                        let Some(run) = part.coded_run(words, record_words, scales) else {
+                            continue;
+                        };
+                        let m = run.sketch_dim;
+                        let stride = run.scale_stride;
+                        scale_rows(weights, run.scales, stride, 0, group, code_weights);
+                        if m > 0 {
+                            scale_rows(weights, run.scales, stride, 1, group, sign_weights);
+                            ensure(&mut acc.signs, group * m);
+                        }
+                        let values = ensure(&mut acc.values, group * part.dim);
+                        simd::accumulate_coded(
+                            isa,
+                            &run,
+                            code_weights,
+                            sign_weights,
+                            values,
+                            &mut acc.signs,
+                        );
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// Fused attention (see the module docs) on a given (available) instruction set, in the stored
 /// domain: the value means of centered streams are added by [`attend`](super::attend), through
 /// which the public [`fused_attention`](super::fused_attention) runs.
+///
+/// `in_step`: the queries are those of the batch just appended, each reading its own
+/// full-precision window ([`Stream::window_start`]).
 pub(super) fn fused_attention_on(
     isa: Isa,
     cache: &KvCache,
     queries: &[f32],
     query_positions: &[u32],
     shape: AttentionShape,
+    in_step: bool,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
     let (n, group) = check_shapes(cache, queries, query_positions, shape, out)?;
@@ -799,9 +814,9 @@ pub(super) fn fused_attention_on(
     let result = attend_with(
         isa,
         cache,
-        queries,
-        query_positions,
+        (queries, query_positions),
         shape,
+        in_step,
         out,
         (n, group),
         &mut workspace,
@@ -814,9 +829,9 @@ pub(super) fn fused_attention_on(
 fn attend_with(
     isa: Isa,
     cache: &KvCache,
-    queries: &[f32],
-    query_positions: &[u32],
+    (queries, query_positions): (&[f32], &[u32]),
     shape: AttentionShape,
+    in_step: bool,
     out: &mut [f32],
     (n, group): (usize, usize),
     workspace: &mut Workspace,
@@ -859,10 +874,13 @@ fn attend_with(
                 break;
             }
             first_task.push(tasks.len());
+            let g = wave_end % kv_heads;
+            let windows = [cache.keys(g), cache.values(g)]
+                .map(|stream| stream.window_start(range.end, in_step));
             let mut start = range.start;
             while start < range.end {
                 let end = (start + block).min(range.end);
-                tasks.push((wave_end - wave_start, start..end));
+                tasks.push((wave_end - wave_start, start..end, windows));
                 start = end;
             }
             task_count.push(blocks);
@@ -888,9 +906,10 @@ fn attend_with(
         partials[..tasks.len()]
             .par_iter_mut()
             .zip(tasks.par_iter())
-            .try_for_each(|(partial, (i, range))| {
+            .try_for_each(|(partial, (i, range, windows))| {
                 let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
-                run_block(isa, &plan, &wave_prepared[*i], range.clone(), d, partial);
+                let block = (range.clone(), *windows);
+                run_block(isa, &plan, &wave_prepared[*i], block, d, partial);
                 Ok::<(), CacheError>(())
             })?;
         // Combine the blocks of each item in order; items are independent.

@@ -8,9 +8,14 @@
 //! stored domain and need nothing for keys (a common shift of a query's scores leaves its
 //! softmax unchanged); [`attend`] adds each KV head's value mean `μ_v` to the outputs of its
 //! query heads once, after the kernel (`Σ p·v = μ_v + Σ p·(v − μ_v)` since `Σ p = 1`). Every
-//! public entry point — the kernel functions below, [`simd::fused_attention_on`],
+//! public entry point — the kernel functions below, [`simd::fused_attention_on`], [`attend_in_step`],
 //! [`KvCache::forward`] and `ModelCache::forward_layer` (own or shared KV) — runs through
-//! [`attend`], so each kernel gets it from that one place.
+//! the same function, so each kernel gets it from that one place.
+//!
+//! Full-precision windows (`recent_fp_tokens`): the queries of a step (the batch just written:
+//! [`KvCache::forward`], `ModelCache::forward_layer`, [`attend_in_step`]) each read their own
+//! newest tokens from full-precision copies, as a decode step does, so prefill and decode agree
+//! whatever the chunking; [`attend`] over a stored cache reads the stream's newest tokens.
 
 mod fused;
 mod llamacpp;
@@ -90,6 +95,12 @@ pub(crate) fn check_shapes(
 
 /// Runs the chosen kernel, then adds the value means of centered streams (see the module
 /// docs): the one place every kernel's output leaves the stored domain.
+///
+/// Attention over the cache as stored: with a full-precision recent window
+/// (`recent_fp_tokens`), every query reads the stream's newest `recent_fp_tokens` tokens from
+/// their full-precision copies ([`Stream::window_start`](crate::stream::Stream::window_start)
+/// without `in_step`). The queries of a batch that was just appended use
+/// [`attend_in_step`], which gives each its own window.
 pub fn attend(
     cache: &KvCache,
     queries: &[f32],
@@ -98,14 +109,44 @@ pub fn attend(
     kernel: AttentionKernel,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
+    attend_with_window(cache, (queries, query_positions), shape, kernel, false, out)
+}
+
+/// [`attend`] for the queries of the batch the cache's last append wrote (what
+/// [`KvCache::forward`] and `ModelCache::forward_layer` run): each query reads its own newest
+/// `recent_fp_tokens` tokens from full-precision copies, the window a decode step at that
+/// query reads, so a prefill gives every query what decoding token by token would. Without a
+/// recent window, or for queries the last append did not write, it is [`attend`].
+pub fn attend_in_step(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
+    attend_with_window(cache, (queries, query_positions), shape, kernel, true, out)
+}
+
+fn attend_with_window(
+    cache: &KvCache,
+    (queries, query_positions): (&[f32], &[u32]),
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+    in_step: bool,
+    out: &mut [f32],
+) -> Result<(), CacheError> {
     match kernel {
-        AttentionKernel::Reference => reference::run(cache, queries, query_positions, shape, out),
+        AttentionKernel::Reference => {
+            reference::run(cache, queries, query_positions, shape, in_step, out)
+        }
         AttentionKernel::Fused => fused::fused_attention_on(
             simd::Isa::detect(),
             cache,
             queries,
             query_positions,
             shape,
+            in_step,
             out,
         ),
         AttentionKernel::FusedOn(isa) => {
@@ -114,7 +155,7 @@ pub fn attend(
                     "the fused kernel cannot run on {isa:?}: this CPU lacks it"
                 )));
             }
-            fused::fused_attention_on(isa, cache, queries, query_positions, shape, out)
+            fused::fused_attention_on(isa, cache, queries, query_positions, shape, in_step, out)
         }
         AttentionKernel::LlamaCppF16 => llamacpp::run(
             cache,

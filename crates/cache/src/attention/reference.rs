@@ -8,15 +8,31 @@ use super::{AttentionShape, check_shapes};
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
+use crate::stream::Stream;
+use crate::token_codec::TokenCodec;
+use half::f16;
+
+type Read<'a> = (&'a TokenCodec, &'a [u32], &'a [f16]);
+
+/// The record a query with its window at `window` reads for token `t`.
+fn read(stream: &Stream, t: usize, window: usize) -> Result<Read<'_>, CacheError> {
+    stream.read(t, window).ok_or(CacheError::ShapeMismatch {
+        what: "token index",
+        expected: stream.len(),
+        actual: t,
+    })
+}
 
 /// Exact attention over the decoded cache, in the stored domain: the value means of centered
 /// streams are added by [`attend`](super::attend), through which the public
-/// [`reference_attention`](super::reference_attention) runs.
+/// [`reference_attention`](super::reference_attention) runs. `in_step`: see
+/// [`attend_in_step`](super::attend_in_step).
 pub(super) fn run(
     cache: &KvCache,
     queries: &[f32],
     query_positions: &[u32],
     shape: AttentionShape,
+    in_step: bool,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
     let (_, group) = check_shapes(cache, queries, query_positions, shape, out)?;
@@ -31,14 +47,16 @@ pub(super) fn run(
             let keys = cache.keys(kv);
             let values = cache.values(kv);
             let range = cache.visible(query_positions[i]);
+            let key_window = keys.window_start(range.end, in_step);
+            let value_window = values.window_start(range.end, in_step);
             let mut scratch = CodecScratch::new(d);
             let mut k = vec![0.0f32; d];
             let mut v = vec![0.0f32; d];
             let mut scores = Vec::with_capacity(range.len());
             for t in range.clone() {
-                keys.decode(t, &mut scratch, &mut k)?;
-                let correction =
-                    f64::from(keys.token(t).map_or(1.0, |(c, _, _)| c.score_correction()));
+                let (codec, record, scales) = read(keys, t, key_window)?;
+                codec.decode_into(record, scales, &mut scratch, &mut k)?;
+                let correction = f64::from(codec.score_correction());
                 let dot: f64 = q
                     .iter()
                     .zip(&k)
@@ -52,7 +70,8 @@ pub(super) fn run(
             for (t, s) in range.zip(&scores) {
                 let p = (s - max).exp();
                 total += p;
-                values.decode(t, &mut scratch, &mut v)?;
+                let (codec, record, scales) = read(values, t, value_window)?;
+                codec.decode_into(record, scales, &mut scratch, &mut v)?;
                 for (a, x) in acc.iter_mut().zip(&v) {
                     *a += p * f64::from(*x);
                 }
