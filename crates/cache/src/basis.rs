@@ -692,6 +692,11 @@ impl BasisCodec {
     /// not `r·d` finite values, scales that are not finite and positive
     /// ([`CodecError::InvalidConfig`]); bits outside `1..=8`.
     pub fn new(spec: MseSpec, fit: FittedBasis) -> Result<Self, CodecError> {
+        if spec.norm_correction {
+            return Err(CodecError::InvalidConfig(
+                "a basis codec keeps the plain norm: norm_correction does not apply",
+            ));
+        }
         let d = spec.dim;
         let rank = fit.rank();
         let dense = fit.components.is_empty();

@@ -183,6 +183,13 @@ impl StreamLayout {
                     self.basis
                 )));
             }
+            if spec.norm_correction {
+                // The basis codec scales each group by its fitted scale and keeps the plain norm.
+                return Err(CacheError::InvalidConfig(format!(
+                    "basis = \"{}\" cannot be combined with norm_correction",
+                    self.basis
+                )));
+            }
             return match &self.basis_fit {
                 Some(fit) if !fit.is_from(self.basis) => Err(CacheError::InvalidConfig(format!(
                     "a recorded basis of another kind on a stream with basis = \"{}\"",

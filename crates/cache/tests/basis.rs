@@ -526,6 +526,11 @@ fn a_basis_where_it_cannot_apply_is_a_typed_error_naming_the_field() {
         "{path}"
     );
     assert!(matches!(problem, FieldProblem::WholeStreamOnly));
+    let (path, problem) = field(
+        "name = \"x\"\nkey = { codec = \"mse\", bits = 4, basis = \"planes\", norm_correction = true }\nvalue = { codec = \"f16\" }\n",
+    );
+    assert!(path.ends_with("basis"), "{path}");
+    assert!(matches!(problem, FieldProblem::BasisWithNormCorrection));
     assert!(Allocation::from_toml_str(
         "name = \"x\"\nkey = { codec = \"mse\", bits = 4, basis = \"svd\" }\nvalue = { codec = \"f16\" }\n"
     )

@@ -576,6 +576,12 @@ fn bad_input_is_a_typed_error() {
     let mut outside = fit.clone();
     outside.components[0] = D as u16;
     assert!(BasisCodec::new(spec, outside).is_err());
+    // Norm correction is not applied by a basis codec: refused, not ignored.
+    let corrected = MseSpec {
+        norm_correction: true,
+        ..spec
+    };
+    assert!(BasisCodec::new(corrected, fit.clone()).is_err());
     let mut both = fit;
     both.rows = vec![0; both.components.len() * D];
     assert!(BasisCodec::new(spec, both).is_err());

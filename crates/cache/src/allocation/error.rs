@@ -168,6 +168,13 @@ pub enum FieldProblem {
          use basis = \"pca\" or none for values"
     )]
     PlanesOnValues,
+    /// A basis on a stream with `norm_correction = true`: a basis codec keeps the plain norm
+    /// and scales each group by its fitted scale, so the option would be silently ignored.
+    #[error(
+        "a basis cannot be combined with norm_correction = true (a basis codec keeps the plain \
+         norm); drop one of them for this stream"
+    )]
+    BasisWithNormCorrection,
     /// A layer index outside the model (negative indices count from the end).
     #[error("layer {index} is out of range for a {num_layers}-layer model")]
     LayerOutOfRange {

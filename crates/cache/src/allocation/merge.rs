@@ -84,7 +84,8 @@ pub(crate) struct Resolved {
     qjl: SketchKind,
     scale: SketchScale,
     shrinkage: f32,
-    norm_correction: bool,
+    /// Whether the MSE reconstruction is rescaled to the stored norm.
+    pub norm_correction: bool,
     /// Mean-centering of the stream (one policy for both tiers of a two-tier stream).
     pub center: CenterPolicy,
     /// The data-aware basis of the stream and the field's path when set (for the error a basis

@@ -158,6 +158,15 @@ impl Allocation {
                 FieldProblem::PlanesOnValues,
             ));
         }
+        if basis.fits_basis()
+            && whole.norm_correction
+            && let Some(origin) = whole.basis_path
+        {
+            return Err(AllocationError::field(
+                origin.path("basis"),
+                FieldProblem::BasisWithNormCorrection,
+            ));
+        }
         let seed = |tier, role| derive_seed(self.seed, layer, kv_head, stream, tier, role);
         let split = self.outliers.as_ref().and_then(|rule| {
             stream_patch(stream, &rule.key, &rule.value).map(|patch| (rule, patch))
