@@ -561,18 +561,10 @@ impl Stream {
     }
 
     /// The record and codec of token `t`, in the stored domain (`x − μ` for a centered
-    /// stream, see [`mean`](Self::mean)).
+    /// stream, see [`mean`](Self::mean)): what [`source`](Self::source) names, i.e.
+    /// [`read`](Self::read) with the stream-wide recent window.
     pub fn token(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
-        if t >= self.len || t < self.first_stored() {
-            return None;
-        }
-        let (codec, store, index) = match self.source(t) {
-            TokenSource::Body(i) => (&self.codec, &self.body, i),
-            TokenSource::Sink(i) => (&self.fp_codec, &self.sinks, i),
-            TokenSource::Recent(i) => (&self.fp_codec, &self.recent, i),
-        };
-        let (record, scales) = store.record(index)?;
-        Some((codec, record, scales))
+        self.read(t, self.recent_start())
     }
 
     /// Decodes token `t` into `out` **in the stored domain**: `x − μ` for a centered stream
