@@ -576,13 +576,28 @@ impl Stream {
         scratch: &mut CodecScratch,
         out: &mut [f32],
     ) -> Result<(), CacheError> {
-        let (codec, record, scales) = self.token(t).ok_or(CacheError::ShapeMismatch {
-            what: "token index",
-            expected: self.len,
-            actual: t,
-        })?;
-        codec.decode_into(record, scales, scratch, out)?;
+        self.decode_read(t, self.recent_start(), scratch, out)?;
         Ok(())
+    }
+
+    /// [`decode`](Self::decode) of the record [`read`](Self::read) gives for a query whose
+    /// full-precision window starts at `window_start`; returns the codec it decoded with.
+    pub fn decode_read(
+        &self,
+        t: usize,
+        window_start: usize,
+        scratch: &mut CodecScratch,
+        out: &mut [f32],
+    ) -> Result<&TokenCodec, CacheError> {
+        let (codec, record, scales) =
+            self.read(t, window_start)
+                .ok_or(CacheError::ShapeMismatch {
+                    what: "token index",
+                    expected: self.len,
+                    actual: t,
+                })?;
+        codec.decode_into(record, scales, scratch, out)?;
+        Ok(codec)
     }
 
     /// Decodes token `t` into `out` as a true vector: [`decode`](Self::decode) plus the mean of

@@ -8,21 +8,6 @@ use super::{AttentionShape, check_shapes};
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
-use crate::stream::Stream;
-use crate::token_codec::TokenCodec;
-use half::f16;
-
-type Read<'a> = (&'a TokenCodec, &'a [u32], &'a [f16]);
-
-/// The record a query with its window at `window` reads for token `t`.
-fn read(stream: &Stream, t: usize, window: usize) -> Result<Read<'_>, CacheError> {
-    stream.read(t, window).ok_or(CacheError::ShapeMismatch {
-        what: "token index",
-        expected: stream.len(),
-        actual: t,
-    })
-}
-
 /// Exact attention over the decoded cache, in the stored domain: the value means of centered
 /// streams are added by [`attend`](super::attend), through which the public
 /// [`reference_attention`](super::reference_attention) runs. `in_step`: see
@@ -54,8 +39,7 @@ pub(super) fn run(
             let mut v = vec![0.0f32; d];
             let mut scores = Vec::with_capacity(range.len());
             for t in range.clone() {
-                let (codec, record, scales) = read(keys, t, key_window)?;
-                codec.decode_into(record, scales, &mut scratch, &mut k)?;
+                let codec = keys.decode_read(t, key_window, &mut scratch, &mut k)?;
                 let correction = f64::from(codec.score_correction());
                 let dot: f64 = q
                     .iter()
@@ -70,8 +54,7 @@ pub(super) fn run(
             for (t, s) in range.zip(&scores) {
                 let p = (s - max).exp();
                 total += p;
-                let (codec, record, scales) = read(values, t, value_window)?;
-                codec.decode_into(record, scales, &mut scratch, &mut v)?;
+                values.decode_read(t, value_window, &mut scratch, &mut v)?;
                 for (a, x) in acc.iter_mut().zip(&v) {
                     *a += p * f64::from(*x);
                 }
