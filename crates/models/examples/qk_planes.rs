@@ -19,41 +19,10 @@
 //! `crates/cache/presets/README.md`. Distortions are the Gaussian Lloyd-Max ones, a model: the
 //! KL divergence of `tq perplexity` is the measurement.
 
-use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
-use tq_models::llama::{AttentionBackend, CpuAttention, Llama, ModelError};
-use tq_models::llama::{ForwardScratch, Logits};
-use tq_models::tokenizer::Tokenizer;
-
-struct Recorder<'c> {
-    inner: CpuAttention<'c>,
-    q: Vec<Vec<f32>>,
-    k: Vec<Vec<f32>>,
-}
-
-impl AttentionBackend for Recorder<'_> {
-    fn attend(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        if self.q.len() <= layer {
-            self.q.resize(layer + 1, Vec::new());
-            self.k.resize(layer + 1, Vec::new());
-        }
-        self.q[layer].extend_from_slice(queries);
-        self.k[layer].extend_from_slice(keys);
-        self.inner
-            .attend(layer, queries, keys, values, positions, shape, out)
-    }
-}
-
 /// Lloyd-Max Gaussian distortion over 4^-b, b = 0..=8 (b = 0: the variance itself).
+mod common;
+
+use tq_models::llama::Llama;
 const C: [f64; 9] = [1.0, 1.4535, 1.8800, 2.2106, 2.4311, 2.56, 2.64, 2.68, 2.70];
 
 fn dist(bits: usize) -> f64 {
@@ -111,35 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = args.get(3).map_or(2048, |s| s.parse().unwrap());
     let fit: usize = args.get(4).map_or(256, |s| s.parse().unwrap());
     let bits: usize = args.get(5).map_or(5, |s| s.parse().unwrap());
-    let tok = Tokenizer::from_gguf(model.file())?;
-    let mut ids = tok.encode(&text)?;
-    ids.truncate(n);
-    if let Some(b) = tok.bos_id() {
-        ids[0] = b;
-    }
+    let mut rec = common::record(&model, &text, n)?;
     let c = &model.config;
     let (hq, hk, d) = (c.heads, c.kv_heads, c.head_dim);
-    let mut cache = model.new_cache(&Allocation::preset("f16")?, n)?;
-    let mut scratch = ForwardScratch::default();
-    let mut rec = Recorder {
-        inner: CpuAttention {
-            cache: &mut cache,
-            kernel: AttentionKernel::default(),
-        },
-        q: Vec::new(),
-        k: Vec::new(),
-    };
-    let positions: Vec<u32> = (0..n as u32).collect();
-    for start in (0..n).step_by(256) {
-        let end = (start + 256).min(n);
-        model.forward_with(
-            &ids[start..end],
-            &positions[..end],
-            &mut rec,
-            Logits::Last,
-            &mut scratch,
-        )?;
-    }
     let group = hq / hk;
     if std::env::var("CENTER").is_ok() {
         for layer in 0..c.layers {

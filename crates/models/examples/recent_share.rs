@@ -14,43 +14,9 @@
 //! newest R tokens `(p − R, p]`, R = 1, 4, 16, 64: what a full-precision window that moves with
 //! each query (as a decode step's does) would take off the value error.
 
-use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
-use tq_models::llama::{AttentionBackend, CpuAttention, Llama, ModelError};
-use tq_models::llama::{ForwardScratch, Logits};
-use tq_models::tokenizer::Tokenizer;
+mod common;
 
-struct Recorder<'c> {
-    inner: CpuAttention<'c>,
-    q: Vec<Vec<f32>>,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-}
-
-impl AttentionBackend for Recorder<'_> {
-    fn attend(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        if self.q.len() <= layer {
-            self.q.resize(layer + 1, Vec::new());
-            self.k.resize(layer + 1, Vec::new());
-            self.v.resize(layer + 1, Vec::new());
-        }
-        self.q[layer].extend_from_slice(queries);
-        self.k[layer].extend_from_slice(keys);
-        self.v[layer].extend_from_slice(values);
-        self.inner
-            .attend(layer, queries, keys, values, positions, shape, out)
-    }
-}
-
+use tq_models::llama::Llama;
 const WINDOWS: [usize; 4] = [1, 4, 16, 64];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -59,36 +25,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(&args[2])?;
     let n: usize = args.get(3).map_or(2048, |s| s.parse().unwrap());
     let sinks: usize = args.get(4).map_or(4, |s| s.parse().unwrap());
-    let tok = Tokenizer::from_gguf(model.file())?;
-    let mut ids = tok.encode(&text)?;
-    ids.truncate(n);
-    if let Some(b) = tok.bos_id() {
-        ids[0] = b;
-    }
+    let rec = common::record(&model, &text, n)?;
     let c = &model.config;
     let (hq, hk, d) = (c.heads, c.kv_heads, c.head_dim);
-    let mut cache = model.new_cache(&Allocation::preset("f16")?, n)?;
-    let mut scratch = ForwardScratch::default();
-    let mut rec = Recorder {
-        inner: CpuAttention {
-            cache: &mut cache,
-            kernel: AttentionKernel::default(),
-        },
-        q: Vec::new(),
-        k: Vec::new(),
-        v: Vec::new(),
-    };
-    let positions: Vec<u32> = (0..n as u32).collect();
-    for start in (0..n).step_by(256) {
-        let end = (start + 256).min(n);
-        model.forward_with(
-            &ids[start..end],
-            &positions[..end],
-            &mut rec,
-            Logits::Last,
-            &mut scratch,
-        )?;
-    }
     let group = hq / hk;
     let scale = 1.0 / (d as f64).sqrt();
     let mut model_share = [0.0f64; WINDOWS.len()];

@@ -24,39 +24,12 @@
 //! Distortions are the codec's Beta Lloyd-Max ones (`distortion_table`), a model: the KL
 //! divergence of `tq perplexity` is the measurement.
 
+mod common;
+
 use nalgebra::{DMatrix, SymmetricEigen};
-use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_cache::basis::{allocate_bits, distortion_table};
-use tq_models::llama::{AttentionBackend, CpuAttention, Llama, ModelError};
-use tq_models::llama::{ForwardScratch, Logits};
+use tq_models::llama::Llama;
 use tq_models::quant::dequantize_row;
-use tq_models::tokenizer::Tokenizer;
-
-struct Recorder<'c> {
-    inner: CpuAttention<'c>,
-    v: Vec<Vec<f32>>,
-}
-
-impl AttentionBackend for Recorder<'_> {
-    fn attend(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        if self.v.len() <= layer {
-            self.v.resize(layer + 1, Vec::new());
-        }
-        self.v[layer].extend_from_slice(values);
-        self.inner
-            .attend(layer, queries, keys, values, positions, shape, out)
-    }
-}
 
 /// Second moment `[d, d]` of rows `[from, to)` of head `h` in `x = [tokens, heads·d]`.
 fn moment(x: &[f32], heads: usize, d: usize, h: usize, from: usize, to: usize) -> DMatrix<f64> {
@@ -115,34 +88,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = args.get(3).map_or(2048, |s| s.parse().unwrap());
     let fit: usize = args.get(4).map_or(256, |s| s.parse().unwrap());
     let bits: usize = args.get(5).map_or(3, |s| s.parse().unwrap());
-    let tok = Tokenizer::from_gguf(model.file())?;
-    let mut ids = tok.encode(&text)?;
-    ids.truncate(n);
-    if let Some(b) = tok.bos_id() {
-        ids[0] = b;
-    }
+    let mut rec = common::record(&model, &text, n)?;
     let c = &model.config;
     let (hq, hk, d) = (c.heads, c.kv_heads, c.head_dim);
-    let mut cache = model.new_cache(&Allocation::preset("f16")?, n)?;
-    let mut scratch = ForwardScratch::default();
-    let mut rec = Recorder {
-        inner: CpuAttention {
-            cache: &mut cache,
-            kernel: AttentionKernel::default(),
-        },
-        v: Vec::new(),
-    };
-    let positions: Vec<u32> = (0..n as u32).collect();
-    for start in (0..n).step_by(256) {
-        let end = (start + 256).min(n);
-        model.forward_with(
-            &ids[start..end],
-            &positions[..end],
-            &mut rec,
-            Logits::Last,
-            &mut scratch,
-        )?;
-    }
     let group = hq / hk;
     let dist = distortion_table(d)?;
     // Totals of the predicted weighted error: plain, M-basis σ²λ, M-basis λ, PCA σ², PCA σ²λ.
