@@ -58,7 +58,8 @@ pub fn check_context(what: &str, needed: usize, window: usize) -> Result<(), Lim
 
 /// Bytes the cache of `allocation` holds for `tokens` tokens on a model of `shape`, by formula:
 /// every stream's per-token record, its per-head metadata (outlier channel lists, means), the
-/// full-precision sink and recent-window copies, and the 4-byte position of every token in
+/// full-precision sink and recent-window copies (all their slots, even where `tokens` is
+/// fewer), and the 4-byte position of every token in
 /// every layer. It is `ModelCache::memory`'s formula bytes of a cache that holds `tokens`
 /// tokens in pages of exactly that size, plus the outlier channel lists of two-tier streams,
 /// which that report leaves out (tested). A fitted basis (a few KiB per stream, known only
@@ -118,7 +119,9 @@ pub fn cache_bytes_for_layers(
             None => (
                 LayerKind::Global,
                 tokens,
-                (allocation.sink_tokens + allocation.recent_fp_tokens).min(tokens) as u64,
+                // Allocated with the stream, whatever the context: a window longer than the
+                // tokens held still costs all of its slots (as `Stream::fixed_bytes` counts).
+                (allocation.sink_tokens + allocation.recent_fp_tokens) as u64,
             ),
         };
         for head in 0..shape.num_kv_heads {

@@ -8,6 +8,7 @@ use tq_cache::allocation::{Allocation, ModelShape};
 use tq_cache::kv_cache::{KvKind, KvLayout};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
+use tq_models::eval::perplexity::all_in_bits_per_value;
 use tq_models::limits::{
     LimitError, cache_bytes_for, cache_bytes_for_layers, check_cache_budget, check_context,
 };
@@ -145,6 +146,38 @@ fn the_formula_counts_sliding_layers_at_their_ring() {
     let mixed = cache_bytes_for_layers(&f16, &shape, &rings, TOKENS).unwrap();
     assert_eq!(all - mixed, ((TOKENS - RING) * (2 * 2 * D * 2 + 4)) as u64);
     assert!(cache_bytes_for_layers(&f16, &shape, &[None], TOKENS).is_err());
+}
+
+/// `tq perplexity`'s all-in bits count a sliding layer at its ring and resolve its streams as
+/// a sliding layer's, as the budget formula does: for every preset, the bits times the values
+/// the layers hold are the formula's bytes less the position table (which the bits leave
+/// out), and an f16 cache is 16 bits.
+#[test]
+fn all_in_bits_count_sliding_layers_at_their_ring() {
+    let shape = ModelShape {
+        num_layers: 3,
+        num_kv_heads: 2,
+        head_dim: D,
+    };
+    let rings = [None, Some(RING), None];
+    let held = 2 * TOKENS + RING;
+    let values = (2 * 2 * D * held) as f64;
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        let cache = mixed_cache(&allocation);
+        let bits = all_in_bits_per_value(&allocation, &shape, &rings, &cache, TOKENS).unwrap();
+        let formula = cache_bytes_for_layers(&allocation, &shape, &rings, TOKENS).unwrap();
+        assert_eq!(
+            (bits * values / 8.0).round() as u64,
+            formula - 4 * held as u64,
+            "{name}"
+        );
+    }
+    let f16 = Allocation::preset("f16").unwrap();
+    let cache = mixed_cache(&f16);
+    let bits = all_in_bits_per_value(&f16, &shape, &rings, &cache, TOKENS).unwrap();
+    assert_eq!(bits, 16.0);
+    assert!(all_in_bits_per_value(&f16, &shape, &[None], &cache, TOKENS).is_err());
 }
 
 #[test]

@@ -24,7 +24,7 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use tq_cache::allocation::{Allocation, ModelShape};
+use tq_cache::allocation::{Allocation, LayerKind, ModelShape, StreamKind};
 use tq_cache::attention::AttentionKernel;
 use tq_cache::states::{ModelCache, StateKind};
 
@@ -196,7 +196,13 @@ impl Lane {
             num_kv_heads: model.dims().kv_heads,
             head_dim: model.dims().head_dim,
         };
-        let bits_per_value = all_in_bits_per_value(&self.allocation, &shape, &self.cache, ctx)?;
+        let bits_per_value = all_in_bits_per_value(
+            &self.allocation,
+            &shape,
+            &model.ring_slots(),
+            &self.cache,
+            ctx,
+        )?;
         let KldSummary {
             count,
             ppl,
@@ -250,30 +256,57 @@ pub fn protocol_chunks(
 }
 
 /// Everything the cache of `allocation` stores for `ctx` tokens, in bits per cached value
-/// (`2 · layers · kv_heads · head_dim` values per token): every stream's per-token record
-/// (codes, QJL signs, norms), its per-head metadata (outlier channel lists), and the fixed
+/// (`2 · kv_heads · head_dim` values per token a layer holds: all `ctx` in a global layer, at
+/// most its ring in a sliding-window layer, `rings[l] = Some(slots)`, whose streams resolve
+/// as [`LayerKind::Sliding`]'s; so an f16 cache is 16 bits on any model): every stream's
+/// per-token record (codes, QJL signs, norms) for the tokens its layer holds, its per-head
+/// metadata (outlier channel lists), and the fixed
 /// full-precision and per-stream copies the built cache holds (sink and recent-window tokens,
-/// means) — spread over the `ctx` tokens, so a window costs more at a short context. The
-/// position table (4 bytes per token, the same for every allocation) is not counted. A
-/// centered stream's mean is counted once the stream has chosen it (its first chunk), so pass
-/// a cache that has run.
+/// means, basis fits) — spread over the `ctx` tokens, so a window costs more at a short
+/// context. The position table (4 bytes per token, the same for every allocation) is not
+/// counted. A centered stream's mean is counted once the stream has chosen it (its first
+/// chunk), so pass a cache that has run. `rings` has one entry per layer.
 pub fn all_in_bits_per_value(
     allocation: &Allocation,
     shape: &ModelShape,
+    rings: &[Option<usize>],
     cache: &ModelCache,
     ctx: usize,
 ) -> Result<f64, EvalError> {
-    let mut bytes = 0usize;
-    for plan in allocation.plans(shape) {
-        let plan = plan?;
-        bytes += ctx * plan.bytes_per_token() + plan.metadata_bytes_per_head();
+    if rings.len() != shape.num_layers {
+        return Err(EvalError::InvalidCall(format!(
+            "{} ring sizes for a {}-layer model",
+            rings.len(),
+            shape.num_layers
+        )));
+    }
+    let (mut bytes, mut tokens) = (0usize, 0usize);
+    for (layer, ring) in rings.iter().enumerate() {
+        let (kind, held) = match *ring {
+            Some(slots) => (LayerKind::Sliding, ctx.min(slots)),
+            None => (LayerKind::Global, ctx),
+        };
+        tokens += held;
+        for head in 0..shape.num_kv_heads {
+            for stream in StreamKind::BOTH {
+                let r = allocation.resolve_stream_in(
+                    layer,
+                    kind,
+                    shape.num_layers,
+                    head,
+                    shape.head_dim,
+                    stream,
+                )?;
+                bytes += held * r.plan.bytes_per_token() + r.plan.metadata_bytes_per_head();
+            }
+        }
     }
     for spec in cache.specs() {
         if let StateKind::Kv { layer, .. } = spec.kind {
             bytes += cache.kv(layer)?.fixed_bytes();
         }
     }
-    let values = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * ctx.max(1);
+    let values = 2 * shape.num_kv_heads * shape.head_dim * tokens.max(1);
     Ok(8.0 * bytes as f64 / values as f64)
 }
 
