@@ -50,7 +50,7 @@ fn the_preset_list_is_the_documented_one() {
             "k5v3-c",
             "rec4.25",
             "rec3.25",
-            "rec2.75",
+            "rec2.5",
             "rec4.25-global",
             "rec3.25-global",
             "k6v5-global"
@@ -117,9 +117,9 @@ fn preset_costs_are_pinned() {
         ("paper-prod", [4.5, 4.5], [4.25, 4.25]),
         ("mse-k4v4-c", [4.25, 4.25], [4.125, 4.125]),
         ("k5v3-c", [5.25, 3.25], [5.125, 3.125]),
-        ("rec4.25", [5.25, 3.25], [5.125, 3.125]),
-        ("rec3.25", [4.25, 2.25], [4.125, 2.125]),
-        ("rec2.75", [3.25, 2.25], [3.125, 2.125]),
+        ("rec4.25", [4.25, 3.25], [4.125, 3.125]),
+        ("rec3.25", [3.25, 2.25], [3.125, 2.125]),
+        ("rec2.5", [2.25, 2.25], [2.125, 2.125]),
         // Every layer of these shapes is global.
         ("rec4.25-global", [5.25, 3.25], [5.125, 3.125]),
         ("rec3.25-global", [4.25, 2.25], [4.125, 2.125]),
@@ -204,20 +204,32 @@ fn centered_presets_center_every_stream_and_pin_the_mean_bytes() {
     }
 }
 
-/// The recommended presets are presets, keep the first four tokens in f16, and are listed best
-/// quality (most bits) first.
+/// The recommended presets keep 2 sink tokens and a step window in f16, are listed best
+/// quality (most bits) first, and fit the budget their names state at 2048 tokens on
+/// SmolLM2's shape (d = 64): codes and norms per token, plus per stream the f16 sinks and
+/// window (16 bits per value each), the f32 mean and the largest plane fit (192 bytes).
 #[test]
-fn recommended_presets_are_shipped_with_sinks() {
+fn recommended_presets_fit_their_budgets() {
+    let names: Vec<_> = Allocation::recommended_names().collect();
+    assert_eq!(names, ["rec4.25", "rec3.25", "rec2.5"]);
+    let tokens = 2048.0;
     let mut last = f64::INFINITY;
-    for name in Allocation::recommended_names() {
+    for (name, budget) in names.into_iter().zip([4.25, 3.25, 2.5]) {
         let allocation = Allocation::preset(name).unwrap();
-        assert_eq!(allocation.sink_tokens, 4, "{name}");
-        let bits = allocation.bits_per_value(&SMALL, StreamKind::Key).unwrap()
+        assert_eq!(allocation.sink_tokens, 2, "{name}");
+        assert!(allocation.recent_fp_tokens > 0, "{name}");
+        let per_token = (allocation.bits_per_value(&SMALL, StreamKind::Key).unwrap()
             + allocation
                 .bits_per_value(&SMALL, StreamKind::Value)
-                .unwrap();
-        assert!(bits < last, "{name}");
-        last = bits;
+                .unwrap())
+            / 2.0;
+        let copies = (allocation.sink_tokens + allocation.recent_fp_tokens) as f64 * 16.0 / tokens;
+        let mean = 32.0 / tokens;
+        let fit = 192.0 * 8.0 / (2.0 * tokens * 64.0);
+        let all_in = per_token + copies + mean + fit;
+        assert!(all_in <= budget, "{name}: {all_in} bits per value");
+        assert!(per_token < last, "{name}");
+        last = per_token;
     }
 }
 

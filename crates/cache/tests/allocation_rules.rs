@@ -422,21 +422,30 @@ fn a_rule_must_select_layers_and_kinds_are_spelled_out() {
     assert_eq!(parse(&text), a);
 }
 
-/// The shipped `-global` presets leave sliding layers in f16 and are their base presets' codecs
-/// and centering on global layers (without `rec4.25`'s plane basis, which was measured on
-/// SmolLM2 only).
+/// The shipped `-global` presets leave sliding layers in f16 and, on global layers, are the
+/// codecs and centering their base presets had before the step window (kept as the lever files
+/// `k5v3-cs4-planes` and `k4v2-cs4`; without the former's plane basis), with which the Gemma 3
+/// long-context grid was measured.
 #[test]
 fn global_presets_compress_only_global_layers() {
-    for (name, base) in [("rec4.25-global", "rec4.25"), ("rec3.25-global", "rec3.25")] {
+    let lever = |file: &str| {
+        let path = format!("{}/presets/levers/{file}", env!("CARGO_MANIFEST_DIR"));
+        Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    for (name, base) in [
+        ("rec4.25-global", lever("k5v3-cs4-planes.toml")),
+        ("rec3.25-global", lever("k4v2-cs4.toml")),
+    ] {
         let a = Allocation::preset(name).unwrap();
-        let b = Allocation::preset(base).unwrap();
+        assert_eq!(a.sink_tokens, base.sink_tokens, "{name}");
+        assert_eq!(a.recent_fp_tokens, base.recent_fp_tokens, "{name}");
         for layer in [0, 5, 17] {
             for stream in StreamKind::BOTH {
                 let at = |x: &Allocation, kind| {
                     x.resolve_stream_in(layer, kind, 18, 0, 256, stream)
                         .unwrap()
                 };
-                let (global, base) = (at(&a, LayerKind::Global), at(&b, LayerKind::Global));
+                let (global, base) = (at(&a, LayerKind::Global), at(&base, LayerKind::Global));
                 assert_eq!(
                     (global.plan, global.center),
                     (base.plan, base.center),

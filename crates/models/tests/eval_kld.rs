@@ -201,10 +201,10 @@ fn windows_covering_the_chunk_are_refused() {
     use tq_models::eval::perplexity::check_windows;
     let mut a = Allocation::preset("rec4.25").unwrap();
     assert!(check_windows([&a], 512).is_ok());
-    a.recent_fp_tokens = 508;
+    a.recent_fp_tokens = 510;
     let err = check_windows([&a], 512).unwrap_err().to_string();
     assert!(
-        err.contains("recent_fp_tokens (508)") && err.contains("sink_tokens (4)"),
+        err.contains("recent_fp_tokens (510)") && err.contains("sink_tokens (2)"),
         "{err}"
     );
     assert!(check_windows([&a], 2048).is_ok());

@@ -73,7 +73,7 @@ impl PyAllocation {
         Allocation::preset_names().collect()
     }
 
-    /// The recommended presets (best measured quality at about 4.25, 3.25 and 2.75 bits per
+    /// The recommended presets (best measured quality at about 4.25, 3.25 and 2.5 bits per
     /// value), best quality first.
     #[staticmethod]
     fn recommended_names() -> Vec<&'static str> {

@@ -18,7 +18,7 @@ const PRESETS: &[(&str, &str)] = &[
     ("k5v3-c", include_str!("../../presets/k5v3-c.toml")),
     ("rec4.25", include_str!("../../presets/rec4.25.toml")),
     ("rec3.25", include_str!("../../presets/rec3.25.toml")),
-    ("rec2.75", include_str!("../../presets/rec2.75.toml")),
+    ("rec2.5", include_str!("../../presets/rec2.5.toml")),
     (
         "rec4.25-global",
         include_str!("../../presets/rec4.25-global.toml"),
@@ -34,7 +34,7 @@ const PRESETS: &[(&str, &str)] = &[
 ];
 
 /// The recommended presets, best quality first: what `--alloc recommended` stands for.
-const RECOMMENDED: &[&str] = &["rec4.25", "rec3.25", "rec2.75"];
+const RECOMMENDED: &[&str] = &["rec4.25", "rec3.25", "rec2.5"];
 
 impl Allocation {
     /// Parses and [validates](Allocation::validate) an allocation from TOML text.
@@ -105,7 +105,7 @@ impl Allocation {
         PRESETS.iter().map(|(name, _)| *name)
     }
 
-    /// The recommended presets (the best measured quality at about 4.25, 3.25 and 2.75 bits
+    /// The recommended presets (the best measured quality at about 4.25, 3.25 and 2.5 bits
     /// per value; see `presets/README.md`), best quality first.
     ///
     /// ```

@@ -27,7 +27,7 @@ pub struct PerplexityArgs {
     #[arg(long, default_value_t = 512)]
     ctx: usize,
     /// Allocations: preset names or TOML files, comma-separated; `all` for every preset,
-    /// `recommended` for the recommended ones (about 4.25, 3.25 and 2.75 bits per value).
+    /// `recommended` for the recommended ones (about 4.25, 3.25 and 2.5 bits per value).
     #[arg(long, value_delimiter = ',', default_value = "f16")]
     alloc: Vec<String>,
     /// Also compare every allocation's next-token distributions with the base allocation's
