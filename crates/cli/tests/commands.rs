@@ -112,6 +112,76 @@ fn bench_estimators_json_rows() {
     assert!(mse_b2["bias"].as_f64().unwrap() < -0.09);
 }
 
+/// `--working-set model` times the same steps over one cache copy per layer of the shape's
+/// model: per-layer rows that read the same bytes as the single-layer rows, and every row's
+/// `bandwidth_fraction` is its GB/s over the streaming read of the same run.
+#[test]
+fn bench_attention_model_working_set_rows() {
+    let rows = json(&[
+        "bench",
+        "attention",
+        "--json",
+        "--tokens",
+        "256",
+        "--shapes",
+        "smollm2",
+        "--configs",
+        "f16,k5v4",
+        "--working-set",
+        "layer,model",
+        "--repeats",
+        "3",
+    ]);
+    let rows = rows.as_array().unwrap();
+    let machine = rows.iter().find(|r| r["config"] == "stream-read").unwrap();
+    let bandwidth = machine["gb_per_s"].as_f64().unwrap();
+    let timed: Vec<_> = rows.iter().filter(|r| r["shape"] == "smollm2").collect();
+    assert_eq!(timed.len(), 2 * 2, "{rows:?}");
+    for config in ["f16", "k5v4"] {
+        let pick = |set: &str| {
+            *timed
+                .iter()
+                .find(|r| r["config"] == config && r["working_set"] == set)
+                .unwrap_or_else(|| panic!("no {set} row for {config}"))
+        };
+        let (layer, model) = (pick("layer"), pick("model"));
+        assert_eq!(layer["layers"], 1);
+        assert_eq!(model["layers"], 30);
+        assert_eq!(layer["bytes_read"], model["bytes_read"]);
+        for row in [layer, model] {
+            let fraction = row["bandwidth_fraction"].as_f64().unwrap();
+            let gbs = row["gb_per_s"].as_f64().unwrap();
+            assert!(
+                fraction > 0.0 && (fraction - gbs / bandwidth).abs() <= 1e-9 * fraction,
+                "{row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bench_attention_refuses_a_model_working_set_beyond_its_memory_cap() {
+    let (ok, _, stderr) = tq(&[
+        "bench",
+        "attention",
+        "--tokens",
+        "1048576",
+        "--shapes",
+        "d128",
+        "--configs",
+        "f16",
+        "--working-set",
+        "model",
+        "--repeats",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("model working set") && stderr.contains("GiB"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn synthetic_needle_runs_on_a_small_context() {
     // The synthetic table that `tq demo` showed before the model ran (the real demo and the

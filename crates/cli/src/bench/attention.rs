@@ -6,7 +6,13 @@
 //! keys); a step at T tokens is the query at position `T − 1`, which sees exactly the first T
 //! tokens. Configurations of one (shape, T) run interleaved in rounds and report medians.
 //! Small caches stay in the CPU caches across repeats (a real model's other layers would evict
-//! them), so the bandwidth figures mean most at T ≥ 16K.
+//! them), so with `--working-set layer` (the default) the bandwidth figures mean most at
+//! T ≥ 16K. `--working-set model` times what a decode step does instead: the same attention
+//! over one copy of the cache per layer of the model the shape comes from (30 for SmolLM2, 32
+//! for the d = 128 shape), round-robin, so each layer's records were evicted by the others'
+//! since it was last read — the working set is beyond the last-level cache, and the step reads
+//! memory. Its rows report seconds per layer, comparable with the single-layer rows. Every
+//! row's `bandwidth_fraction` is its GB/s over the streaming read measured in the same run.
 //!
 //! `--backend wgpu` prints the same table from the GPU kernels of `tq-attention-wgpu` (see
 //! `attention/gpu.rs`): the same caches, uploaded once, and one more column, the GPU output's
@@ -19,12 +25,13 @@ use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 use serde::Serialize;
 use tq_cache::CodecSpec;
-use tq_cache::allocation::Allocation;
+use tq_cache::allocation::{Allocation, ModelShape};
 use tq_cache::attention::AttentionShape;
 use tq_cache::attention::simd::{Isa, fused_attention_on};
 use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
 use tq_cache::stream::{Stream, TokenSource};
 use tq_cache::token_store::Growth;
+use tq_models::limits::cache_bytes_for;
 
 use super::timing::interleaved_medians;
 use crate::output::table;
@@ -59,7 +66,7 @@ pub struct AttentionBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "smollm2,d128")]
     shapes: Vec<String>,
     /// Configurations to run (comma separated; f16 is always run, as the ratio's baseline):
-    /// f32, f16, k5v4, mse-k4v4, tq3.5.
+    /// `f32`, `f16` or any allocation preset (`rec4.25`, `tq3.5`, ...).
     #[arg(
         long,
         value_delimiter = ',',
@@ -77,7 +84,28 @@ pub struct AttentionBenchArgs {
     /// (H200: 4800); the CPU backend measures its own.
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
+    /// What a timed step touches (comma separated): `layer` (one layer's cache, step after
+    /// step) and/or `model` (round-robin over a copy per layer of the shape's model, a working
+    /// set beyond the last-level cache). With `model` the default `--tokens` is 4096,16384.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "layer")]
+    working_set: Vec<WorkingSet>,
 }
+
+/// What one timed step of `tq bench attention` touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkingSet {
+    /// One layer's cache, attended step after step: up to a few MiB it stays in the CPU's
+    /// caches between steps.
+    Layer,
+    /// A copy of the cache per layer of the shape's model, attended round-robin as a decode
+    /// step attends its layers: every layer's records come from memory.
+    Model,
+}
+
+/// Caches the model working set may hold at once (all configurations of a shape), so a
+/// large `--tokens` is refused up front instead of swapping.
+const MODEL_SET_CAP_BYTES: u64 = 16 << 30;
 
 /// One JSON row of `tq bench attention --json`.
 #[derive(Serialize, Debug, Clone)]
@@ -85,6 +113,12 @@ struct AttentionRow {
     shape: String,
     tokens: usize,
     config: String,
+    /// `layer` or `model` (`--working-set`; absent on the streaming-read row).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    working_set: Option<WorkingSet>,
+    /// Layers a timed step attends (1 for `layer`); `seconds` and `bytes_read` are per layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layers: Option<usize>,
     /// Median seconds per decode step (`null` when the configuration is not available).
     seconds: Option<f64>,
     /// f16 seconds / this configuration's seconds, same run.
@@ -94,6 +128,9 @@ struct AttentionRow {
     bytes_read: Option<u64>,
     /// `bytes_read / seconds / 1e9`.
     gb_per_s: Option<f64>,
+    /// `gb_per_s` over the streaming-read bandwidth measured in the same run (`--backend
+    /// wgpu`: over `--bandwidth-gbs`; `null` when that is not given).
+    bandwidth_fraction: Option<f64>,
     /// `‖out − out_f32‖ / ‖out_f32‖` of the attention output (the f32 cache is the reference).
     rel_error_vs_f32: Option<f64>,
     /// `‖out_gpu − out_cpu‖ / ‖out_cpu‖` on the same records (`--backend wgpu` only).
@@ -106,22 +143,31 @@ struct AttentionRow {
 
 impl AttentionRow {
     /// A configuration without figures, and why.
-    fn unmeasured(shape: &str, tokens: usize, config: &str, note: String) -> Self {
+    fn unmeasured(
+        shape: &str,
+        tokens: usize,
+        config: &str,
+        (working_set, layers): (WorkingSet, usize),
+        note: String,
+    ) -> Self {
         Self {
             shape: shape.to_string(),
             tokens,
             config: config.to_string(),
+            working_set: Some(working_set),
+            layers: Some(layers),
             seconds: None,
             ratio_vs_f16: None,
             bytes_read: None,
             gb_per_s: None,
+            bandwidth_fraction: None,
             rel_error_vs_f32: None,
             rel_diff_vs_cpu: None,
             note: Some(note),
         }
     }
 
-    /// Table cells shared by the CPU and GPU tables: shape, tokens, config, ms, × f16, MB
+    /// Table cells shared by the CPU and GPU tables: shape, tokens, working set, config, ms, × f16, MB
     /// read, GB/s, share of `bandwidth` (`-` when unknown), relative error, then the difference
     /// from the CPU kernel when `vs_cpu`, then the note.
     fn cells(&self, bandwidth: Option<f64>, vs_cpu: bool) -> Vec<String> {
@@ -129,6 +175,11 @@ impl AttentionRow {
         let mut cells = vec![
             self.shape.clone(),
             self.tokens.to_string(),
+            match (self.working_set, self.layers) {
+                (Some(WorkingSet::Layer), _) => "layer".to_string(),
+                (Some(WorkingSet::Model), Some(layers)) => format!("model ({layers})"),
+                _ => "-".to_string(),
+            },
             self.config.clone(),
             opt(self.seconds, &|s| format!("{:.3}", s * 1e3)),
             opt(self.ratio_vs_f16, &|x| format!("{x:.2}")),
@@ -154,6 +205,8 @@ struct BenchShape {
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Layers of the model the shape comes from (the `--working-set model` round-robin).
+    layers: usize,
 }
 
 const SHAPES: [BenchShape; 2] = [
@@ -162,17 +215,45 @@ const SHAPES: [BenchShape; 2] = [
         q_heads: 9,
         kv_heads: 3,
         head_dim: 64,
+        layers: 30,
     },
     BenchShape {
         name: "d128",
         q_heads: 32,
         kv_heads: 8,
         head_dim: 128,
+        // Llama 3 8B's attention: 32 query heads, 8 KV heads, d = 128, 32 layers.
+        layers: 32,
     },
 ];
 
-/// Configurations in table order: uncompressed baselines, then allocation presets.
-const CONFIGS: [&str; 5] = ["f32", "f16", "k5v4", "mse-k4v4", "tq3.5"];
+/// The configurations of `--configs` in table order: the uncompressed baselines (f32 when
+/// asked for, f16 always), then the presets in the order given, each once; a name that is
+/// neither a baseline nor a preset is an error.
+fn chosen_configs(configs: &[String]) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let presets: Vec<&str> = Allocation::preset_names().collect();
+    if let Some(unknown) = configs
+        .iter()
+        .find(|c| !matches!(c.as_str(), "f32" | "f16") && !presets.contains(&c.as_str()))
+    {
+        return Err(format!(
+            "unknown config `{unknown}` (f32, f16 or a preset: {})",
+            presets.join(", ")
+        )
+        .into());
+    }
+    let mut chosen: Vec<String> = Vec::new();
+    if configs.iter().any(|c| c == "f32") {
+        chosen.push("f32".into());
+    }
+    chosen.push("f16".into());
+    for c in configs {
+        if !chosen.contains(c) {
+            chosen.push(c.clone());
+        }
+    }
+    Ok(chosen)
+}
 
 /// Tokens per `append` call while filling (the first call calibrates two-tier channels).
 const FILL_CHUNK: usize = 8192;
@@ -295,6 +376,52 @@ fn relative_error(out: &[f32], reference: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// Refuses a model working set whose caches (every configuration run on `shape`, a copy per
+/// layer, `tokens` tokens each, by the cache-size formula) would exceed
+/// [`MODEL_SET_CAP_BYTES`], before any data is generated.
+fn check_model_set(
+    shape: &BenchShape,
+    configs: &[String],
+    tokens: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let model = ModelShape {
+        num_layers: shape.layers,
+        num_kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+    };
+    let mut total = 0u64;
+    for config in configs {
+        let allocation = Allocation::preset(if config == "f32" { "f16" } else { config })?;
+        let bytes = cache_bytes_for(&allocation, &model, tokens)?;
+        total += if config == "f32" { 2 * bytes } else { bytes };
+    }
+    if total > MODEL_SET_CAP_BYTES {
+        return Err(format!(
+            "the model working set of `{}` at {tokens} tokens would hold {:.1} GiB of caches \
+             ({} layers, every configuration), over the {} GiB this benchmark allows: fewer \
+             --tokens or --configs",
+            shape.name,
+            total as f64 / f64::from(1u32 << 30),
+            shape.layers,
+            MODEL_SET_CAP_BYTES >> 30
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// For each built cache, `layers − 1` more copies of it: each layer of the model working set
+/// reads its own memory.
+fn layer_copies(caches: &[(&str, Result<KvCache, String>)], layers: usize) -> Vec<Vec<KvCache>> {
+    caches
+        .iter()
+        .map(|(_, c)| match c {
+            Ok(cache) => (1..layers).map(|_| cache.clone()).collect(),
+            Err(_) => Vec::new(),
+        })
+        .collect()
+}
+
 /// Sorted, deduplicated, positive token counts (`default` when none were given).
 fn token_list(
     tokens: &Option<Vec<usize>>,
@@ -338,24 +465,32 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
     if !isa.is_available() {
         return Err(format!("this CPU cannot run `{}`", isa.name()).into());
     }
-    let tokens_list = token_list(&args.tokens, &[1024, 4096, 16384, 65536])?;
+    let default_tokens: &[usize] = if args.working_set.contains(&WorkingSet::Model) {
+        &[4096, 16384]
+    } else {
+        &[1024, 4096, 16384, 65536]
+    };
+    let tokens_list = token_list(&args.tokens, default_tokens)?;
     let max_tokens = *tokens_list.last().unwrap_or(&1);
     let shapes = chosen_shapes(&args.shapes)?;
-    if let Some(unknown) = args.configs.iter().find(|c| !CONFIGS.contains(&c.as_str())) {
-        return Err(format!("unknown config `{unknown}` ({})", CONFIGS.join(", ")).into());
-    }
+    let configs = chosen_configs(&args.configs)?;
+    let mut sets = args.working_set.clone();
+    sets.dedup();
     let threads = rayon::current_num_threads();
     let (read_seconds, read_bytes) = streaming_read_seconds(args.repeats.clamp(3, 9));
     let bandwidth = read_bytes as f64 / read_seconds / 1e9;
     let mut rows = Vec::new();
     for shape in shapes {
+        if sets.contains(&WorkingSet::Model) {
+            check_model_set(shape, &configs, max_tokens)?;
+        }
         let width = shape.kv_heads * shape.head_dim;
         let keys = random_tokens(max_tokens, width, shape.head_dim, 11, true);
         let values = random_tokens(max_tokens, width, shape.head_dim, 12, false);
-        let caches: Vec<(&str, Result<KvCache, String>)> = CONFIGS
+        let caches: Vec<(&str, Result<KvCache, String>)> = configs
             .iter()
-            .filter(|&&c| c == "f16" || args.configs.iter().any(|a| a == c))
-            .map(|&c| {
+            .map(|c| {
+                let c = c.as_str();
                 let cache = build(c, shape, max_tokens, &keys, &values).map_err(|e| e.to_string());
                 (c, cache)
             })
@@ -366,70 +501,92 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
             q_heads: shape.q_heads,
             scale: 1.0 / (shape.head_dim as f32).sqrt(),
         };
-        for &tokens in &tokens_list {
-            let position = [tokens as u32 - 1];
-            let ready: Vec<(&str, &KvCache)> = caches
+        for &set in &sets {
+            let layers = match set {
+                WorkingSet::Layer => 1,
+                WorkingSet::Model => shape.layers,
+            };
+            let copies = layer_copies(&caches, layers);
+            let ready: Vec<(&str, Vec<&KvCache>)> = caches
                 .iter()
-                .filter_map(|(c, cache)| cache.as_ref().ok().map(|k| (*c, k)))
-                .collect();
-            let mut outputs = vec![vec![0.0f32; queries.len()]; ready.len()];
-            let mut closures: Vec<Box<dyn FnMut() + '_>> = ready
-                .iter()
-                .zip(outputs.iter_mut())
-                .map(|(&(_, cache), out)| {
-                    let queries = &queries;
-                    Box::new(move || {
-                        fused_attention_on(isa, cache, queries, &position, attention, out)
-                            .expect("benchmark caches and queries are valid");
-                    }) as Box<dyn FnMut() + '_>
+                .zip(&copies)
+                .filter_map(|((c, cache), extra)| {
+                    let first = cache.as_ref().ok()?;
+                    Some((*c, std::iter::once(first).chain(extra).collect()))
                 })
                 .collect();
-            let mut refs: Vec<&mut dyn FnMut()> = closures
-                .iter_mut()
-                .map(|c| &mut **c as &mut dyn FnMut())
-                .collect();
-            let seconds = interleaved_medians(args.repeats, &mut refs);
-            drop(refs);
-            drop(closures);
-            let f16_seconds = ready
-                .iter()
-                .position(|(c, _)| *c == "f16")
-                .map(|i| seconds[i]);
-            let f32_out = ready
-                .iter()
-                .position(|(c, _)| *c == "f32")
-                .map(|i| outputs[i].clone());
-            for (config, cache) in &caches {
-                let row = match cache {
-                    Ok(cache) => {
-                        let i = ready
-                            .iter()
-                            .position(|(c, _)| c == config)
-                            .expect("every built cache is timed");
-                        let bytes = bytes_read(cache, tokens);
-                        AttentionRow {
-                            shape: shape.name.to_string(),
-                            tokens,
-                            config: config.to_string(),
-                            seconds: Some(seconds[i]),
-                            ratio_vs_f16: f16_seconds.map(|f| f / seconds[i]),
-                            bytes_read: Some(bytes),
-                            gb_per_s: Some(bytes as f64 / seconds[i] / 1e9),
-                            rel_error_vs_f32: f32_out
-                                .as_ref()
-                                .map(|r| relative_error(&outputs[i], r)),
-                            rel_diff_vs_cpu: None,
-                            note: None,
+            for &tokens in &tokens_list {
+                let position = [tokens as u32 - 1];
+                let mut outputs = vec![vec![0.0f32; queries.len()]; ready.len()];
+                let mut closures: Vec<Box<dyn FnMut() + '_>> = ready
+                    .iter()
+                    .zip(outputs.iter_mut())
+                    .map(|((_, layer_caches), out)| {
+                        let queries = &queries;
+                        Box::new(move || {
+                            for cache in layer_caches {
+                                fused_attention_on(isa, cache, queries, &position, attention, out)
+                                    .expect("benchmark caches and queries are valid");
+                            }
+                        }) as Box<dyn FnMut() + '_>
+                    })
+                    .collect();
+                let mut refs: Vec<&mut dyn FnMut()> = closures
+                    .iter_mut()
+                    .map(|c| &mut **c as &mut dyn FnMut())
+                    .collect();
+                // Seconds per layer: a round attends every layer of the working set once.
+                let seconds: Vec<f64> = interleaved_medians(args.repeats, &mut refs)
+                    .into_iter()
+                    .map(|s| s / layers as f64)
+                    .collect();
+                drop(refs);
+                drop(closures);
+                let f16_seconds = ready
+                    .iter()
+                    .position(|(c, _)| *c == "f16")
+                    .map(|i| seconds[i]);
+                let f32_out = ready
+                    .iter()
+                    .position(|(c, _)| *c == "f32")
+                    .map(|i| outputs[i].clone());
+                for (config, cache) in &caches {
+                    let row = match cache {
+                        Ok(cache) => {
+                            let i = ready
+                                .iter()
+                                .position(|(c, _)| c == config)
+                                .expect("every built cache is timed");
+                            let bytes = bytes_read(cache, tokens);
+                            let gb_per_s = bytes as f64 / seconds[i] / 1e9;
+                            AttentionRow {
+                                shape: shape.name.to_string(),
+                                tokens,
+                                config: config.to_string(),
+                                working_set: Some(set),
+                                layers: Some(layers),
+                                seconds: Some(seconds[i]),
+                                ratio_vs_f16: f16_seconds.map(|f| f / seconds[i]),
+                                bytes_read: Some(bytes),
+                                gb_per_s: Some(gb_per_s),
+                                bandwidth_fraction: Some(gb_per_s / bandwidth),
+                                rel_error_vs_f32: f32_out
+                                    .as_ref()
+                                    .map(|r| relative_error(&outputs[i], r)),
+                                rel_diff_vs_cpu: None,
+                                note: None,
+                            }
                         }
-                    }
-                    Err(reason) => AttentionRow::unmeasured(
-                        shape.name,
-                        tokens,
-                        config,
-                        format!("not yet available: {reason}"),
-                    ),
-                };
-                rows.push(row);
+                        Err(reason) => AttentionRow::unmeasured(
+                            shape.name,
+                            tokens,
+                            config,
+                            (set, layers),
+                            format!("not yet available: {reason}"),
+                        ),
+                    };
+                    rows.push(row);
+                }
             }
         }
     }
@@ -440,10 +597,13 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
             shape: "machine".into(),
             tokens: 0,
             config: "stream-read".into(),
+            working_set: None,
+            layers: None,
             seconds: Some(read_seconds),
             ratio_vs_f16: None,
             bytes_read: Some(read_bytes),
             gb_per_s: Some(bandwidth),
+            bandwidth_fraction: Some(1.0),
             rel_error_vs_f32: None,
             rel_diff_vs_cpu: None,
             note: Some(format!("sum of a 512 MiB f32 array, {threads} threads")),
@@ -465,7 +625,16 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         "{}",
         table(
             &[
-                "shape", "tokens", "config", "ms", "x f16", "MB read", "GB/s", "of bw", "rel err",
+                "shape",
+                "tokens",
+                "working set",
+                "config",
+                "ms",
+                "x f16",
+                "MB read",
+                "GB/s",
+                "of bw",
+                "rel err",
                 "note"
             ],
             &body
@@ -476,26 +645,38 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
+/// Ratio to the f16 kernel every TurboQuant configuration should reach at T ≥ 16K.
+const TARGET_RATIO: f64 = 2.5;
+
+/// Share of the streaming-read bandwidth every TurboQuant configuration should reach there.
+const TARGET_SHARE: f64 = 0.5;
+
 /// The issue's target as a check line, with the measured values (informative, not asserted).
 fn target_check(rows: &[AttentionRow], bandwidth: f64) -> String {
+    let head = format!(
+        "target (T ≥ 16K: every TurboQuant config ≥ {TARGET_RATIO}× f16 and ≥ {:.0}% of {bandwidth:.1} GB/s)",
+        100.0 * TARGET_SHARE
+    );
     let candidates: Vec<&AttentionRow> = rows
         .iter()
         .filter(|r| r.tokens >= 16_384 && !matches!(r.config.as_str(), "f32" | "f16"))
         .collect();
     if candidates.is_empty() {
-        return "target (T ≥ 16K: every TurboQuant config ≥ 1.5× f16 and ≥ 50% of measured \
-                bandwidth): no row at T ≥ 16K"
-            .to_string();
+        return format!("{head}: no row at T ≥ 16K");
     }
     let mut met = true;
     let mut details = Vec::new();
     for r in &candidates {
+        let set = match r.working_set {
+            Some(WorkingSet::Model) => "model",
+            _ => "layer",
+        };
         match (r.ratio_vs_f16, r.gb_per_s) {
             (Some(ratio), Some(gbs)) => {
                 let share = gbs / bandwidth;
-                met &= ratio >= 1.5 && share >= 0.5;
+                met &= ratio >= TARGET_RATIO && share >= TARGET_SHARE;
                 details.push(format!(
-                    "{} T={} {}: {ratio:.2}× f16, {:.0}% bw",
+                    "{} T={} {set} {}: {ratio:.2}× f16, {:.0}% bw",
                     r.shape,
                     r.tokens,
                     r.config,
@@ -505,14 +686,14 @@ fn target_check(rows: &[AttentionRow], bandwidth: f64) -> String {
             _ => {
                 met = false;
                 details.push(format!(
-                    "{} T={} {}: not available",
+                    "{} T={} {set} {}: not available",
                     r.shape, r.tokens, r.config
                 ));
             }
         }
     }
     format!(
-        "target (T ≥ 16K: every TurboQuant config ≥ 1.5× f16 and ≥ 50% of {bandwidth:.1} GB/s): {} — {}",
+        "{head}: {} — {}",
         if met { "MET" } else { "NOT MET" },
         details.join("; ")
     )

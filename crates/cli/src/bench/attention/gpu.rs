@@ -17,8 +17,8 @@ use tq_cache::attention::{AttentionShape, fused_attention};
 use tq_cache::kv_cache::KvCache;
 
 use super::{
-    AttentionBenchArgs, AttentionRow, CONFIGS, build, chosen_shapes, random_tokens, relative_error,
-    token_list,
+    AttentionBenchArgs, AttentionRow, WorkingSet, build, chosen_configs, chosen_shapes,
+    random_tokens, relative_error, token_list,
 };
 use crate::bench::timing::interleaved_medians;
 use crate::commands::model::open_gpu;
@@ -32,13 +32,16 @@ const SOFTWARE_TOKENS: [usize; 2] = [256, 1024];
 
 /// One configuration at one shape: the CPU cache it was built from and its GPU copy.
 struct Uploaded {
-    config: &'static str,
+    config: String,
     cpu: KvCache,
     gpu: GpuKvCache,
 }
 
 /// Runs `tq bench attention --backend wgpu`.
 pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.working_set.iter().any(|s| *s != WorkingSet::Layer) {
+        return Err("`--working-set model` is measured on the CPU backend only".into());
+    }
     let ctx = open_gpu()?;
     let software = ctx.is_software();
     let default_tokens: &[usize] = if software {
@@ -49,9 +52,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
     let tokens_list = token_list(&args.tokens, default_tokens)?;
     let max_tokens = *tokens_list.last().unwrap_or(&1);
     let shapes = chosen_shapes(&args.shapes)?;
-    if let Some(unknown) = args.configs.iter().find(|c| !CONFIGS.contains(&c.as_str())) {
-        return Err(format!("unknown config `{unknown}` ({})", CONFIGS.join(", ")).into());
-    }
+    let configs = chosen_configs(&args.configs)?;
     let info = ctx.adapter_info();
     let banner = if software {
         format!(
@@ -71,10 +72,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         let values = random_tokens(max_tokens, width, shape.head_dim, 12, false);
         let mut ready = Vec::new();
         let mut failed = Vec::new();
-        for &config in CONFIGS
-            .iter()
-            .filter(|&&c| c == "f16" || args.configs.iter().any(|a| a == c))
-        {
+        for config in &configs {
             match upload(&ctx, config, shape, max_tokens, &keys, &values) {
                 Ok(u) => ready.push(u),
                 Err(reason) => failed.push((config, reason)),
@@ -129,14 +127,18 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                     let mut cpu_out = vec![0.0f32; queries.len()];
                     fused_attention(&u.cpu, &queries, &position, attention, &mut cpu_out)?;
                     let bytes = (tokens * u.gpu.bytes_per_token()) as u64;
+                    let gb_per_s = bytes as f64 / seconds[i] / 1e9;
                     rows.push(AttentionRow {
                         shape: shape.name.to_string(),
                         tokens,
                         config: u.config.to_string(),
+                        working_set: Some(WorkingSet::Layer),
+                        layers: Some(1),
                         seconds: Some(seconds[i]),
                         ratio_vs_f16: f16_seconds.map(|f| f / seconds[i]),
                         bytes_read: Some(bytes),
-                        gb_per_s: Some(bytes as f64 / seconds[i] / 1e9),
+                        gb_per_s: Some(gb_per_s),
+                        bandwidth_fraction: args.bandwidth_gbs.map(|bw| gb_per_s / bw),
                         rel_error_vs_f32: f32_out.as_ref().map(|r| relative_error(&outputs[i], r)),
                         rel_diff_vs_cpu: Some(relative_error(&outputs[i], &cpu_out)),
                         note: software.then(|| "correctness run".to_string()),
@@ -148,6 +150,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
                     shape.name,
                     tokens,
                     config,
+                    (WorkingSet::Layer, 1),
                     reason.clone(),
                 ));
             }
@@ -158,7 +161,7 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         (
             shapes_order(&args.shapes, &r.shape),
             r.tokens,
-            CONFIGS.iter().position(|c| *c == r.config),
+            configs.iter().position(|c| *c == r.config),
         )
     });
     if args.json {
@@ -179,8 +182,18 @@ pub fn run(args: &AttentionBenchArgs) -> Result<(), Box<dyn std::error::Error>> 
         "{}",
         table(
             &[
-                "shape", "tokens", "config", "ms", "x f16", "MB read", "GB/s", "of bw", "rel err",
-                "vs cpu", "note"
+                "shape",
+                "tokens",
+                "working set",
+                "config",
+                "ms",
+                "x f16",
+                "MB read",
+                "GB/s",
+                "of bw",
+                "rel err",
+                "vs cpu",
+                "note"
             ],
             &body
         )
@@ -203,7 +216,7 @@ fn shapes_order(names: &[String], shape: &str) -> usize {
 /// Builds `config`'s CPU cache with the benchmark's tokens and uploads it.
 fn upload(
     ctx: &Arc<GpuContext>,
-    config: &'static str,
+    config: &str,
     shape: &super::BenchShape,
     tokens: usize,
     keys: &[f32],
@@ -211,5 +224,9 @@ fn upload(
 ) -> Result<Uploaded, String> {
     let cpu = build(config, shape, tokens, keys, values).map_err(|e| e.to_string())?;
     let gpu = GpuKvCache::from_cache(ctx, &cpu).map_err(|e| e.to_string())?;
-    Ok(Uploaded { config, cpu, gpu })
+    Ok(Uploaded {
+        config: config.to_string(),
+        cpu,
+        gpu,
+    })
 }
