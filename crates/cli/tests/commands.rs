@@ -159,6 +159,48 @@ fn bench_attention_model_working_set_rows() {
     }
 }
 
+/// `tq bench scan` rows: f16 once per (shape, T), then the coded and fast-scan kernels per
+/// width, with the bytes each layout reads.
+#[test]
+fn bench_scan_json_rows() {
+    let rows = json(&[
+        "bench",
+        "scan",
+        "--json",
+        "--tokens",
+        "256",
+        "--bits",
+        "4,2",
+        "--copies",
+        "2",
+        "--repeats",
+        "3",
+    ]);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2 * (1 + 2 * 2), "{rows:?}");
+    let find = |shape: &str, kernel: &str, bits: Option<u64>| {
+        rows.iter()
+            .find(|r| r["shape"] == shape && r["kernel"] == kernel && r["bits"].as_u64() == bits)
+            .unwrap_or_else(|| panic!("no {shape} {kernel} {bits:?} row"))
+    };
+    // d = 64: f16 2 bytes per coordinate; 4-bit records 8 words + an f32 norm; fast scan a
+    // nibble per coordinate + an f32 norm, whatever the width; 2-bit records 4 words + norm.
+    assert_eq!(find("smollm2", "f16", None)["bytes_read"], 256 * 128);
+    assert_eq!(find("smollm2", "coded", Some(4))["bytes_read"], 256 * 36);
+    assert_eq!(
+        find("smollm2", "fast-scan", Some(4))["bytes_read"],
+        256 * 36
+    );
+    assert_eq!(find("smollm2", "coded", Some(2))["bytes_read"], 256 * 20);
+    assert_eq!(find("d128", "fast-scan", Some(2))["bytes_read"], 256 * 68);
+    for row in rows {
+        assert!(row["seconds"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["bandwidth_fraction"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let (ok, _, stderr) = tq(&["bench", "scan", "--bits", "5"]);
+    assert!(!ok && stderr.contains("1 to 4 bits"), "{stderr}");
+}
+
 #[test]
 fn bench_attention_refuses_a_model_working_set_beyond_its_memory_cap() {
     let (ok, _, stderr) = tq(&[

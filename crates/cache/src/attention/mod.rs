@@ -17,6 +17,7 @@
 //! newest tokens from full-precision copies, as a decode step does, so prefill and decode agree
 //! whatever the chunking; [`attend`] over a stored cache reads the stream's newest tokens.
 
+pub mod fast_scan;
 mod fused;
 mod llamacpp;
 pub mod primitives;

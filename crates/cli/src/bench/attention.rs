@@ -341,7 +341,7 @@ fn bytes_read(cache: &KvCache, tokens: usize) -> u64 {
 }
 
 /// Median seconds to sum a 512 MiB f32 array with every thread (8 lanes per chunk).
-fn streaming_read_seconds(repeats: usize) -> (f64, u64) {
+pub(super) fn streaming_read_seconds(repeats: usize) -> (f64, u64) {
     const FLOATS: usize = 128 << 20;
     const CHUNK: usize = 1 << 16;
     let mut data = vec![0.0f32; FLOATS];

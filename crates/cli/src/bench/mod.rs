@@ -6,6 +6,7 @@ pub mod compare;
 pub mod e2e;
 pub mod estimators;
 pub mod matmul;
+pub mod scan;
 pub mod states;
 mod timing;
 
@@ -31,6 +32,9 @@ pub enum BenchCommand {
     /// The weight products of one block of a real model (decode and prefill-chunk shapes) on
     /// each instruction set this CPU runs, side by side.
     Matmul(matmul::MatmulBenchArgs),
+    /// Key scoring alone, one thread: f16 keys, TurboQuant_mse records and the same codes in the
+    /// token-parallel fast-scan layout (integer byte-shuffle scoring), side by side.
+    Scan(scan::ScanBenchArgs),
     /// Memory of the hybrid models' states (sliding rings, full KV, shared KV, fixed conv and
     /// recurrent states), or with --model a real model's, against context length: byte
     /// formula beside the measured allocation.
@@ -46,6 +50,7 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         BenchCommand::E2e(args) => e2e::run(&args),
         BenchCommand::Estimators(args) => estimators::run(&args),
         BenchCommand::Matmul(args) => matmul::run(&args),
+        BenchCommand::Scan(args) => scan::run(&args),
         BenchCommand::States(args) => states::run(&args),
     }
 }

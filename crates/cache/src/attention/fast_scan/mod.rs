@@ -1,0 +1,271 @@
+//! Key scoring at memory speed: the "fast scan" layout of product-quantization search applied
+//! to TurboQuant_mse keys (codes of b ≤ 4 bits per rotated coordinate).
+//!
+//! A compressed key is `norm · c[code_j]` in the rotated domain, so its score against a query
+//! is `norm · Σ_j q'_j · c[code_j]`, with `q' = Π·q` rotated once per query. The fused kernel
+//! evaluates that per token: unpack a record, look up its centroids, multiply-add, reduce. Here
+//! instead:
+//!
+//! - [`FastScanKeys`] stores the codes of a **block of 32 tokens coordinate-major**: for each
+//!   rotated coordinate `j`, 16 bytes hold the 4-bit codes of the block's 32 tokens (token `i`
+//!   in the low nibble of byte `i`, token `i + 16` in the high nibble), and the block's norms
+//!   sit beside the codes.
+//! - [`ScoreTable`] holds, per query and coordinate, the `2^b` products `q'_j · c_k`,
+//!   **quantized to bytes** with one step `δ` shared by every coordinate (each coordinate keeps
+//!   its own offset, the smallest of its products).
+//! - A block's scores are then one byte shuffle per coordinate and 32 tokens (`vpshufb`: the
+//!   16-entry table indexes itself with the 32 nibbles), summed in **16-bit integers**. Integer
+//!   sums are exact: the sums, and so the scores, are the same bits on every instruction set,
+//!   thread count and block split (tested: [`Isa::Scalar`], [`Isa::Avx2`], [`Isa::Avx512`]).
+//!
+//! **The table's error.** Rounding an entry to the nearest multiple of `δ` moves it by at most
+//! `δ/2`, and a score adds `d` entries, so the fast score differs from the exact
+//! `norm · Σ_j q'_j c[code_j]` by at most `norm · d · δ / 2` (plus f32 rounding), with
+//! `δ = max_j (max_k − min_k of q'_j c_k) / 255`. Tested against that bound, and against the
+//! codec's own score error: the table adds a small fraction of it (`tests/fast_scan.rs`).
+//!
+//! **Limits of this first layout**: keys only, single-part TurboQuant_mse codes of b ≤ 4 bits
+//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); not
+//! yet wired into [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the
+//! reference. On aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the
+//! scalar loop, which gives the same integers.
+//!
+//! ```
+//! use tq_cache::attention::fast_scan::{FastScanKeys, ScoreTable, scores};
+//! use tq_cache::attention::simd::Isa;
+//!
+//! // Two-bit codes at d = 4 with a toy codebook.
+//! let centroids = [-1.5f32, -0.5, 0.5, 1.5];
+//! let mut keys = FastScanKeys::new(4, 2).unwrap();
+//! keys.push(&[0, 1, 2, 3], 2.0).unwrap();
+//! keys.push(&[3, 3, 3, 3], 1.0).unwrap();
+//! let table = ScoreTable::new(&[1.0, 0.0, -1.0, 0.5], &centroids, 2).unwrap();
+//! let mut out = [0.0f32; 2];
+//! scores(Isa::detect(), &table, &keys, &mut out).unwrap();
+//! // Exact: 2·(−1.5 + 0 − 0.5 + 0.75) = −2.5 and 1·(1.5 + 0 − 1.5 + 0.75) = 0.75.
+//! assert!((out[0] + 2.5).abs() < 0.05 && (out[1] - 0.75).abs() < 0.05);
+//! ```
+
+mod layout;
+mod scalar;
+mod table;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use layout::FastScanKeys;
+pub use table::ScoreTable;
+
+use super::simd::Isa;
+
+/// Tokens per block of the layout.
+pub const BLOCK: usize = 32;
+
+/// Errors of the fast-scan layout and tables.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FastScanError {
+    /// The layout holds codes of 1 to 4 bits.
+    #[error("fast scan holds codes of 1 to 4 bits, not {bits}")]
+    UnsupportedBits {
+        /// The requested width.
+        bits: u8,
+    },
+    /// A zero head dimension.
+    #[error("fast scan needs a positive head dimension")]
+    ZeroDim,
+    /// A slice of the wrong length.
+    #[error("{what}: expected {expected} values, got {actual}")]
+    LengthMismatch {
+        /// Which input.
+        what: &'static str,
+        /// Its required length.
+        expected: usize,
+        /// Its length.
+        actual: usize,
+    },
+    /// A code at or above `2^bits`.
+    #[error("code {code} at coordinate {coordinate} does not fit in {bits} bits")]
+    CodeOutOfRange {
+        /// The code.
+        code: u8,
+        /// Where it is.
+        coordinate: usize,
+        /// The layout's width.
+        bits: u8,
+    },
+    /// A NaN or infinite query coordinate, centroid or norm.
+    #[error("{what} is not finite")]
+    NotFinite {
+        /// Which input.
+        what: &'static str,
+    },
+    /// A table built for another dimension or width than the keys.
+    #[error(
+        "table for d = {table_dim}, b = {table_bits} against keys of d = {keys_dim}, b = {keys_bits}"
+    )]
+    TableMismatch {
+        /// The table's dimension.
+        table_dim: usize,
+        /// The table's width.
+        table_bits: u8,
+        /// The keys' dimension.
+        keys_dim: usize,
+        /// The keys' width.
+        keys_bits: u8,
+    },
+}
+
+/// The 32 integer sums `Σ_j u_j[code(t, j)]` of block `block` (tokens past the end of the keys
+/// sum their zero padding). The same integers on every instruction set.
+pub fn block_sums(
+    isa: Isa,
+    table: &ScoreTable,
+    keys: &FastScanKeys,
+    block: usize,
+    out: &mut [u32; BLOCK],
+) -> Result<(), FastScanError> {
+    check(table, keys)?;
+    if block >= keys.blocks() {
+        return Err(FastScanError::LengthMismatch {
+            what: "block index",
+            expected: keys.blocks(),
+            actual: block,
+        });
+    }
+    sums_unchecked(isa, table, keys.block_codes(block), out);
+    Ok(())
+}
+
+/// Every key's approximate score `norm · (δ · sum + Σ_j offset_j)` into `out` (one per token).
+pub fn scores(
+    isa: Isa,
+    table: &ScoreTable,
+    keys: &FastScanKeys,
+    out: &mut [f32],
+) -> Result<(), FastScanError> {
+    check(table, keys)?;
+    if out.len() != keys.len() {
+        return Err(FastScanError::LengthMismatch {
+            what: "scores",
+            expected: keys.len(),
+            actual: out.len(),
+        });
+    }
+    let mut sums = [0u32; BLOCK];
+    for (block, chunk) in out.chunks_mut(BLOCK).enumerate() {
+        sums_unchecked(isa, table, keys.block_codes(block), &mut sums);
+        let norms = keys.block_norms(block);
+        for ((o, &s), &n) in chunk.iter_mut().zip(&sums).zip(norms) {
+            *o = n * table.dequantize(s);
+        }
+    }
+    Ok(())
+}
+
+/// The scores of every key against several query heads (one table each, e.g. the heads of a
+/// GQA group): `out[h · n + t]` for head `h` and token `t`, `n = keys.len()`. Each block's codes
+/// are read once for all heads (they stay in the L1 cache between heads); every score is the
+/// one [`scores`] gives for that head, bit for bit.
+pub fn scores_heads(
+    isa: Isa,
+    tables: &[ScoreTable],
+    keys: &FastScanKeys,
+    out: &mut [f32],
+) -> Result<(), FastScanError> {
+    for table in tables {
+        check(table, keys)?;
+    }
+    let n = keys.len();
+    if out.len() != tables.len() * n {
+        return Err(FastScanError::LengthMismatch {
+            what: "scores of every head",
+            expected: tables.len() * n,
+            actual: out.len(),
+        });
+    }
+    let mut sums = [[0u32; BLOCK]; 4];
+    for block in 0..keys.blocks() {
+        let codes = keys.block_codes(block);
+        let norms = keys.block_norms(block);
+        let (start, end) = (block * BLOCK, n.min((block + 1) * BLOCK));
+        for (tile, group) in tables.chunks(4).enumerate() {
+            sums_tile(isa, group, codes, &mut sums[..group.len()]);
+            for (g, table) in group.iter().enumerate() {
+                let h = 4 * tile + g;
+                for ((o, &s), &norm) in out[h * n + start..h * n + end]
+                    .iter_mut()
+                    .zip(&sums[g])
+                    .zip(norms)
+                {
+                    *o = norm * table.dequantize(s);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sums of up to four heads' tables over one block: on AVX-512 in one pass over the codes.
+fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLOCK]]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && isa.is_available() {
+        let e = |h: usize| tables[h].entries();
+        // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; every table
+        // and `codes` hold `padded_dim · 16` bytes (the tables were checked against the keys).
+        unsafe {
+            match tables.len() {
+                1 => x86::sums_heads_avx512::<1>([e(0)], codes, out.try_into().expect("1")),
+                2 => x86::sums_heads_avx512::<2>([e(0), e(1)], codes, out.try_into().expect("2")),
+                3 => x86::sums_heads_avx512::<3>(
+                    [e(0), e(1), e(2)],
+                    codes,
+                    out.try_into().expect("3"),
+                ),
+                _ => x86::sums_heads_avx512::<4>(
+                    [e(0), e(1), e(2), e(3)],
+                    codes,
+                    out.try_into().expect("4"),
+                ),
+            }
+        }
+        return;
+    }
+    for (table, o) in tables.iter().zip(out.iter_mut()) {
+        sums_unchecked(isa, table, codes, o);
+    }
+}
+
+fn check(table: &ScoreTable, keys: &FastScanKeys) -> Result<(), FastScanError> {
+    if table.dim() != keys.dim() || table.bits() != keys.bits() {
+        return Err(FastScanError::TableMismatch {
+            table_dim: table.dim(),
+            table_bits: table.bits(),
+            keys_dim: keys.dim(),
+            keys_bits: keys.bits(),
+        });
+    }
+    Ok(())
+}
+
+/// Dispatch on an instruction set the CPU has (anything else runs the scalar loop).
+fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BLOCK]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if isa.is_available() => {
+            // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; `codes` and
+            // the table hold `padded_dim · 16` bytes, a multiple of 64 (asserted by `x86`).
+            unsafe {
+                x86::sums_heads_avx512::<1>(
+                    [table.entries()],
+                    codes,
+                    std::slice::from_mut(out).try_into().expect("one head"),
+                )
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 if Isa::Avx2.is_available() => {
+            // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
+            unsafe { x86::sums_avx2(table.entries(), codes, out) }
+        }
+        _ => scalar::sums(table.entries(), codes, out),
+    }
+}

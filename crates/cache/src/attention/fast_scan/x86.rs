@@ -1,0 +1,141 @@
+//! `vpshufb` kernels: one byte shuffle scores 32 tokens (AVX2: two coordinates per register;
+//! AVX-512: four), summed in 16-bit lanes and widened to 32 bits every [`FLUSH`] steps.
+//! The AVX-512 kernel scores up to four heads per pass, so a block's codes are loaded and
+//! split into nibbles once for all of them.
+
+use std::arch::x86_64::*;
+
+use super::BLOCK;
+use super::layout::LANE_BYTES;
+
+/// Steps a 16-bit lane may add before it is widened: 256 · 255 < 65 536.
+const FLUSH: usize = 256;
+
+/// Adds eight 32-bit lanes to `out[base .. base + 8]`.
+///
+/// # Safety
+/// AVX2 must be available.
+#[target_feature(enable = "avx2")]
+unsafe fn add_to(v: __m256i, out: &mut [u32; BLOCK], base: usize) {
+    let slot = &mut out[base..base + 8];
+    // SAFETY: `slot` holds 8 u32 = 32 bytes, the width of the unaligned load and store.
+    unsafe {
+        let old = _mm256_loadu_si256(slot.as_ptr().cast());
+        _mm256_storeu_si256(slot.as_mut_ptr().cast(), _mm256_add_epi32(old, v));
+    }
+}
+
+/// The AVX2 form of `scalar::sums`: the same integers.
+///
+/// # Safety
+/// AVX2 must be available; `entries` and `codes` must have the same length, a multiple of 64.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn sums_avx2(entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
+    assert!(entries.len() == codes.len() && codes.len().is_multiple_of(64));
+    out.fill(0);
+    let nibble = _mm256_set1_epi8(0x0F);
+    let zero = _mm256_setzero_si256();
+    let steps = codes.len() / (2 * LANE_BYTES);
+    let mut step = 0;
+    while step < steps {
+        let end = steps.min(step + FLUSH);
+        let mut acc = [zero; 4];
+        for s in step..end {
+            // SAFETY: `s < steps`, so bytes 32·s .. 32·s + 32 lie in both slices (equal lengths).
+            let (lut, c) = unsafe {
+                (
+                    _mm256_loadu_si256(entries.as_ptr().add(32 * s).cast()),
+                    _mm256_loadu_si256(codes.as_ptr().add(32 * s).cast()),
+                )
+            };
+            let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble));
+            let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble));
+            acc[0] = _mm256_add_epi16(acc[0], _mm256_unpacklo_epi8(lo, zero));
+            acc[1] = _mm256_add_epi16(acc[1], _mm256_unpackhi_epi8(lo, zero));
+            acc[2] = _mm256_add_epi16(acc[2], _mm256_unpacklo_epi8(hi, zero));
+            acc[3] = _mm256_add_epi16(acc[3], _mm256_unpackhi_epi8(hi, zero));
+        }
+        // Each 128-bit lane holds one coordinate parity's sums of 8 tokens: tokens 0–7, 8–15,
+        // 16–23, 24–31 in acc[0..4]. Widen both lanes and add them.
+        for (k, a) in acc.iter().enumerate() {
+            let both = _mm256_add_epi32(
+                _mm256_cvtepu16_epi32(_mm256_castsi256_si128(*a)),
+                _mm256_cvtepu16_epi32(_mm256_extracti128_si256(*a, 1)),
+            );
+            // SAFETY: AVX2 is enabled in this function.
+            unsafe { add_to(both, out, 8 * k) };
+        }
+        step = end;
+    }
+}
+
+/// The AVX-512 BW form of `scalar::sums` for `H` heads (1 to 4) at once: `out[h]` gets what
+/// `scalar::sums(entries[h], codes, ..)` gives, the same integers.
+///
+/// # Safety
+/// AVX-512 F and BW and AVX2 must be available; every `entries[h]` must have the length of
+/// `codes`, a multiple of 64.
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+pub(super) unsafe fn sums_heads_avx512<const H: usize>(
+    entries: [&[u8]; H],
+    codes: &[u8],
+    out: &mut [[u32; BLOCK]; H],
+) {
+    assert!(codes.len().is_multiple_of(64) && entries.iter().all(|e| e.len() == codes.len()));
+    for o in out.iter_mut() {
+        o.fill(0);
+    }
+    let nibble = _mm512_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    let steps = codes.len() / (4 * LANE_BYTES);
+    let mut step = 0;
+    while step < steps {
+        let end = steps.min(step + FLUSH);
+        let mut acc = [[zero; 4]; H];
+        for s in step..end {
+            // SAFETY: `s < steps`, so bytes 64·s .. 64·s + 64 lie in `codes`.
+            let c = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * s).cast()) };
+            let lo_idx = _mm512_and_si512(c, nibble);
+            let hi_idx = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
+            // One block per head with a constant index, so the accumulators stay in registers
+            // (a loop over `h` was compiled with them on the stack).
+            macro_rules! head {
+                ($h:literal) => {
+                    if H > $h {
+                        // SAFETY: every `entries[h]` has the length of `codes` (asserted above).
+                        let lut =
+                            unsafe { _mm512_loadu_si512(entries[$h].as_ptr().add(64 * s).cast()) };
+                        let lo = _mm512_shuffle_epi8(lut, lo_idx);
+                        let hi = _mm512_shuffle_epi8(lut, hi_idx);
+                        let a = &mut acc[$h];
+                        a[0] = _mm512_add_epi16(a[0], _mm512_unpacklo_epi8(lo, zero));
+                        a[1] = _mm512_add_epi16(a[1], _mm512_unpackhi_epi8(lo, zero));
+                        a[2] = _mm512_add_epi16(a[2], _mm512_unpacklo_epi8(hi, zero));
+                        a[3] = _mm512_add_epi16(a[3], _mm512_unpackhi_epi8(hi, zero));
+                    }
+                };
+            }
+            head!(0);
+            head!(1);
+            head!(2);
+            head!(3);
+        }
+        // The four 128-bit lanes hold the sums of coordinates ≡ 0, 1, 2, 3 (mod 4) for 8
+        // tokens each: widen the two 256-bit halves, add them, then add their halves.
+        for h in 0..H {
+            for (k, a) in acc[h].iter().enumerate() {
+                let wide = _mm512_add_epi32(
+                    _mm512_cvtepu16_epi32(_mm512_castsi512_si256(*a)),
+                    _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(*a, 1)),
+                );
+                let eight = _mm256_add_epi32(
+                    _mm512_castsi512_si256(wide),
+                    _mm512_extracti64x4_epi64(wide, 1),
+                );
+                // SAFETY: AVX2 is enabled in this function.
+                unsafe { add_to(eight, &mut out[h], 8 * k) };
+            }
+        }
+        step = end;
+    }
+}

@@ -1,0 +1,310 @@
+//! The fast-scan layout and its integer scoring kernels.
+//!
+//! - Every instruction set gives the scalar loop's integers, bit for bit (integer sums are
+//!   exact, so nothing else is acceptable), including dimensions long enough that the vector
+//!   kernels' 16-bit lanes must be widened midway.
+//! - A fast score differs from the exact `norm · Σ_j q'_j c[code_j]` by at most the table's
+//!   bound `norm · d · δ / 2` plus f32 rounding: a hard bound, not a statistic, which any
+//!   mixed-up token, coordinate or nibble breaks by far.
+//! - On the real TurboQuant_mse codec the table's score error is a small share of the codec's
+//!   own (a statistic: see its test for the sample size).
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use rand_distr::StandardNormal;
+use tq_cache::attention::fast_scan::{
+    BLOCK, FastScanError, FastScanKeys, ScoreTable, block_sums, scores, scores_heads,
+};
+use tq_cache::attention::simd::Isa;
+use tq_cache::codec::packing::unpack;
+use tq_cache::codec::{MseSpec, TqMse};
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(0xFA57_5CA4),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+fn gaussian(n: usize, rng: &mut ChaCha20Rng) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal))
+        .collect()
+}
+
+/// Random keys with their codes and norms, and the table of a random query against sorted
+/// random centroids.
+struct Case {
+    keys: FastScanKeys,
+    codes: Vec<Vec<u8>>,
+    norms: Vec<f32>,
+    table: ScoreTable,
+    query: Vec<f32>,
+    centroids: Vec<f32>,
+}
+
+fn random_case(dim: usize, bits: u8, tokens: usize, seed: u64) -> Case {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut centroids = gaussian(1 << bits, &mut rng);
+    centroids.sort_by(f32::total_cmp);
+    let query = gaussian(dim, &mut rng);
+    let mut keys = FastScanKeys::new(dim, bits).unwrap();
+    let (mut all_codes, mut norms) = (Vec::new(), Vec::new());
+    for _ in 0..tokens {
+        let codes: Vec<u8> = (0..dim).map(|_| rng.random_range(0..1u8 << bits)).collect();
+        let norm = rng.random_range(0.0f32..4.0);
+        keys.push(&codes, norm).unwrap();
+        all_codes.push(codes);
+        norms.push(norm);
+    }
+    let table = ScoreTable::new(&query, &centroids, bits).unwrap();
+    Case {
+        keys,
+        codes: all_codes,
+        norms,
+        table,
+        query,
+        centroids,
+    }
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    #[test]
+    fn the_layout_returns_every_code(dim in 1usize..140, bits in 1u8..=4, tokens in 0usize..100, seed in any::<u64>()) {
+        let Case { keys, codes, .. } = random_case(dim, bits, tokens, seed);
+        prop_assert_eq!(keys.len(), tokens);
+        prop_assert_eq!(keys.blocks(), tokens.div_ceil(BLOCK));
+        for (t, row) in codes.iter().enumerate() {
+            for (j, &c) in row.iter().enumerate() {
+                prop_assert_eq!(keys.code_at(t, j), Some(c));
+            }
+        }
+        prop_assert_eq!(keys.code_at(tokens, 0), None);
+        prop_assert_eq!(keys.code_at(0, dim), None);
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_scalar_integers(dim in 1usize..300, bits in 1u8..=4, tokens in 1usize..100, seed in any::<u64>()) {
+        let Case { keys, table, .. } = random_case(dim, bits, tokens, seed);
+        for block in 0..keys.blocks() {
+            let mut want = [0u32; BLOCK];
+            block_sums(Isa::Scalar, &table, &keys, block, &mut want).unwrap();
+            for isa in Isa::available() {
+                let mut got = [0u32; BLOCK];
+                block_sums(isa, &table, &keys, block, &mut got).unwrap();
+                prop_assert_eq!(got, want, "{} block {}", isa.name(), block);
+            }
+        }
+    }
+
+    #[test]
+    fn fast_scores_stay_within_the_table_bound(dim in 1usize..300, bits in 1u8..=4, tokens in 1usize..80, seed in any::<u64>()) {
+        let Case { keys, codes, norms, table, query, centroids, .. } = random_case(dim, bits, tokens, seed);
+        let mut out = vec![0.0f32; tokens];
+        scores(Isa::detect(), &table, &keys, &mut out).unwrap();
+        let c_max = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
+        for t in 0..tokens {
+            let exact: f64 = codes[t]
+                .iter()
+                .zip(&query)
+                .map(|(&c, &q)| f64::from(q) * f64::from(centroids[usize::from(c)]))
+                .sum::<f64>()
+                * f64::from(norms[t]);
+            // Each entry is within δ/2 of its product (plus the f32 rounding of (q c − o)/δ,
+            // ≤ 255·3ε steps, covered by 1e-3·δ); the final δ·sum + offset rounds twice; the
+            // exact sum is in f64. The last term bounds f32 products against the magnitudes.
+            let magnitude: f64 = query.iter().map(|q| f64::from(q.abs() * c_max)).sum();
+            let bound = f64::from(norms[t])
+                * (dim as f64 * f64::from(table.step()) * (0.5 + 1e-3) + 8.0 * f64::from(f32::EPSILON) * magnitude);
+            prop_assert!((f64::from(out[t]) - exact).abs() <= bound, "token {t}: {} vs {exact}, bound {bound}", out[t]);
+        }
+    }
+}
+
+/// 16-bit lanes would overflow past 256 steps of 255: a dimension of 1100 with every entry at
+/// 255 makes each lane of the AVX2 kernel add 550 of them, so the widening must work.
+#[test]
+fn long_dimensions_widen_before_the_lanes_overflow() {
+    let dim = 1100;
+    let mut keys = FastScanKeys::new(dim, 1).unwrap();
+    for _ in 0..40 {
+        keys.push(&vec![1u8; dim], 1.0).unwrap();
+    }
+    let table = ScoreTable::new(&vec![1.0; dim], &[-1.0, 1.0], 1).unwrap();
+    for isa in Isa::available() {
+        for block in 0..keys.blocks() {
+            let mut sums = [0u32; BLOCK];
+            block_sums(isa, &table, &keys, block, &mut sums).unwrap();
+            let valid = if block == 0 { BLOCK } else { 40 - BLOCK };
+            assert!(
+                sums[..valid].iter().all(|&s| s == 255 * dim as u32),
+                "{}: {sums:?}",
+                isa.name()
+            );
+            // Padding tokens hold code 0, whose entry is 0 here.
+            assert!(
+                sums[valid..].iter().all(|&s| s == 0),
+                "{}: {sums:?}",
+                isa.name()
+            );
+        }
+        let mut out = vec![0.0f32; 40];
+        scores(isa, &table, &keys, &mut out).unwrap();
+        assert!(
+            out.iter().all(|&s| (s - dim as f32).abs() < 1e-2),
+            "{out:?}"
+        );
+    }
+}
+
+/// Scores do not depend on how the blocks are split among threads: each block's integers are
+/// computed alone, so scoring blocks in parallel gives the sequential result bit for bit.
+#[test]
+fn parallel_blocks_give_the_sequential_scores() {
+    use rayon::prelude::*;
+    let Case { keys, table, .. } = random_case(64, 4, 1000, 7);
+    let mut sequential = vec![0.0f32; 1000];
+    scores(Isa::detect(), &table, &keys, &mut sequential).unwrap();
+    let parallel: Vec<[u32; BLOCK]> = (0..keys.blocks())
+        .into_par_iter()
+        .map(|b| {
+            let mut s = [0u32; BLOCK];
+            block_sums(Isa::detect(), &table, &keys, b, &mut s).unwrap();
+            s
+        })
+        .collect();
+    let mut single = [0u32; BLOCK];
+    for (b, sums) in parallel.iter().enumerate() {
+        block_sums(Isa::Scalar, &table, &keys, b, &mut single).unwrap();
+        assert_eq!(*sums, single);
+    }
+}
+
+/// Several heads at once give each head's own scores, bit for bit.
+#[test]
+fn heads_at_once_give_each_heads_scores() {
+    let Case {
+        keys, centroids, ..
+    } = random_case(64, 3, 150, 9);
+    let mut rng = ChaCha20Rng::seed_from_u64(10);
+    let tables: Vec<ScoreTable> = (0..3)
+        .map(|_| ScoreTable::new(&gaussian(64, &mut rng), &centroids, 3).unwrap())
+        .collect();
+    let mut all = vec![0.0f32; 3 * 150];
+    scores_heads(Isa::detect(), &tables, &keys, &mut all).unwrap();
+    for (h, table) in tables.iter().enumerate() {
+        let mut one = vec![0.0f32; 150];
+        scores(Isa::Scalar, table, &keys, &mut one).unwrap();
+        assert_eq!(&all[h * 150..(h + 1) * 150], &one[..], "head {h}");
+    }
+    assert!(matches!(
+        scores_heads(Isa::Scalar, &tables, &keys, &mut all[1..]),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+}
+
+/// On TurboQuant_mse codes (d = 64 and 128, b = 2, 3, 4), the mean squared error the byte
+/// table adds to a score is at most 10% of the codec's own mean squared score error.
+///
+/// Size: per case 4000 Gaussian key/query pairs. The table error per coordinate is close to
+/// uniform on ±δ/2 and the codec's is a sum of d independent centroid errors, so both mean
+/// squares have relative standard deviations of about √(2/4000) ≈ 2.2% (with the tails of
+/// the squared Gaussian scores, under 5%). The ratio measured here is 0.06–3.2% (printed on
+/// failure), so 10% is over 15 standard deviations above it: a false failure is far below
+/// 1e-6, while a table with a step 4× too coarse (ratio × 16) fails.
+#[test]
+fn the_table_adds_a_small_share_of_the_codec_score_error() {
+    for (dim, bits) in [(64, 2), (64, 3), (64, 4), (128, 2), (128, 4)] {
+        let codec = TqMse::new(MseSpec::new(dim, bits, 42)).unwrap();
+        let centroids = codec.codebook().centroids_f32().to_vec();
+        let mut rng = ChaCha20Rng::seed_from_u64(1000 + dim as u64 + u64::from(bits));
+        let (mut codec_sq, mut table_sq) = (0.0f64, 0.0f64);
+        let mut scratch = tq_cache::codec::CodecScratch::new(dim);
+        let mut codes = vec![0u8; dim];
+        let mut rotated = vec![0.0f32; dim];
+        for _ in 0..4000 {
+            let key = gaussian(dim, &mut rng);
+            let query = gaussian(dim, &mut rng);
+            let code = codec.encode(&key).unwrap();
+            unpack(&code.words, bits, &mut codes).unwrap();
+            let mut keys = FastScanKeys::new(dim, bits).unwrap();
+            keys.push(&codes, code.norm.to_f32()).unwrap();
+            codec.rotate_query(&query, &mut rotated).unwrap();
+            let table = ScoreTable::new(&rotated, &centroids, bits).unwrap();
+            let mut fast = [0.0f32];
+            scores(Isa::detect(), &table, &keys, &mut fast).unwrap();
+            let decoded = f64::from(codec.inner_product(&rotated, &code, &mut scratch).unwrap());
+            let exact: f64 = key
+                .iter()
+                .zip(&query)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            codec_sq += (decoded - exact).powi(2);
+            table_sq += (f64::from(fast[0]) - decoded).powi(2);
+        }
+        let ratio = table_sq / codec_sq;
+        assert!(
+            ratio <= 0.10,
+            "d = {dim}, b = {bits}: table/codec mean squared error {ratio:.4}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    assert_eq!(
+        FastScanKeys::new(64, 5).unwrap_err(),
+        FastScanError::UnsupportedBits { bits: 5 }
+    );
+    assert_eq!(FastScanKeys::new(0, 4).unwrap_err(), FastScanError::ZeroDim);
+    let mut keys = FastScanKeys::new(4, 2).unwrap();
+    assert!(matches!(
+        keys.push(&[0, 1, 2], 1.0),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+    assert_eq!(
+        keys.push(&[0, 4, 0, 0], 1.0).unwrap_err(),
+        FastScanError::CodeOutOfRange {
+            code: 4,
+            coordinate: 1,
+            bits: 2
+        }
+    );
+    assert!(matches!(
+        keys.push(&[0; 4], f32::NAN),
+        Err(FastScanError::NotFinite { .. })
+    ));
+    assert!(keys.is_empty());
+    let centroids = [-1.0, -0.3, 0.3, 1.0];
+    assert!(matches!(
+        ScoreTable::new(&[1.0, f32::INFINITY, 0.0, 0.0], &centroids, 2),
+        Err(FastScanError::NotFinite { .. })
+    ));
+    assert!(matches!(
+        ScoreTable::new(&[1.0; 4], &centroids[..3], 2),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+    let table = ScoreTable::new(&[1.0; 8], &centroids, 2).unwrap();
+    keys.push(&[0, 1, 2, 3], 1.0).unwrap();
+    let mut out = [0.0f32; 1];
+    assert!(matches!(
+        scores(Isa::Scalar, &table, &keys, &mut out),
+        Err(FastScanError::TableMismatch { .. })
+    ));
+    let table = ScoreTable::new(&[1.0; 4], &centroids, 2).unwrap();
+    let mut sums = [0u32; BLOCK];
+    assert!(matches!(
+        block_sums(Isa::Scalar, &table, &keys, 1, &mut sums),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        scores(Isa::Scalar, &table, &keys, &mut [0.0; 2]),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+}
