@@ -15,7 +15,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use rand_distr::StandardNormal;
 use tq_cache::attention::fast_scan::{
-    BLOCK, FastScanError, FastScanKeys, ScoreTable, block_sums, scores, scores_heads,
+    AttendScratch, BLOCK, FastScanBlocks, FastScanError, FastScanStream, ScoreTable, attend,
+    block_sums, scores, scores_heads,
 };
 use tq_cache::attention::simd::Isa;
 use tq_cache::codec::packing::unpack;
@@ -39,7 +40,7 @@ fn gaussian(n: usize, rng: &mut ChaCha20Rng) -> Vec<f32> {
 /// Random keys with their codes and norms, and the table of a random query against sorted
 /// random centroids.
 struct Case {
-    keys: FastScanKeys,
+    keys: FastScanBlocks,
     codes: Vec<Vec<u8>>,
     norms: Vec<f32>,
     table: ScoreTable,
@@ -52,7 +53,7 @@ fn random_case(dim: usize, bits: u8, tokens: usize, seed: u64) -> Case {
     let mut centroids = gaussian(1 << bits, &mut rng);
     centroids.sort_by(f32::total_cmp);
     let query = gaussian(dim, &mut rng);
-    let mut keys = FastScanKeys::new(dim, bits).unwrap();
+    let mut keys = FastScanBlocks::new(dim, bits).unwrap();
     let (mut all_codes, mut norms) = (Vec::new(), Vec::new());
     for _ in 0..tokens {
         let codes: Vec<u8> = (0..dim).map(|_| rng.random_range(0..1u8 << bits)).collect();
@@ -132,7 +133,7 @@ proptest! {
 #[test]
 fn long_dimensions_widen_before_the_lanes_overflow() {
     let dim = 1100;
-    let mut keys = FastScanKeys::new(dim, 1).unwrap();
+    let mut keys = FastScanBlocks::new(dim, 1).unwrap();
     for _ in 0..40 {
         keys.push(&vec![1u8; dim], 1.0).unwrap();
     }
@@ -233,7 +234,7 @@ fn the_table_adds_a_small_share_of_the_codec_score_error() {
             let query = gaussian(dim, &mut rng);
             let code = codec.encode(&key).unwrap();
             unpack(&code.words, bits, &mut codes).unwrap();
-            let mut keys = FastScanKeys::new(dim, bits).unwrap();
+            let mut keys = FastScanBlocks::new(dim, bits).unwrap();
             keys.push(&codes, code.norm.to_f32()).unwrap();
             codec.rotate_query(&query, &mut rotated).unwrap();
             let table = ScoreTable::new(&rotated, &centroids, bits).unwrap();
@@ -259,11 +260,14 @@ fn the_table_adds_a_small_share_of_the_codec_score_error() {
 #[test]
 fn bad_input_is_a_typed_error() {
     assert_eq!(
-        FastScanKeys::new(64, 5).unwrap_err(),
+        FastScanBlocks::new(64, 5).unwrap_err(),
         FastScanError::UnsupportedBits { bits: 5 }
     );
-    assert_eq!(FastScanKeys::new(0, 4).unwrap_err(), FastScanError::ZeroDim);
-    let mut keys = FastScanKeys::new(4, 2).unwrap();
+    assert_eq!(
+        FastScanBlocks::new(0, 4).unwrap_err(),
+        FastScanError::ZeroDim
+    );
+    let mut keys = FastScanBlocks::new(4, 2).unwrap();
     assert!(matches!(
         keys.push(&[0, 1, 2], 1.0),
         Err(FastScanError::LengthMismatch { .. })
@@ -307,4 +311,232 @@ fn bad_input_is_a_typed_error() {
         scores(Isa::Scalar, &table, &keys, &mut [0.0; 2]),
         Err(FastScanError::LengthMismatch { .. })
     ));
+}
+
+/// Keys and values encoded by TurboQuant_mse (key codec seed 1, value codec seed 2) in the
+/// fast-scan layout, with their decoded vectors.
+struct Encoded {
+    key_codec: TqMse,
+    value_codec: TqMse,
+    keys: FastScanBlocks,
+    values: FastScanBlocks,
+    decoded_keys: Vec<Vec<f32>>,
+    decoded_values: Vec<Vec<f32>>,
+}
+
+fn encoded(dim: usize, bits: u8, tokens: usize, seed: u64) -> Encoded {
+    let key_codec = TqMse::new(MseSpec::new(dim, bits, 1)).unwrap();
+    let value_codec = TqMse::new(MseSpec::new(dim, bits, 2)).unwrap();
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut keys = FastScanBlocks::new(dim, bits).unwrap();
+    let mut values = FastScanBlocks::new(dim, bits).unwrap();
+    let (mut decoded_keys, mut decoded_values) = (Vec::new(), Vec::new());
+    let mut codes = vec![0u8; dim];
+    for t in 0..tokens {
+        // Keys with a large shared direction and a few loud tokens, so the softmax is peaked.
+        let mut k = gaussian(dim, &mut rng);
+        if t % 7 == 3 {
+            k.iter_mut().for_each(|v| *v *= 3.0);
+        }
+        let v = gaussian(dim, &mut rng);
+        for (x, codec, blocks, decoded) in [
+            (&k, &key_codec, &mut keys, &mut decoded_keys),
+            (&v, &value_codec, &mut values, &mut decoded_values),
+        ] {
+            let code = codec.encode(x).unwrap();
+            unpack(&code.words, bits, &mut codes).unwrap();
+            blocks.push(&codes, code.norm.to_f32()).unwrap();
+            decoded.push(codec.decode(&code).unwrap());
+        }
+    }
+    Encoded {
+        key_codec,
+        value_codec,
+        keys,
+        values,
+        decoded_keys,
+        decoded_values,
+    }
+}
+
+/// The fast-scan attention against exact attention (f64) over the decoded keys and values.
+///
+/// The only approximation is the score table: each score moves by at most
+/// `ε = max_t norm_t · d·δ/2` (the table's bound), so each softmax weight moves by a factor
+/// within `e^{±2ε}` and the output by at most `(e^{2ε} − 1) · max|v|`; f32 rounding of the
+/// exponential, the sums and the rotation adds far less than `1e-4 · max|v|` at these sizes.
+/// Any wrong token, coordinate, head, norm, centroid or rotation moves the output by O(max|v|).
+#[test]
+fn attention_matches_exact_attention_within_the_table_bound() {
+    let heads = 3;
+    for (dim, bits) in [(64, 4), (64, 2), (128, 3)] {
+        for tokens in [1, 31, 32, 33, 200] {
+            let e = encoded(dim, bits, tokens, 100 + tokens as u64);
+            let mut rng = ChaCha20Rng::seed_from_u64(7);
+            let queries = gaussian(heads * dim, &mut rng);
+            let scale = 1.0 / (dim as f32).sqrt();
+            let mut out = vec![0.0f32; heads * dim];
+            let mut scratch = AttendScratch::default();
+            attend(
+                Isa::detect(),
+                FastScanStream {
+                    blocks: &e.keys,
+                    codec: &e.key_codec,
+                },
+                FastScanStream {
+                    blocks: &e.values,
+                    codec: &e.value_codec,
+                },
+                &queries,
+                scale,
+                &mut out,
+                &mut scratch,
+            )
+            .unwrap();
+            let max_v = e
+                .decoded_values
+                .iter()
+                .flatten()
+                .fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
+            let max_norm = (0..tokens)
+                .map(|t| e.decoded_keys[t].iter().map(|x| x * x).sum::<f32>().sqrt())
+                .fold(0.0f32, f32::max);
+            for h in 0..heads {
+                let q = &queries[h * dim..(h + 1) * dim];
+                let mut rotated = vec![0.0f32; dim];
+                e.key_codec.rotate_query(q, &mut rotated).unwrap();
+                rotated.iter_mut().for_each(|v| *v *= scale);
+                let table = ScoreTable::new(&rotated, e.key_codec.codebook().centroids_f32(), bits)
+                    .unwrap();
+                // The stored norms are the f16 norms of the keys, within 0.1% of the decoded ones.
+                let eps = 1.001 * f64::from(max_norm) * f64::from(table.error_bound());
+                let exact_scores: Vec<f64> = e
+                    .decoded_keys
+                    .iter()
+                    .map(|k| {
+                        k.iter()
+                            .zip(q)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>()
+                            * f64::from(scale)
+                    })
+                    .collect();
+                let m = exact_scores
+                    .iter()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = exact_scores.iter().map(|s| (s - m).exp()).collect();
+                let sum: f64 = p.iter().sum();
+                let bound = ((2.0 * eps).exp() - 1.0) * max_v + 1e-4 * max_v;
+                // And against the same attention in f64 from the table's own scores (tested
+                // above against the scalar integers and the bound): only f32 rounding may
+                // differ there, so a wrong weight, norm or scale of even 1% fails.
+                let mut table_scores = vec![0.0f32; tokens];
+                scores(Isa::Scalar, &table, &e.keys, &mut table_scores).unwrap();
+                let tm = table_scores
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let tp: Vec<f64> = table_scores
+                    .iter()
+                    .map(|s| f64::from(s - tm).exp())
+                    .collect();
+                let tsum: f64 = tp.iter().sum();
+                for j in 0..dim {
+                    let exact: f64 = (0..tokens)
+                        .map(|t| p[t] / sum * f64::from(e.decoded_values[t][j]))
+                        .sum();
+                    let same_scores: f64 = (0..tokens)
+                        .map(|t| tp[t] / tsum * f64::from(e.decoded_values[t][j]))
+                        .sum();
+                    let got = f64::from(out[h * dim + j]);
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "d = {dim}, b = {bits}, T = {tokens}, head {h}, coordinate {j}: {got} vs {exact} (bound {bound})"
+                    );
+                    assert!(
+                        (got - same_scores).abs() <= 1e-4 * max_v,
+                        "d = {dim}, b = {bits}, T = {tokens}, head {h}, coordinate {j}: {got} vs {same_scores} from the table's scores"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The attention output is the same bits on every instruction set this CPU runs.
+#[test]
+fn attention_is_the_same_bits_on_every_instruction_set() {
+    for (dim, bits, tokens) in [(64, 4, 100), (128, 2, 65), (96, 3, 32)] {
+        let e = encoded(dim, bits, tokens, 5);
+        let mut rng = ChaCha20Rng::seed_from_u64(8);
+        let queries = gaussian(4 * dim, &mut rng);
+        let run = |isa: Isa| {
+            let mut out = vec![0.0f32; 4 * dim];
+            attend(
+                isa,
+                FastScanStream {
+                    blocks: &e.keys,
+                    codec: &e.key_codec,
+                },
+                FastScanStream {
+                    blocks: &e.values,
+                    codec: &e.value_codec,
+                },
+                &queries,
+                0.125,
+                &mut out,
+                &mut AttendScratch::default(),
+            )
+            .unwrap();
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let want = run(Isa::Scalar);
+        for isa in Isa::available() {
+            assert_eq!(run(isa), want, "{} at d = {dim}, b = {bits}", isa.name());
+        }
+    }
+}
+
+#[test]
+fn attention_refuses_inconsistent_inputs() {
+    let e = encoded(64, 4, 10, 1);
+    let other = TqMse::new(MseSpec::new(64, 3, 1)).unwrap();
+    let q = vec![0.5f32; 64];
+    let mut out = vec![0.0f32; 64];
+    let mut s = AttendScratch::default();
+    let mut call = |keys: &FastScanBlocks, kc: &TqMse, q: &[f32], out: &mut [f32], scale: f32| {
+        attend(
+            Isa::Scalar,
+            FastScanStream {
+                blocks: keys,
+                codec: kc,
+            },
+            FastScanStream {
+                blocks: &e.values,
+                codec: &e.value_codec,
+            },
+            q,
+            scale,
+            out,
+            &mut s,
+        )
+    };
+    assert!(matches!(
+        call(&e.keys, &other, &q, &mut out, 1.0),
+        Err(FastScanError::CodecMismatch { .. })
+    ));
+    assert!(matches!(
+        call(&e.keys, &e.key_codec, &q[..63], &mut out, 1.0),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        call(&e.keys, &e.key_codec, &q, &mut out, f32::NAN),
+        Err(FastScanError::NotFinite { .. })
+    ));
+    let short = encoded(64, 4, 9, 1).keys;
+    assert!(matches!(
+        call(&short, &e.key_codec, &q, &mut out, 1.0),
+        Err(FastScanError::LengthMismatch { .. })
+    ));
+    assert!(call(&e.keys, &e.key_codec, &q, &mut out, 1.0).is_ok());
 }

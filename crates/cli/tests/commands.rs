@@ -197,6 +197,24 @@ fn bench_scan_json_rows() {
         assert!(row["seconds"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["bandwidth_fraction"].as_f64().unwrap() > 0.0, "{row}");
     }
+    let with_steps = json(&[
+        "bench",
+        "scan",
+        "--json",
+        "--tokens",
+        "64",
+        "--bits",
+        "4,2",
+        "--copies",
+        "1",
+        "--repeats",
+        "1",
+        "--attention",
+    ]);
+    let with_steps = with_steps.as_array().unwrap();
+    // Per shape and width three whole-step rows more: f16, coded and fast-scan attention.
+    assert_eq!(with_steps.len(), 2 * (1 + 2 * 2 + 2 * 3), "{with_steps:?}");
+    assert!(with_steps.iter().any(|r| r["kernel"] == "fast-scan-attend"));
     let (ok, _, stderr) = tq(&["bench", "scan", "--bits", "5"]);
     assert!(!ok && stderr.contains("1 to 4 bits"), "{stderr}");
 }

@@ -33,7 +33,8 @@ pub enum BenchCommand {
     /// each instruction set this CPU runs, side by side.
     Matmul(matmul::MatmulBenchArgs),
     /// Key scoring alone, one thread: f16 keys, TurboQuant_mse records and the same codes in the
-    /// token-parallel fast-scan layout (integer byte-shuffle scoring), side by side.
+    /// token-parallel fast-scan layout (integer byte-shuffle scoring), side by side; with
+    /// `--attention` also whole decode steps (fused kernel against `fast_scan::attend`).
     Scan(scan::ScanBenchArgs),
     /// Memory of the hybrid models' states (sliding rings, full KV, shared KV, fixed conv and
     /// recurrent states), or with --model a real model's, against context length: byte

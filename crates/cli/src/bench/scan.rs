@@ -8,6 +8,11 @@
 //! - `fast-scan`: the same codes in the token-parallel layout
 //!   (`tq_cache::attention::fast_scan`), scored by byte shuffles summed in integers.
 //!
+//! With `--attention`, three more rows per (shape, T, b) time a whole decode step of one KV
+//! head's group (scores, softmax, values): the fused kernel over an f16 cache (`f16-attend`)
+//! and over a TurboQuant_mse b/b cache (`coded-attend`), and `fast_scan::attend` over the same
+//! widths in the fast-scan layout (`fast-scan-attend`); bytes read count keys and values.
+//!
 //! Every round scores `--copies` independent key sets (round-robin, so the sets' bytes
 //! together exceed the last-level cache and come from memory, as a model's layers do) and the
 //! rows report seconds per set. "of bw" is the row's GB/s over a one-thread streaming read
@@ -18,11 +23,17 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
-use tq_cache::attention::fast_scan::{FastScanKeys, ScoreTable, scores_heads};
+use tq_cache::CodecSpec;
+use tq_cache::attention::AttentionShape;
+use tq_cache::attention::fast_scan::{
+    AttendScratch, FastScanBlocks, FastScanStream, ScoreTable, attend, scores_heads,
+};
 use tq_cache::attention::simd::{
-    CodedRun, Isa, KeyQueries, PlainKind, PlainRun, score_coded, score_plain,
+    CodedRun, Isa, KeyQueries, PlainKind, PlainRun, fused_attention_on, score_coded, score_plain,
 };
 use tq_cache::codec::{MseSpec, TqMse};
+use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+use tq_cache::token_store::Growth;
 
 use super::attention::streaming_read_seconds;
 use super::timing::interleaved_medians;
@@ -46,6 +57,9 @@ pub struct ScanBenchArgs {
     /// Timed rounds (the median is reported).
     #[arg(long, default_value_t = 11)]
     repeats: usize,
+    /// Also time whole decode steps (scores, softmax, values): fused kernel and fast scan.
+    #[arg(long)]
+    attention: bool,
 }
 
 /// One JSON row of `tq bench scan --json`.
@@ -54,7 +68,8 @@ struct ScanRow {
     /// `smollm2` (d = 64, 3 query heads per KV head) or `d128` (d = 128, 4).
     shape: &'static str,
     tokens: usize,
-    /// `f16`, `coded` or `fast-scan`.
+    /// `f16`, `coded` or `fast-scan` (scores only), or `f16-attend`, `coded-attend`,
+    /// `fast-scan-attend` (whole steps, `--attention`).
     kernel: &'static str,
     /// Code width (`null` for f16).
     bits: Option<u8>,
@@ -93,7 +108,7 @@ struct KeySet {
     f16_words: Vec<u32>,
     coded_words: Vec<u32>,
     norms: Vec<f32>,
-    fast: FastScanKeys,
+    fast: FastScanBlocks,
 }
 
 fn key_set(
@@ -112,7 +127,7 @@ fn key_set(
     let words_per = (dim * usize::from(bits)).div_ceil(32);
     let mut coded_words = vec![0u32; tokens * words_per];
     let mut norms = Vec::with_capacity(tokens);
-    let mut fast = FastScanKeys::new(dim, bits)?;
+    let mut fast = FastScanBlocks::new(dim, bits)?;
     let mut codes = vec![0u8; dim];
     for t in 0..tokens {
         for c in codes.iter_mut() {
@@ -133,6 +148,142 @@ fn key_set(
         norms,
         fast,
     })
+}
+
+/// Whole decode steps over one KV head: the fused kernel on f16 and TurboQuant_mse b/b caches
+/// and `fast_scan::attend` on the same widths, `--copies` caches round-robin, one thread.
+fn attention_rows(
+    shape: &Shape,
+    tokens: usize,
+    bits: u8,
+    args: &ScanBenchArgs,
+    isa: Isa,
+    one: &rayon::ThreadPool,
+    bandwidth: f64,
+) -> Result<Vec<ScanRow>, Box<dyn std::error::Error>> {
+    let d = shape.dim;
+    let layout = KvLayout {
+        kv_heads: 1,
+        head_dim: d,
+        kind: KvKind::Growing {
+            growth: Growth::Static { capacity: tokens },
+        },
+        max_rewind: 0,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+    };
+    let (key_spec, value_spec) = (MseSpec::new(d, bits, 1), MseSpec::new(d, bits, 2));
+    let (key_codec, value_codec) = (TqMse::new(key_spec)?, TqMse::new(value_spec)?);
+    let mut f16_caches = Vec::new();
+    let mut coded_caches = Vec::new();
+    let mut fast = Vec::new();
+    let mut codes = vec![0u8; d];
+    for c in 0..args.copies {
+        let mut rng = ChaCha20Rng::seed_from_u64(500 + c as u64);
+        let keys: Vec<f32> = (0..tokens * d)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let values: Vec<f32> = (0..tokens * d)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let positions: Vec<u32> = (0..tokens as u32).collect();
+        let mut f16_cache =
+            KvCache::uniform(layout, CodecSpec::F16 { dim: d }, CodecSpec::F16 { dim: d })?;
+        f16_cache.append(&keys, &values, &positions)?;
+        let mut coded_cache =
+            KvCache::uniform(layout, CodecSpec::Mse(key_spec), CodecSpec::Mse(value_spec))?;
+        coded_cache.append(&keys, &values, &positions)?;
+        let mut k_blocks = FastScanBlocks::new(d, bits)?;
+        let mut v_blocks = FastScanBlocks::new(d, bits)?;
+        for (data, codec, blocks) in [
+            (&keys, &key_codec, &mut k_blocks),
+            (&values, &value_codec, &mut v_blocks),
+        ] {
+            for x in data.chunks_exact(d) {
+                let code = codec.encode(x)?;
+                tq_cache::codec::packing::unpack(&code.words, bits, &mut codes)?;
+                blocks.push(&codes, code.norm.to_f32())?;
+            }
+        }
+        f16_caches.push(f16_cache);
+        coded_caches.push(coded_cache);
+        fast.push((k_blocks, v_blocks));
+    }
+    let mut rng = ChaCha20Rng::seed_from_u64(6);
+    let queries: Vec<f32> = (0..shape.heads * d)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let scale = 1.0 / (d as f32).sqrt();
+    let attention = AttentionShape {
+        q_heads: shape.heads,
+        scale,
+    };
+    let position = [tokens as u32 - 1];
+    let mut outs = vec![vec![0.0f32; queries.len()]; 3];
+    let [o1, o2, o3] = &mut outs[..] else {
+        unreachable!("three outputs")
+    };
+    let mut scratch = AttendScratch::default();
+    let mut f16_step = || {
+        for cache in &f16_caches {
+            fused_attention_on(isa, cache, &queries, &position, attention, o1).expect("valid");
+        }
+    };
+    let mut coded_step = || {
+        for cache in &coded_caches {
+            fused_attention_on(isa, cache, &queries, &position, attention, o2).expect("valid");
+        }
+    };
+    let mut fast_step = || {
+        for (k, v) in &fast {
+            attend(
+                isa,
+                FastScanStream {
+                    blocks: k,
+                    codec: &key_codec,
+                },
+                FastScanStream {
+                    blocks: v,
+                    codec: &value_codec,
+                },
+                &queries,
+                scale,
+                o3,
+                &mut scratch,
+            )
+            .expect("valid");
+        }
+    };
+    let seconds = one.install(|| {
+        interleaved_medians(
+            args.repeats,
+            &mut [&mut f16_step, &mut coded_step, &mut fast_step],
+        )
+    });
+    let per_set: Vec<f64> = seconds.iter().map(|s| s / args.copies as f64).collect();
+    let coded_bytes = 2 * (key_codec.bytes_per_vector() as u64);
+    let bytes = [
+        (tokens * d * 4) as u64,
+        tokens as u64 * coded_bytes,
+        (2 * tokens * fast[0].0.bytes_per_token()) as u64,
+    ];
+    Ok(["f16-attend", "coded-attend", "fast-scan-attend"]
+        .into_iter()
+        .enumerate()
+        .map(|(k, kernel)| {
+            let gb_per_s = bytes[k] as f64 / per_set[k] / 1e9;
+            ScanRow {
+                shape: shape.name,
+                tokens,
+                kernel,
+                bits: (k > 0).then_some(bits),
+                seconds: per_set[k],
+                ratio_vs_f16: per_set[0] / per_set[k],
+                bytes_read: bytes[k],
+                gb_per_s,
+                bandwidth_fraction: gb_per_s / bandwidth,
+            }
+        })
+        .collect())
 }
 
 /// Runs `tq bench scan`.
@@ -221,6 +372,11 @@ pub fn run(args: &ScanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                     (tokens * (4 * words_per + 4)) as u64,
                     (tokens * sets[0].fast.bytes_per_token()) as u64,
                 ];
+                if args.attention {
+                    rows.extend(attention_rows(
+                        shape, tokens, bits, args, isa, &one, bandwidth,
+                    )?);
+                }
                 for (k, kernel) in ["f16", "coded", "fast-scan"].into_iter().enumerate() {
                     if kernel == "f16" && bits != args.bits[0] {
                         continue;

@@ -1,18 +1,18 @@
-//! [`FastScanKeys`]: the codes of 32 tokens stored coordinate-major, norms beside them.
+//! [`FastScanBlocks`]: the codes of 32 tokens stored coordinate-major, norms beside them.
 
 use super::{BLOCK, FastScanError};
 
 /// Bytes of one coordinate of one block: 32 four-bit codes.
 pub(super) const LANE_BYTES: usize = BLOCK / 2;
 
-/// Compressed keys in the fast-scan layout.
+/// Compressed vectors (keys or values) in the fast-scan layout.
 ///
 /// Block `k` holds tokens `32k .. 32k + 32`: for each rotated coordinate `j` (the dimension
 /// padded with zero codes to a multiple of 4, so the vector kernels take whole registers),
 /// 16 bytes where byte `i` holds token `i`'s code in its low nibble and token
 /// `i + 16`'s in its high nibble; then the block's 32 norms (zero past the last token).
 #[derive(Clone, Debug, PartialEq)]
-pub struct FastScanKeys {
+pub struct FastScanBlocks {
     dim: usize,
     padded_dim: usize,
     bits: u8,
@@ -21,7 +21,7 @@ pub struct FastScanKeys {
     norms: Vec<f32>,
 }
 
-impl FastScanKeys {
+impl FastScanBlocks {
     /// Empty keys of dimension `dim` with `bits`-bit codes (1 to 4).
     pub fn new(dim: usize, bits: u8) -> Result<Self, FastScanError> {
         if !(1..=4).contains(&bits) {
@@ -119,6 +119,11 @@ impl FastScanKeys {
     /// Bytes stored per token: the codes (a nibble per padded coordinate) and an f32 norm.
     pub fn bytes_per_token(&self) -> usize {
         self.padded_dim / 2 + 4
+    }
+
+    /// The norm of `token` (which must be below [`len`](Self::len)).
+    pub(super) fn norm(&self, token: usize) -> f32 {
+        self.norms[token]
     }
 
     /// The code bytes of block `block` (`padded_dim · 16`).

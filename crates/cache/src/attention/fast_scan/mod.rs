@@ -6,7 +6,7 @@
 //! evaluates that per token: unpack a record, look up its centroids, multiply-add, reduce. Here
 //! instead:
 //!
-//! - [`FastScanKeys`] stores the codes of a **block of 32 tokens coordinate-major**: for each
+//! - [`FastScanBlocks`] stores the codes of a **block of 32 tokens coordinate-major**: for each
 //!   rotated coordinate `j`, 16 bytes hold the 4-bit codes of the block's 32 tokens (token `i`
 //!   in the low nibble of byte `i`, token `i + 16` in the high nibble), and the block's norms
 //!   sit beside the codes.
@@ -24,19 +24,23 @@
 //! `δ = max_j (max_k − min_k of q'_j c_k) / 255`. Tested against that bound, and against the
 //! codec's own score error: the table adds a small fraction of it (`tests/fast_scan.rs`).
 //!
-//! **Limits of this first layout**: keys only, single-part TurboQuant_mse codes of b ≤ 4 bits
-//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); not
-//! yet wired into [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the
-//! reference. On aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the
+//! [`attend`] completes a decode step on the layout: scores, a softmax, and the values'
+//! weighted sum from the same layout in the rotated domain, one inverse rotation per output,
+//! the same bits on every instruction set.
+//!
+//! **Limits of this first layout**: single-part TurboQuant_mse codes of b ≤ 4 bits
+//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); its
+//! value side is slower than the fused kernel's (`tq bench scan --attention`); not yet wired
+//! into [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the
 //! scalar loop, which gives the same integers.
 //!
 //! ```
-//! use tq_cache::attention::fast_scan::{FastScanKeys, ScoreTable, scores};
+//! use tq_cache::attention::fast_scan::{FastScanBlocks, ScoreTable, scores};
 //! use tq_cache::attention::simd::Isa;
 //!
 //! // Two-bit codes at d = 4 with a toy codebook.
 //! let centroids = [-1.5f32, -0.5, 0.5, 1.5];
-//! let mut keys = FastScanKeys::new(4, 2).unwrap();
+//! let mut keys = FastScanBlocks::new(4, 2).unwrap();
 //! keys.push(&[0, 1, 2, 3], 2.0).unwrap();
 //! keys.push(&[3, 3, 3, 3], 1.0).unwrap();
 //! let table = ScoreTable::new(&[1.0, 0.0, -1.0, 0.5], &centroids, 2).unwrap();
@@ -46,13 +50,15 @@
 //! assert!((out[0] + 2.5).abs() < 0.05 && (out[1] - 0.75).abs() < 0.05);
 //! ```
 
+mod attend;
 mod layout;
 mod scalar;
 mod table;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use layout::FastScanKeys;
+pub use attend::{AttendScratch, FastScanStream, attend};
+pub use layout::FastScanBlocks;
 pub use table::ScoreTable;
 
 use super::simd::Isa;
@@ -98,6 +104,15 @@ pub enum FastScanError {
         /// Which input.
         what: &'static str,
     },
+    /// A codec whose dimension or width differs from its blocks'.
+    #[error("the {what} does not match its blocks' dimension and width")]
+    CodecMismatch {
+        /// Which codec.
+        what: &'static str,
+    },
+    /// A rotation or codec error, with its message.
+    #[error("codec: {0}")]
+    Codec(String),
     /// A table built for another dimension or width than the keys.
     #[error(
         "table for d = {table_dim}, b = {table_bits} against keys of d = {keys_dim}, b = {keys_bits}"
@@ -119,7 +134,7 @@ pub enum FastScanError {
 pub fn block_sums(
     isa: Isa,
     table: &ScoreTable,
-    keys: &FastScanKeys,
+    keys: &FastScanBlocks,
     block: usize,
     out: &mut [u32; BLOCK],
 ) -> Result<(), FastScanError> {
@@ -139,7 +154,7 @@ pub fn block_sums(
 pub fn scores(
     isa: Isa,
     table: &ScoreTable,
-    keys: &FastScanKeys,
+    keys: &FastScanBlocks,
     out: &mut [f32],
 ) -> Result<(), FastScanError> {
     check(table, keys)?;
@@ -168,7 +183,7 @@ pub fn scores(
 pub fn scores_heads(
     isa: Isa,
     tables: &[ScoreTable],
-    keys: &FastScanKeys,
+    keys: &FastScanBlocks,
     out: &mut [f32],
 ) -> Result<(), FastScanError> {
     for table in tables {
@@ -234,7 +249,7 @@ fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLO
     }
 }
 
-fn check(table: &ScoreTable, keys: &FastScanKeys) -> Result<(), FastScanError> {
+fn check(table: &ScoreTable, keys: &FastScanBlocks) -> Result<(), FastScanError> {
     if table.dim() != keys.dim() || table.bits() != keys.bits() {
         return Err(FastScanError::TableMismatch {
             table_dim: table.dim(),

@@ -139,3 +139,52 @@ pub(super) unsafe fn sums_heads_avx512<const H: usize>(
         step = end;
     }
 }
+
+/// The AVX-512 form of the scalar value accumulation in `attend`: for each coordinate `j < d`
+/// and head `h`, lane `i` of `lanes[(h·d + j)·16 ..]` gets `+ w(first + i)·c[code]` then
+/// `+ w(first + 16 + i)·c[code]` — a multiplication then an addition, as the scalar loop does,
+/// so the same bits.
+///
+/// # Safety
+/// AVX-512 F and BW must be available; `codes` must hold at least `d · 16` bytes, `weights`
+/// `heads · padded` values with `first + 32 ≤ padded`, and `lanes` `heads · d · 16` values.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+pub(super) unsafe fn accumulate_block_avx512(
+    codes: &[u8],
+    d: usize,
+    centroids: &[f32; 16],
+    weights: &[f32],
+    padded: usize,
+    first: usize,
+    heads: usize,
+    lanes: &mut [f32],
+) {
+    assert!(codes.len() >= d * LANE_BYTES && first + BLOCK <= padded);
+    assert!(weights.len() >= heads * padded && lanes.len() >= heads * d * 16);
+    // SAFETY: `centroids` holds 16 f32 = 64 bytes.
+    let table = unsafe { _mm512_loadu_ps(centroids.as_ptr()) };
+    let nibble = _mm_set1_epi8(0x0F);
+    for j in 0..d {
+        // SAFETY: `j < d`, so bytes 16·j .. 16·j + 16 lie in `codes` (asserted above).
+        let c = unsafe { _mm_loadu_si128(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+        let lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(c, nibble)), table);
+        let hi = _mm512_permutexvar_ps(
+            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(c, 4), nibble)),
+            table,
+        );
+        for h in 0..heads {
+            let w = h * padded + first;
+            let at = (h * d + j) * 16;
+            // SAFETY: `w + 32 ≤ heads · padded` and `at + 16 ≤ heads · d · 16` (asserted).
+            unsafe {
+                let w_lo = _mm512_loadu_ps(weights.as_ptr().add(w));
+                let w_hi = _mm512_loadu_ps(weights.as_ptr().add(w + 16));
+                let acc = _mm512_loadu_ps(lanes.as_ptr().add(at));
+                let acc = _mm512_add_ps(acc, _mm512_mul_ps(w_lo, lo));
+                let acc = _mm512_add_ps(acc, _mm512_mul_ps(w_hi, hi));
+                _mm512_storeu_ps(lanes.as_mut_ptr().add(at), acc);
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Decode attention on the fast-scan layout: scores from the byte tables, a softmax, and the
+//! weighted sum of the values accumulated from the same layout in the rotated domain, with one
+//! inverse rotation per output.
+//!
+//! Every step is the same arithmetic on every instruction set, so the output is the same bits
+//! on all of them and whatever the thread count (tested): the scores are integer sums then the
+//! same scalar float operations; the exponential is a branch-free polynomial of plain
+//! multiplications and additions (no fused multiply-add, whose rounding differs); the value
+//! sums keep 16 partial sums per coordinate, token `t` in lane `t mod 16` (tokens `i` then
+//! `i + 16` of each block), multiply then add, in token order, and reduce the lanes in one
+//! fixed tree. The AVX-512 path computes those lanes in registers; every other path runs the
+//! scalar loop, which performs the identical operations.
+
+use crate::codec::TqMse;
+
+use super::layout::LANE_BYTES;
+use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads};
+use crate::attention::simd::Isa;
+
+/// Lanes of partial sums per coordinate.
+const LANES: usize = 16;
+
+/// Reusable buffers of [`attend`], so a decode step allocates nothing once they have grown.
+#[derive(Clone, Debug, Default)]
+pub struct AttendScratch {
+    rotated: Vec<f32>,
+    tables: Vec<ScoreTable>,
+    scores: Vec<f32>,
+    weights: Vec<f32>,
+    lanes: Vec<f32>,
+    reduced: Vec<f32>,
+}
+
+/// One stream (keys or values) in the fast-scan layout with the codec that encoded it (its
+/// rotation and codebook).
+#[derive(Clone, Copy, Debug)]
+pub struct FastScanStream<'a> {
+    /// The codes and norms.
+    pub blocks: &'a FastScanBlocks,
+    /// The TurboQuant_mse codec of the same dimension and width.
+    pub codec: &'a TqMse,
+}
+
+/// One query token's attention for `H = queries.len() / d` query heads sharing one KV head:
+/// `out_h = Σ_t softmax_t(scale · ⟨q_h, k_t⟩) · v_t`, keys and values TurboQuant_mse codes in
+/// the fast-scan layout.
+pub fn attend(
+    isa: Isa,
+    keys: FastScanStream<'_>,
+    values: FastScanStream<'_>,
+    queries: &[f32],
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttendScratch,
+) -> Result<(), FastScanError> {
+    let (key_codec, value_codec) = (keys.codec, values.codec);
+    let (keys, values) = (keys.blocks, values.blocks);
+    let d = keys.dim();
+    for (blocks, codec, what) in [
+        (keys, key_codec, "key codec"),
+        (values, value_codec, "value codec"),
+    ] {
+        if codec.dim() != blocks.dim() || codec.spec().bits != blocks.bits() {
+            return Err(FastScanError::CodecMismatch { what });
+        }
+    }
+    if values.dim() != d {
+        return Err(FastScanError::LengthMismatch {
+            what: "value dimension",
+            expected: d,
+            actual: values.dim(),
+        });
+    }
+    if keys.len() != values.len() || keys.is_empty() {
+        return Err(FastScanError::LengthMismatch {
+            what: "values (one per key, at least one)",
+            expected: keys.len().max(1),
+            actual: values.len(),
+        });
+    }
+    if queries.is_empty() || !queries.len().is_multiple_of(d) || out.len() != queries.len() {
+        return Err(FastScanError::LengthMismatch {
+            what: "queries and outputs (whole heads)",
+            expected: queries.len().max(d),
+            actual: out.len(),
+        });
+    }
+    if !scale.is_finite() {
+        return Err(FastScanError::NotFinite { what: "scale" });
+    }
+    let heads = queries.len() / d;
+    let n = keys.len();
+    let padded = keys.blocks() * BLOCK;
+    let s = scratch;
+    s.rotated.resize(d, 0.0);
+    s.tables.clear();
+    let key_centroids = key_codec.codebook().centroids_f32();
+    for q in queries.chunks_exact(d) {
+        key_codec
+            .rotate_query(q, &mut s.rotated)
+            .map_err(|e| FastScanError::Codec(e.to_string()))?;
+        for v in s.rotated.iter_mut() {
+            *v *= scale;
+        }
+        s.tables
+            .push(ScoreTable::new(&s.rotated, key_centroids, keys.bits())?);
+    }
+    s.scores.resize(heads * n, 0.0);
+    scores_heads(isa, &s.tables, keys, &mut s.scores)?;
+    // Weights p_t · ‖v_t‖ / Σ p, zero on the padding of the last block.
+    s.weights.clear();
+    s.weights.resize(heads * padded, 0.0);
+    for h in 0..heads {
+        let row = &s.scores[h * n..(h + 1) * n];
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let w = &mut s.weights[h * padded..h * padded + n];
+        for (w, &x) in w.iter_mut().zip(row) {
+            *w = exp_det(x - m);
+        }
+        let inv = 1.0 / lane_sum(w);
+        for (t, w) in w.iter_mut().enumerate() {
+            *w = *w * values.norm(t) * inv;
+        }
+    }
+    s.lanes.clear();
+    s.lanes.resize(heads * d * LANES, 0.0);
+    let value_centroids = value_codec.codebook().centroids_f32();
+    let mut centroids = [0.0f32; 16];
+    centroids[..value_centroids.len()].copy_from_slice(value_centroids);
+    accumulate(
+        isa,
+        values,
+        &centroids,
+        &s.weights,
+        padded,
+        heads,
+        &mut s.lanes,
+    );
+    s.reduced.resize(d, 0.0);
+    for h in 0..heads {
+        for (j, r) in s.reduced.iter_mut().enumerate() {
+            *r = reduce_lanes(&s.lanes[(h * d + j) * LANES..(h * d + j + 1) * LANES]);
+        }
+        value_codec
+            .rotation()
+            .apply_inverse(&s.reduced, &mut out[h * d..(h + 1) * d])
+            .map_err(|e| FastScanError::Codec(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `e^x` for `x ≤ 0` (0 below −87) from plain multiplications and additions, branch-free so
+/// a loop of it vectorizes into the same operations per lane: `2^n · p(r)` with
+/// `r = x − n·ln 2` and a degree-6 Taylor polynomial of `e^r` on `|r| ≤ ln2/2` (relative
+/// error below 2e-7).
+#[inline]
+fn exp_det(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    // Round to nearest even by adding and subtracting 1.5·2^23 (|x·log2 e| < 2^22 here):
+    // plain additions, where `round_ties_even` is a library call without SSE4.1.
+    const ROUND: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `Σ values` in 16 lanes (value `t` into lane `t mod 16`) reduced by [`reduce_lanes`].
+fn lane_sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    for chunk in values.chunks(LANES) {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    reduce_lanes(&lanes)
+}
+
+/// The fixed reduction tree of 16 lanes: halves added pairwise until one is left.
+fn reduce_lanes(lanes: &[f32]) -> f32 {
+    let mut l = [0.0f32; LANES];
+    l.copy_from_slice(lanes);
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            l[i] += l[i + width];
+        }
+        width /= 2;
+    }
+    l[0]
+}
+
+/// `lanes[(h·d + j)·16 + i] += w_h(32b + i)·c[code(32b + i, j)]`, then the same for token
+/// `32b + 16 + i`, over every block `b` in order.
+fn accumulate(
+    isa: Isa,
+    values: &FastScanBlocks,
+    centroids: &[f32; 16],
+    weights: &[f32],
+    padded: usize,
+    heads: usize,
+    lanes: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && isa.is_available() {
+        for block in 0..values.blocks() {
+            // SAFETY: AVX-512 F/BW was detected just above; `weights` holds `heads · padded`
+            // values and `lanes` `heads · d · 16`, the block's codes `padded_dim · 16` bytes
+            // (the kernel reads the first `d · 16`).
+            unsafe {
+                super::x86::accumulate_block_avx512(
+                    values.block_codes(block),
+                    values.dim(),
+                    centroids,
+                    weights,
+                    padded,
+                    block * BLOCK,
+                    heads,
+                    lanes,
+                )
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    let d = values.dim();
+    for block in 0..values.blocks() {
+        let codes = values.block_codes(block);
+        for j in 0..d {
+            let lane = &codes[j * LANE_BYTES..(j + 1) * LANE_BYTES];
+            for h in 0..heads {
+                let w = &weights[h * padded + block * BLOCK..h * padded + (block + 1) * BLOCK];
+                let acc = &mut lanes[(h * d + j) * LANES..(h * d + j + 1) * LANES];
+                for (i, (a, &byte)) in acc.iter_mut().zip(lane).enumerate() {
+                    *a += w[i] * centroids[usize::from(byte & 0x0F)];
+                    *a += w[i + LANE_BYTES] * centroids[usize::from(byte >> 4)];
+                }
+            }
+        }
+    }
+}
