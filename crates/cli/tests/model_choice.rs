@@ -260,17 +260,37 @@ fn bench_matmul_times_every_instruction_set_on_both_models() {
         let rows: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON array");
         let rows = rows.as_array().unwrap();
         let isas = tq_models::quant::Isa::available();
-        assert_eq!(rows.len(), 2 * isas.len(), "{stdout}");
-        for (row, (tokens, isa)) in rows.iter().zip(
-            [1u64, 3]
-                .iter()
-                .flat_map(|t| isas.iter().map(move |i| (*t, i))),
-        ) {
+        // Per token count: a row per instruction set, then the plain read.
+        assert_eq!(rows.len(), 2 * (isas.len() + 1), "{stdout}");
+        for (row, (tokens, isa)) in rows.iter().zip([1u64, 3].iter().flat_map(|t| {
+            isas.iter()
+                .map(|i| i.name())
+                .chain(["read"])
+                .map(move |i| (*t, i))
+        })) {
             assert_eq!(row["tokens"], tokens, "{row}");
-            assert_eq!(row["isa"], isa.name(), "{row}");
-            assert!(row["gmacs"].as_f64().unwrap() > 0.0, "{row}");
+            assert_eq!(row["isa"], isa, "{row}");
+            assert!(row["weight_gbs"].as_f64().unwrap() > 0.0, "{row}");
+            assert_eq!(row["gmacs"].as_f64().unwrap() > 0.0, isa != "read", "{row}");
         }
     }
+    // The whole model: every block and the output head (SmolLM2 ties it to the embedding).
+    if present(KnownModel::SmolLm2).is_some() {
+        let args = ["bench", "matmul", "--layer", "all", "--tokens", "1"];
+        let (ok, stdout, stderr) = tq(&[&args[..], &["--repeats", "1", "--json"]].concat());
+        assert!(ok, "{args:?}: {stderr}");
+        // 30 blocks of 7 matrices, and the tied output head.
+        assert!(stderr.contains("211 matrices"), "{stderr}");
+        let rows: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON array");
+        let read = rows.as_array().unwrap().last().unwrap().clone();
+        assert_eq!(read["isa"], "read", "{stdout}");
+        assert!(read["tokens_per_s"].is_null(), "{read}");
+    }
+    let (ok, _, stderr) = tq(&["bench", "matmul", "--layer", "x"]);
+    assert!(
+        !ok && stderr.contains("neither a block index nor `all`"),
+        "{stderr}"
+    );
     let (ok, _, stderr) = tq(&["bench", "matmul", "--tokens", "0"]);
     assert!(!ok && stderr.contains("--tokens"), "{stderr}");
 }

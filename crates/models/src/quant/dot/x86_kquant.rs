@@ -19,6 +19,7 @@ use core::arch::x86_64::*;
 
 use super::super::activation_k::{Q8KRow, QK_K};
 use super::super::dequant::f16_at;
+use super::x86::prefetch_ahead;
 
 /// Bytes of a Q4_K super-block.
 const Q4K_BYTES: usize = 144;
@@ -91,6 +92,7 @@ pub(crate) unsafe fn dot_q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
     for (b, w) in row.chunks_exact(Q4K_BYTES).enumerate() {
+        prefetch_ahead(w.as_ptr(), Q4K_BYTES);
         let y = &act.qs[b * QK_K..(b + 1) * QK_K];
         let d = act.d[b] * f16_at(w, 0);
         let dmin = -act.d[b] * f16_at(w, 2);
@@ -140,6 +142,7 @@ pub(crate) unsafe fn dot_q6k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     let m15 = _mm256_set1_epi8(15);
     let mut acc = _mm256_setzero_ps();
     for (b, w) in row.chunks_exact(Q6K_BYTES).enumerate() {
+        prefetch_ahead(w.as_ptr(), Q6K_BYTES);
         let y = &act.qs[b * QK_K..(b + 1) * QK_K];
         let d = act.d[b] * f16_at(w, 208);
         let sc = &w[192..208];
