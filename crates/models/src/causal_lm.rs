@@ -20,7 +20,7 @@ use tq_cache::token_store::Growth;
 
 use crate::forward_scratch::{ForwardScratch, Logits};
 use crate::gemma3::Gemma3;
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, WeightMemory};
 use crate::llama::{AttentionBackend, CpuAttention, Llama, ModelError};
 
 /// The dimensions every harness reads, whatever the architecture.
@@ -176,11 +176,13 @@ pub trait CausalLm: std::fmt::Debug + Send + Sync {
 }
 
 /// Opens a GGUF model file and builds the model its `general.architecture` names.
+/// The file is held as [`WeightMemory::for_inference`] picks (read onto huge pages on Linux,
+/// where a decode step streams the weights faster; `TQ_WEIGHTS=mapped` maps it instead).
 ///
 /// Errors: the file's own ([`ModelError::Gguf`]), missing or inconsistent architecture keys,
 /// or an architecture this crate does not run ([`ModelError::Unsupported`]).
 pub fn load_model(path: impl AsRef<Path>) -> Result<Box<dyn CausalLm>, ModelError> {
-    let file = Arc::new(Gguf::open(path)?);
+    let file = Arc::new(Gguf::open_with(path, WeightMemory::for_inference())?);
     let arch = file.metadata().str("general.architecture")?.to_string();
     match arch.as_str() {
         "llama" => Ok(Box::new(Llama::from_gguf(file)?)),

@@ -4,7 +4,7 @@
 mod gguf_common;
 
 use gguf_common::*;
-use tq_models::gguf::{GgmlType, Gguf, GgufError};
+use tq_models::gguf::{GgmlType, Gguf, GgufError, WeightMemory};
 
 #[test]
 fn a_mapped_file_reads_like_its_bytes() {
@@ -83,4 +83,52 @@ fn the_reference_model_header_matches_its_documented_facts() {
         total += gguf.tensor_data(&info.name).unwrap().data.len() as u64;
     }
     assert!(gguf.data_offset() + total <= gguf.file_len());
+}
+
+#[test]
+fn every_weight_memory_reads_the_same_bytes() {
+    // Mapped, copied onto huge pages (where the kernel has them; small pages otherwise) or read
+    // into a buffer: the same header, tensors and bytes, and the form is reported.
+    let bytes = rich_fixture().build();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fixture.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let in_memory = Gguf::from_bytes(bytes).unwrap();
+    assert_eq!(in_memory.memory(), WeightMemory::Buffer);
+    let every = [
+        WeightMemory::Mapped,
+        WeightMemory::HugePages,
+        WeightMemory::Buffer,
+    ];
+    for memory in every {
+        let file = Gguf::open_with(&path, memory).unwrap();
+        assert_eq!(file.memory(), memory);
+        assert_eq!(file.metadata(), in_memory.metadata());
+        assert_eq!(file.tensors(), in_memory.tensors());
+        for info in file.tensors() {
+            assert_eq!(
+                file.tensor_data(&info.name).unwrap().data,
+                in_memory.tensor_data(&info.name).unwrap().data,
+                "{memory:?} {}",
+                info.name
+            );
+        }
+    }
+    // An empty or missing file is the same typed error in every form.
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    let missing = dir.path().join("absent.gguf");
+    for memory in every {
+        assert!(
+            matches!(
+                Gguf::open_with(&empty, memory),
+                Err(GgufError::BadMagic { .. })
+            ),
+            "{memory:?}"
+        );
+        assert!(
+            matches!(Gguf::open_with(&missing, memory), Err(GgufError::Io { .. })),
+            "{memory:?}"
+        );
+    }
 }

@@ -11,11 +11,12 @@
 //! because the allocator keeps freed memory mapped: after an 8K f16 run the next configuration's
 //! peak would start from the f16 cache's footprint, and `clear_refs` only resets the mark to the
 //! current RSS, which still includes it. A fresh process's `VmHWM` is that configuration's peak
-//! and nothing else's (weights are memory-mapped: the pages it touches count once, as in any
-//! engine). The cost is one model map per child, a few milliseconds against seconds of work.
+//! and nothing else's (the weights count once, whether mapped or read onto huge pages). The cost
+//! is one model load per child, tens of milliseconds against seconds of work.
 //!
 //! Memory is split, not just totalled: the peak RSS (`VmHWM`) is compared with the model file
-//! (mapped, every page read at load) plus the cache plus one chunk of scratch, where the cache
+//! (every byte resident once loaded: mapped, or read onto huge pages as model runs do by default,
+//! see `WeightMemory`) plus the cache plus one chunk of scratch, where the cache
 //! and the scratch are measured on the heap by the binary's counting allocator
 //! ([`crate::heap`]): the cache as the heap its creation took (buffers and codec state), the
 //! scratch as the most heap the forward passes held on top of it (activations, attention
@@ -106,8 +107,12 @@ pub(crate) struct Measurement {
     /// Heap the forward passes added at their peak on top of the cache: activations, the
     /// attention workspace, quantized activations, logits — one chunk's working memory.
     scratch_heap_bytes: usize,
-    /// The size of the memory-mapped model file (every page is read while loading).
+    /// The size of the model file (every byte is read while loading).
     model_file_bytes: u64,
+    /// How the weights were held (`WeightMemory::name`): `mapped` weights are file-backed
+    /// resident memory (`RssFile`), `huge-pages` ones anonymous.
+    #[serde(default)]
+    weights_memory: String,
     /// Resident memory before the model is loaded: the program's code and its runtime.
     program_rss_bytes: Option<u64>,
     /// File-backed resident memory before the model is loaded (`RssFile`: the program's and
@@ -334,6 +339,7 @@ fn measure(
     let program_rss_bytes = status_bytes("VmRSS:");
     let program_file_rss_bytes = status_bytes("RssFile:");
     let model = load_model(path)?;
+    let weights_memory = model.file().memory().name().to_string();
     let metadata_heap_bytes = crate::heap::live_bytes();
     let allocation = Allocation::load(alloc)?;
     let window = model.dims().context_length;
@@ -394,6 +400,7 @@ fn measure(
         cache_heap_bytes: heap_with_cache.saturating_sub(metadata_heap_bytes),
         scratch_heap_bytes: crate::heap::peak_bytes().saturating_sub(heap_with_cache),
         model_file_bytes,
+        weights_memory,
         program_rss_bytes,
         program_file_rss_bytes,
         file_rss_end_bytes: status_bytes("RssFile:"),
@@ -427,10 +434,14 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The program's file pages read after the model was loaded: `RssFile` at the end less its
-/// value before loading and less the model file's pages (all resident once loaded).
+/// value before loading and less the model file's pages where the weights are its map (all
+/// resident once loaded; weights read onto huge pages are anonymous memory instead).
 fn code_paged_bytes(m: &Measurement) -> Option<u64> {
     const PAGE: u64 = 4096;
-    let model_pages = m.model_file_bytes.div_ceil(PAGE) * PAGE;
+    let model_pages = match m.weights_memory.as_str() {
+        "huge-pages" => 0,
+        _ => m.model_file_bytes.div_ceil(PAGE) * PAGE,
+    };
     m.file_rss_end_bytes
         .zip(m.program_file_rss_bytes)
         .map(|(end, start)| end.saturating_sub(start + model_pages))

@@ -23,7 +23,7 @@ use super::weights::Gemma3Weights;
 use super::{Gemma3Config, LayerKind};
 use crate::causal_lm::{CausalLm, ModelDims};
 use crate::forward_scratch::{ForwardScratch, Logits, resize};
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, WeightMemory};
 use crate::llama::ops::rms_norm;
 use crate::llama::{AttentionBackend, ModelError};
 use crate::quant::KQuantOrder;
@@ -51,9 +51,13 @@ pub struct Gemma3 {
 }
 
 impl Gemma3 {
-    /// Maps and checks a GGUF file.
+    /// Opens a GGUF file held as [`WeightMemory::for_inference`] picks (huge pages on Linux)
+    /// and checks it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        Self::from_gguf(Arc::new(Gguf::open(path)?))
+        Self::from_gguf(Arc::new(Gguf::open_with(
+            path,
+            WeightMemory::for_inference(),
+        )?))
     }
 
     /// Builds the model over an opened file.

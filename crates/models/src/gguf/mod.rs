@@ -4,8 +4,9 @@
 //! since v2), the metadata pairs, one description per tensor (name, dimensions, ggml type,
 //! offset) — then, aligned to `general.alignment` (default 32), the tensor data section.
 //!
-//! [`Gguf::open`] maps the file read-only; [`Gguf::from_bytes`] parses a buffer (tests,
-//! fuzzing). Either way the whole header is parsed and validated up front: every string length,
+//! [`Gguf::open`] maps the file read-only; [`Gguf::open_with`] holds it as a [`WeightMemory`]
+//! says (the model loaders read it onto huge pages: see [`WeightMemory::for_inference`]);
+//! [`Gguf::from_bytes`] parses a buffer (tests, fuzzing). Either way the whole header is parsed and validated up front: every string length,
 //! count, offset and size is checked against the file length before it is used, array counts
 //! against the remaining bytes before anything is allocated, so a truncated, corrupted or
 //! hostile file produces a [`GgufError`], never a panic, an out-of-bounds read or a huge
@@ -52,6 +53,7 @@ pub use tensor::{BlockLayout, GgmlType, MAX_DIMS, TensorInfo, TensorView};
 
 use parse::{Header, parse_header};
 use storage::Storage;
+pub use storage::WeightMemory;
 
 /// A parsed GGUF file: its metadata, its tensor descriptions and access to the tensor bytes.
 ///
@@ -77,9 +79,21 @@ impl Gguf {
     /// The file must not be modified while the returned value lives (see the memory map's
     /// safety note in the source).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let storage = Storage::map(path.as_ref())?;
+        Self::open_with(path, WeightMemory::Mapped)
+    }
+
+    /// Opens the file at `path` held as `memory` says and parses its header: mapped, read onto
+    /// huge pages (what a model run wants: see [`WeightMemory`]), or read into a heap buffer.
+    /// Every form parses the same bytes to the same result.
+    pub fn open_with(path: impl AsRef<Path>, memory: WeightMemory) -> Result<Self> {
+        let storage = Storage::open(path.as_ref(), memory)?;
         let header = parse_header(&storage)?;
         Ok(Gguf { storage, header })
+    }
+
+    /// How the file's bytes are held.
+    pub fn memory(&self) -> WeightMemory {
+        self.storage.memory()
     }
 
     /// Parses a GGUF file held in memory.

@@ -16,7 +16,7 @@ use super::{LlamaConfig, ModelError};
 use crate::causal_lm::{CausalLm, ModelDims};
 use crate::forward_scratch::resize;
 pub use crate::forward_scratch::{ForwardScratch, Logits};
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, WeightMemory};
 use crate::quant::KQuantOrder;
 
 /// A Llama model over a memory-mapped GGUF file.
@@ -32,9 +32,13 @@ pub struct Llama {
 }
 
 impl Llama {
-    /// Maps and checks a GGUF file.
+    /// Opens a GGUF file held as [`WeightMemory::for_inference`] picks (huge pages on Linux)
+    /// and checks it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        Self::from_gguf(Arc::new(Gguf::open(path)?))
+        Self::from_gguf(Arc::new(Gguf::open_with(
+            path,
+            WeightMemory::for_inference(),
+        )?))
     }
 
     /// Builds the model over an opened file.
