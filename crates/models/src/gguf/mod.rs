@@ -6,7 +6,8 @@
 //!
 //! [`Gguf::open`] maps the file read-only; [`Gguf::open_with`] holds it as a [`WeightMemory`]
 //! says (the model loaders read it onto huge pages: see [`WeightMemory::for_inference`]);
-//! [`Gguf::from_bytes`] parses a buffer (tests, fuzzing). Either way the whole header is parsed and validated up front: every string length,
+//! [`Gguf::from_bytes`] parses a buffer (tests, fuzzing). Either way the whole header is parsed
+//! and validated up front: every string length,
 //! count, offset and size is checked against the file length before it is used, array counts
 //! against the remaining bytes before anything is allocated, so a truncated, corrupted or
 //! hostile file produces a [`GgufError`], never a panic, an out-of-bounds read or a huge
