@@ -167,6 +167,80 @@ fn matmul_of_many_rows_is_repeated_matvec() {
 }
 
 #[test]
+fn products_sharing_an_input_equal_separate_products() {
+    // Every format, in an order that switches activation forms (Q8 blocks, Q8_K super-blocks,
+    // f32) and back, each product bit-identical to its own `matmul`; in both K-format orders
+    // (the llama.cpp one quantizes a batch's rows in groups of four: n = 6 leaves a remainder)
+    // and with one activation row.
+    let mut rng = Rng::new(29);
+    let cols = 256;
+    let kinds = [
+        QuantKind::Q4_1,
+        QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+        QuantKind::Q4_0,
+        QuantKind::F16,
+        QuantKind::Q5_0,
+        QuantKind::Q4K,
+        QuantKind::F32,
+    ];
+    let matrices: Vec<QuantMatrix> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &kind)| {
+            let rows = 5 + 3 * i;
+            QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap()
+        })
+        .collect();
+    for order in [KQuantOrder::VecDot, KQuantOrder::LlamaCppX86] {
+        for n in [1, 6] {
+            let x = random_activation(n * cols, &mut rng);
+            let mut scratch = MatvecScratch::new();
+            scratch.set_k_order(order);
+            let expected: Vec<Vec<f32>> = matrices
+                .iter()
+                .map(|m| {
+                    let mut y = vec![0.0f32; n * m.rows()];
+                    m.matmul(&x, n, &mut y, &mut scratch).unwrap();
+                    y
+                })
+                .collect();
+            let mut outputs: Vec<Vec<f32>> = matrices
+                .iter()
+                .map(|m| vec![f32::NAN; n * m.rows()])
+                .collect();
+            let mut products: Vec<(&QuantMatrix, &mut [f32])> = matrices
+                .iter()
+                .zip(outputs.iter_mut())
+                .map(|(m, y)| (m, &mut y[..]))
+                .collect();
+            // A fresh scratch, so nothing the separate products left in it can stand in for
+            // an activation `matmul_each` failed to quantize.
+            let mut fresh = MatvecScratch::new();
+            fresh.set_k_order(order);
+            QuantMatrix::matmul_each(&x, n, &mut products, &mut fresh).unwrap();
+            for ((kind, got), want) in kinds.iter().zip(&outputs).zip(&expected) {
+                assert_eq!(bits(got), bits(want), "{kind} {order:?} n={n}");
+            }
+        }
+    }
+    // A shape mismatch is the same typed error as from `matmul`.
+    let x = random_activation(cols + 1, &mut rng);
+    let mut y = vec![0.0f32; matrices[0].rows()];
+    let err = QuantMatrix::matmul_each(
+        &x,
+        1,
+        &mut [(&matrices[0], &mut y[..])],
+        &mut MatvecScratch::new(),
+    );
+    assert!(
+        matches!(err, Err(QuantError::ShapeMismatch { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn embedding_rows_are_dequantized_rows() {
     let mut rng = Rng::new(11);
     for kind in QuantKind::ALL {

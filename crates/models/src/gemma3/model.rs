@@ -26,7 +26,7 @@ use crate::forward_scratch::{ForwardScratch, Logits, resize};
 use crate::gguf::{Gguf, WeightMemory};
 use crate::llama::ops::rms_norm;
 use crate::llama::{AttentionBackend, ModelError};
-use crate::quant::KQuantOrder;
+use crate::quant::{KQuantOrder, QuantMatrix};
 
 /// The prefill chunk a Gemma 3 cache is sized for unless told otherwise: the reference
 /// engine's default micro-batch.
@@ -236,9 +236,12 @@ impl CausalLm for Gemma3 {
             for (x, h) in s.x.chunks_exact(e).zip(h.chunks_exact_mut(e)) {
                 rms_norm(x, &w.attn_norm, c.rms_eps, h);
             }
-            w.q.matmul(h, n, &mut s.q, &mut s.matvec)?;
-            w.k.matmul(h, n, &mut s.k, &mut s.matvec)?;
-            w.v.matmul(h, n, &mut s.v, &mut s.matvec)?;
+            let mut qkv = [
+                (&w.q, &mut s.q[..]),
+                (&w.k, &mut s.k[..]),
+                (&w.v, &mut s.v[..]),
+            ];
+            QuantMatrix::matmul_each(h, n, &mut qkv, &mut s.matvec)?;
             // `h` is free again: its first head_dim floats serve the per-head norms.
             rms_norm_heads(&mut s.q, &w.q_norm, c.rms_eps, &mut s.h);
             rms_norm_heads(&mut s.k, &w.k_norm, c.rms_eps, &mut s.h);
@@ -270,8 +273,7 @@ impl CausalLm for Gemma3 {
                 rms_norm(x, &w.ffn_norm, c.rms_eps, h);
             }
             let (gate, up) = (&mut s.gate[..rows * f], &mut s.up[..rows * f]);
-            w.gate.matmul(h, rows, gate, &mut s.matvec)?;
-            w.up.matmul(h, rows, up, &mut s.matvec)?;
+            QuantMatrix::matmul_each(h, rows, &mut [(&w.gate, gate), (&w.up, up)], &mut s.matvec)?;
             self.gelu.gate(gate, up);
             let delta = &mut s.delta[..rows * e];
             w.down.matmul(gate, rows, delta, &mut s.matvec)?;

@@ -17,7 +17,7 @@ use crate::causal_lm::{CausalLm, ModelDims};
 use crate::forward_scratch::resize;
 pub use crate::forward_scratch::{ForwardScratch, Logits};
 use crate::gguf::{Gguf, WeightMemory};
-use crate::quant::KQuantOrder;
+use crate::quant::{KQuantOrder, QuantMatrix};
 
 /// A Llama model over a memory-mapped GGUF file.
 #[derive(Clone, Debug)]
@@ -175,9 +175,12 @@ impl Llama {
             for (x, h) in s.x.chunks_exact(e).zip(s.h.chunks_exact_mut(e)) {
                 rms_norm(x, &w.attn_norm, c.rms_eps, h);
             }
-            w.q.matmul(&s.h, n, &mut s.q, &mut s.matvec)?;
-            w.k.matmul(&s.h, n, &mut s.k, &mut s.matvec)?;
-            w.v.matmul(&s.h, n, &mut s.v, &mut s.matvec)?;
+            let mut qkv = [
+                (&w.q, &mut s.q[..]),
+                (&w.k, &mut s.k[..]),
+                (&w.v, &mut s.v[..]),
+            ];
+            QuantMatrix::matmul_each(&s.h, n, &mut qkv, &mut s.matvec)?;
             for (i, &p) in new_positions.iter().enumerate() {
                 rope(
                     &mut s.q[i * qd..(i + 1) * qd],
@@ -203,8 +206,8 @@ impl Llama {
             for (x, h) in s.x.chunks_exact(e).zip(s.h.chunks_exact_mut(e)) {
                 rms_norm(x, &w.ffn_norm, c.rms_eps, h);
             }
-            w.gate.matmul(&s.h, n, &mut s.gate, &mut s.matvec)?;
-            w.up.matmul(&s.h, n, &mut s.up, &mut s.matvec)?;
+            let mut gate_up = [(&w.gate, &mut s.gate[..]), (&w.up, &mut s.up[..])];
+            QuantMatrix::matmul_each(&s.h, n, &mut gate_up, &mut s.matvec)?;
             swiglu(&mut s.gate, &s.up);
             w.down.matmul(&s.gate, n, &mut s.delta, &mut s.matvec)?;
             for (x, d) in s.x.iter_mut().zip(&s.delta) {

@@ -215,6 +215,75 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         y: &mut [f32],
         scratch: &mut MatvecScratch,
     ) -> Result<(), QuantError> {
+        self.matmul_prepared(x, n, y, scratch, None).map(|_| ())
+    }
+
+    /// `Y_k = X·W_kᵀ` for several matrices over the same input `x` (an attention block's q, k
+    /// and v; an MLP's gate and up): each `products[k].1` gets what
+    /// [`matmul`](Self::matmul) of `products[k].0` gives, bit for bit, but `x` is quantized
+    /// once per activation form the matrices read (the Q8 blocks of Q4_0, Q4_1, Q5_0 and
+    /// Q8_0 are one form; each K-format grouping another) instead of once per matrix.
+    ///
+    /// ```
+    /// use tq_models::quant::{MatvecScratch, QuantKind, QuantMatrix};
+    ///
+    /// // Two 1×32 Q8_0 matrices (scale 1.0 as f16, then 32 values).
+    /// let row = |v: i8| [&[0x00u8, 0x3c][..], &[v as u8; 32][..]].concat();
+    /// let (a, b) = (
+    ///     QuantMatrix::new(QuantKind::Q8_0, 1, 32, row(1))?,
+    ///     QuantMatrix::new(QuantKind::Q8_0, 1, 32, row(2))?,
+    /// );
+    /// // 127 quantizes exactly (scale 1.0), so the integer products are the exact sums.
+    /// let x = [127.0f32; 32];
+    /// let (mut ya, mut yb) = ([0.0f32], [0.0f32]);
+    /// let mut scratch = MatvecScratch::new();
+    /// QuantMatrix::matmul_each(&x, 1, &mut [(&a, &mut ya[..]), (&b, &mut yb[..])], &mut scratch)?;
+    /// assert_eq!((ya[0], yb[0]), (32.0 * 127.0, 64.0 * 127.0));
+    /// # Ok::<(), tq_models::quant::QuantError>(())
+    /// ```
+    pub fn matmul_each(
+        x: &[f32],
+        n: usize,
+        products: &mut [(&Self, &mut [f32])],
+        scratch: &mut MatvecScratch,
+    ) -> Result<(), QuantError> {
+        let mut prepared = None;
+        for (matrix, y) in products.iter_mut() {
+            prepared = Some(matrix.matmul_prepared(x, n, y, scratch, prepared)?);
+        }
+        Ok(())
+    }
+
+    /// The activation form a product of `n` rows with this matrix reads.
+    fn activation_form(&self, n: usize, scratch: &MatvecScratch) -> ActivationForm {
+        match (
+            q8_kernel(self.kind, scratch.isa),
+            q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa),
+        ) {
+            (Some(_), _) => ActivationForm::Q8,
+            // The repacked Q4_K kernels read rows in whole groups of four, quantized by their
+            // own routine (see `Q8KActivation::quantize_grouped`).
+            (None, Some(_)) => ActivationForm::Q8K {
+                grouped: match (self.kind, scratch.k_order) {
+                    (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => n - n % 4,
+                    _ => 0,
+                },
+            },
+            (None, None) => ActivationForm::F32,
+        }
+    }
+
+    /// [`matmul`](Self::matmul), where `prepared` says the form in which `scratch` already
+    /// holds `x` (quantized by the previous product of [`matmul_each`](Self::matmul_each));
+    /// returns the form this product read.
+    fn matmul_prepared(
+        &self,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        scratch: &mut MatvecScratch,
+        prepared: Option<ActivationForm>,
+    ) -> Result<ActivationForm, QuantError> {
         let overflow = QuantError::SizeOverflow {
             kind: self.kind,
             rows: n,
@@ -227,25 +296,22 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         let data = self.data()?;
         let kernel = q8_kernel(self.kind, scratch.isa);
         let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa);
-        match (kernel, kernel_k) {
-            (Some(_), _) => scratch.act.quantize(x, n, self.cols)?,
-            (None, Some(_)) => {
-                // The repacked Q4_K kernels read rows in whole groups of four, quantized by
-                // their own routine (see `Q8KActivation::quantize_grouped`).
-                let grouped = match (self.kind, scratch.k_order) {
-                    (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => n - n % 4,
-                    _ => 0,
-                };
-                scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
+        let form = self.activation_form(n, scratch);
+        if prepared != Some(form) {
+            match form {
+                ActivationForm::Q8 => scratch.act.quantize(x, n, self.cols)?,
+                ActivationForm::Q8K { grouped } => {
+                    scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
+                }
+                ActivationForm::F32 => check_finite(x)?,
             }
-            (None, None) => check_finite(x)?,
         }
         if n == 0 || self.rows == 0 {
-            return Ok(());
+            return Ok(form);
         }
         if self.cols == 0 {
             y.fill(0.0);
-            return Ok(());
+            return Ok(form);
         }
         let rows = Rows {
             data,
@@ -267,7 +333,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         };
         if n == 1 {
             rows.for_each_chunk(y, 1, &dot);
-            return Ok(());
+            return Ok(form);
         }
         // Each task writes its rows' outputs for all n activations contiguously (`out[r·n + i]`),
         // then one pass transposes into `y[i·rows + r]`.
@@ -276,8 +342,21 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         out.resize(y_len, 0.0);
         rows.for_each_chunk(out, n, &dot);
         transpose_into(out, self.rows, n, y);
-        Ok(())
+        Ok(form)
     }
+}
+
+/// The form in which a product reads its activation rows (what [`QuantMatrix::matmul`]
+/// prepares in the scratch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActivationForm {
+    /// Q8 blocks of 32 ([`Q8Activation`]): Q4_0, Q4_1, Q5_0 and Q8_0.
+    Q8,
+    /// Q8_K super-blocks ([`Q8KActivation`]), the first `grouped` rows quantized in groups
+    /// of four: Q4_K and Q6_K.
+    Q8K { grouped: usize },
+    /// The f32 rows themselves (checked finite): F32 and F16.
+    F32,
 }
 
 /// The rows of a matrix, split into tasks of `task_rows` rows.

@@ -6,7 +6,9 @@
 //!   ([`unpack_q4k_scales`] is the Q4_K scale/min unpacking).
 //! - [`QuantMatrix`]: a `rows × cols` matrix over borrowed or owned bytes (raw bytes, a format
 //!   and a shape: no dependency on the GGUF reader), with [`matvec`](QuantMatrix::matvec),
-//!   [`matmul`](QuantMatrix::matmul) for a chunk of activation rows, and
+//!   [`matmul`](QuantMatrix::matmul) for a chunk of activation rows,
+//!   [`matmul_each`](QuantMatrix::matmul_each) for several matrices over one input (quantized
+//!   once: an attention block's q, k and v, an MLP's gate and up), and
 //!   [`embedding_row`](QuantMatrix::embedding_row); [`MatvecScratch`] holds what they reuse.
 //! - [`dot_q8`] / [`dot_q8k`] / [`dot_f32`]: the row kernels, public so they can be tested and
 //!   compared.
