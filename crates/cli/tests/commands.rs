@@ -243,6 +243,52 @@ fn bench_attention_refuses_a_model_working_set_beyond_its_memory_cap() {
 }
 
 #[test]
+fn bench_attention_times_an_allocation_file() {
+    // One lever at a time: an allocation TOML file is a config like a preset, named by its
+    // path; a path that is neither is refused with the list of what is accepted.
+    let dir = std::env::temp_dir().join(format!("tq-bench-attention-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("k3v2.toml");
+    std::fs::write(
+        &file,
+        "name = \"k3v2\"\ndescription = \"3-bit keys, 2-bit values\"\n\
+         key = { codec = \"mse\", bits = 3 }\nvalue = { codec = \"mse\", bits = 2 }\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let rows = json(&[
+        "bench",
+        "attention",
+        "--json",
+        "--tokens",
+        "256",
+        "--shapes",
+        "smollm2",
+        "--configs",
+        path,
+        "--repeats",
+        "1",
+    ]);
+    let rows = rows.as_array().unwrap();
+    let row = rows.iter().find(|r| r["config"] == path);
+    assert!(
+        row.is_some_and(|r| r["seconds"].as_f64().unwrap() > 0.0),
+        "{rows:?}"
+    );
+    let missing = dir.join("absent.toml");
+    let (ok, _, stderr) = tq(&[
+        "bench",
+        "attention",
+        "--configs",
+        missing.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert!(!ok && stderr.contains("allocation TOML file"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn synthetic_needle_runs_on_a_small_context() {
     // The synthetic table that `tq demo` showed before the model ran (the real demo and the
     // model grid are tested in needle_cli.rs).

@@ -66,7 +66,8 @@ pub struct AttentionBenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "smollm2,d128")]
     shapes: Vec<String>,
     /// Configurations to run (comma separated; f16 is always run, as the ratio's baseline):
-    /// `f32`, `f16` or any allocation preset (`rec4.25`, `tq3.5`, ...).
+    /// `f32`, `f16`, any allocation preset (`rec4.25`, `tq3.5`, ...) or an allocation TOML file
+    /// (to time one lever at a time).
     #[arg(
         long,
         value_delimiter = ',',
@@ -228,16 +229,18 @@ const SHAPES: [BenchShape; 2] = [
 ];
 
 /// The configurations of `--configs` in table order: the uncompressed baselines (f32 when
-/// asked for, f16 always), then the presets in the order given, each once; a name that is
-/// neither a baseline nor a preset is an error.
+/// asked for, f16 always), then the presets and allocation files in the order given, each
+/// once; a name that is neither a baseline, a preset nor a readable allocation file is an
+/// error.
 fn chosen_configs(configs: &[String]) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let presets: Vec<&str> = Allocation::preset_names().collect();
-    if let Some(unknown) = configs
-        .iter()
-        .find(|c| !matches!(c.as_str(), "f32" | "f16") && !presets.contains(&c.as_str()))
-    {
+    if let Some(unknown) = configs.iter().find(|c| {
+        !matches!(c.as_str(), "f32" | "f16")
+            && !presets.contains(&c.as_str())
+            && Allocation::load(c.as_str()).is_err()
+    }) {
         return Err(format!(
-            "unknown config `{unknown}` (f32, f16 or a preset: {})",
+            "unknown config `{unknown}` (f32, f16, an allocation TOML file or a preset: {})",
             presets.join(", ")
         )
         .into());
@@ -301,7 +304,7 @@ fn build(
     let mut cache = match config {
         "f32" => KvCache::uniform(layout, CodecSpec::F32 { dim: d }, CodecSpec::F32 { dim: d })?,
         "f16" => KvCache::uniform(layout, CodecSpec::F16 { dim: d }, CodecSpec::F16 { dim: d })?,
-        preset => KvCache::with_allocation(layout, &Allocation::preset(preset)?, 0, 1)?,
+        other => KvCache::with_allocation(layout, &Allocation::load(other)?, 0, 1)?,
     };
     let width = shape.kv_heads * d;
     let mut start = 0;
@@ -391,7 +394,7 @@ fn check_model_set(
     };
     let mut total = 0u64;
     for config in configs {
-        let allocation = Allocation::preset(if config == "f32" { "f16" } else { config })?;
+        let allocation = Allocation::load(if config == "f32" { "f16" } else { config })?;
         let bytes = cache_bytes_for(&allocation, &model, tokens)?;
         total += if config == "f32" { 2 * bytes } else { bytes };
     }
