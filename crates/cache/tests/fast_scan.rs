@@ -324,6 +324,35 @@ struct Encoded {
     decoded_values: Vec<Vec<f32>>,
 }
 
+impl Encoded {
+    /// `attend` over these keys and values (which fit together: it must succeed).
+    fn attend(
+        &self,
+        isa: Isa,
+        queries: &[f32],
+        scale: f32,
+        out: &mut [f32],
+        scratch: &mut AttendScratch,
+    ) {
+        attend(
+            isa,
+            FastScanStream {
+                blocks: &self.keys,
+                codec: &self.key_codec,
+            },
+            FastScanStream {
+                blocks: &self.values,
+                codec: &self.value_codec,
+            },
+            queries,
+            scale,
+            out,
+            scratch,
+        )
+        .unwrap();
+    }
+}
+
 fn encoded(dim: usize, bits: u8, tokens: usize, seed: u64) -> Encoded {
     let key_codec = TqMse::new(MseSpec::new(dim, bits, 1)).unwrap();
     let value_codec = TqMse::new(MseSpec::new(dim, bits, 2)).unwrap();
@@ -377,22 +406,7 @@ fn attention_matches_exact_attention_within_the_table_bound() {
             let scale = 1.0 / (dim as f32).sqrt();
             let mut out = vec![0.0f32; heads * dim];
             let mut scratch = AttendScratch::default();
-            attend(
-                Isa::detect(),
-                FastScanStream {
-                    blocks: &e.keys,
-                    codec: &e.key_codec,
-                },
-                FastScanStream {
-                    blocks: &e.values,
-                    codec: &e.value_codec,
-                },
-                &queries,
-                scale,
-                &mut out,
-                &mut scratch,
-            )
-            .unwrap();
+            e.attend(Isa::detect(), &queries, scale, &mut out, &mut scratch);
             let max_v = e
                 .decoded_values
                 .iter()
@@ -479,22 +493,13 @@ fn attention_is_the_same_bits_on_every_instruction_set() {
         let queries = gaussian(heads * dim, &mut rng);
         let run = |isa: Isa| {
             let mut out = vec![0.0f32; heads * dim];
-            attend(
+            e.attend(
                 isa,
-                FastScanStream {
-                    blocks: &e.keys,
-                    codec: &e.key_codec,
-                },
-                FastScanStream {
-                    blocks: &e.values,
-                    codec: &e.value_codec,
-                },
                 &queries,
                 0.125,
                 &mut out,
                 &mut AttendScratch::default(),
-            )
-            .unwrap();
+            );
             out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
         };
         let want = run(Isa::Scalar);

@@ -7,25 +7,6 @@ use gguf_common::*;
 use tq_models::gguf::{GgmlType, Gguf, GgufError, WeightMemory};
 
 #[test]
-fn a_mapped_file_reads_like_its_bytes() {
-    let bytes = rich_fixture().build();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fixture.gguf");
-    std::fs::write(&path, &bytes).unwrap();
-    let mapped = Gguf::open(&path).unwrap();
-    let in_memory = Gguf::from_bytes(bytes).unwrap();
-    assert_eq!(mapped.metadata(), in_memory.metadata());
-    assert_eq!(mapped.tensors(), in_memory.tensors());
-    assert_eq!(mapped.file_len(), in_memory.file_len());
-    for info in mapped.tensors() {
-        assert_eq!(
-            mapped.tensor_data(&info.name).unwrap().data,
-            in_memory.tensor_data(&info.name).unwrap().data
-        );
-    }
-}
-
-#[test]
 fn a_missing_or_empty_file_is_a_typed_error() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent.gguf");
@@ -86,9 +67,10 @@ fn the_reference_model_header_matches_its_documented_facts() {
 }
 
 #[test]
-fn every_weight_memory_reads_the_same_bytes() {
+fn a_file_reads_like_its_bytes_in_every_weight_memory() {
     // Mapped, copied onto huge pages (where the kernel has them; small pages otherwise) or read
-    // into a buffer: the same header, tensors and bytes, and the form is reported.
+    // into a buffer: the same header, tensors, length and bytes as parsing the bytes, and the
+    // form is reported.
     let bytes = rich_fixture().build();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fixture.gguf");
@@ -105,6 +87,7 @@ fn every_weight_memory_reads_the_same_bytes() {
         assert_eq!(file.memory(), memory);
         assert_eq!(file.metadata(), in_memory.metadata());
         assert_eq!(file.tensors(), in_memory.tensors());
+        assert_eq!(file.file_len(), in_memory.file_len());
         for info in file.tensors() {
             assert_eq!(
                 file.tensor_data(&info.name).unwrap().data,

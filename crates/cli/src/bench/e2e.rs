@@ -44,6 +44,7 @@ use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
 use tq_models::causal_lm::load_model;
 use tq_models::fetch::ModelSpec;
+use tq_models::gguf::WeightMemory;
 use tq_models::llama::ops::argmax;
 use tq_models::llama::{ForwardScratch, Logits};
 
@@ -109,10 +110,9 @@ pub(crate) struct Measurement {
     scratch_heap_bytes: usize,
     /// The size of the model file (every byte is read while loading).
     model_file_bytes: u64,
-    /// How the weights were held (`WeightMemory::name`): `mapped` weights are file-backed
-    /// resident memory (`RssFile`), `huge-pages` ones anonymous.
-    #[serde(default)]
-    weights_memory: String,
+    /// Whether the weights were the file's map, so resident as file-backed memory (`RssFile`);
+    /// read onto huge pages they are anonymous memory instead.
+    weights_mapped: bool,
     /// Resident memory before the model is loaded: the program's code and its runtime.
     program_rss_bytes: Option<u64>,
     /// File-backed resident memory before the model is loaded (`RssFile`: the program's and
@@ -339,7 +339,7 @@ fn measure(
     let program_rss_bytes = status_bytes("VmRSS:");
     let program_file_rss_bytes = status_bytes("RssFile:");
     let model = load_model(path)?;
-    let weights_memory = model.file().memory().name().to_string();
+    let weights_mapped = model.file().memory() == WeightMemory::Mapped;
     let metadata_heap_bytes = crate::heap::live_bytes();
     let allocation = Allocation::load(alloc)?;
     let window = model.dims().context_length;
@@ -400,7 +400,7 @@ fn measure(
         cache_heap_bytes: heap_with_cache.saturating_sub(metadata_heap_bytes),
         scratch_heap_bytes: crate::heap::peak_bytes().saturating_sub(heap_with_cache),
         model_file_bytes,
-        weights_memory,
+        weights_mapped,
         program_rss_bytes,
         program_file_rss_bytes,
         file_rss_end_bytes: status_bytes("RssFile:"),
@@ -438,9 +438,10 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
 /// resident once loaded; weights read onto huge pages are anonymous memory instead).
 fn code_paged_bytes(m: &Measurement) -> Option<u64> {
     const PAGE: u64 = 4096;
-    let model_pages = match m.weights_memory.as_str() {
-        "huge-pages" => 0,
-        _ => m.model_file_bytes.div_ceil(PAGE) * PAGE,
+    let model_pages = if m.weights_mapped {
+        m.model_file_bytes.div_ceil(PAGE) * PAGE
+    } else {
+        0
     };
     m.file_rss_end_bytes
         .zip(m.program_file_rss_bytes)

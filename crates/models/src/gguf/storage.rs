@@ -44,10 +44,13 @@ impl WeightMemory {
     /// `/sys/kernel/mm/transparent_hugepage/enabled`), [`WeightMemory::Mapped`] elsewhere;
     /// `TQ_WEIGHTS=mapped` or `TQ_WEIGHTS=huge-pages` overrides it (another value is ignored).
     pub fn for_inference() -> Self {
-        match std::env::var("TQ_WEIGHTS").as_deref() {
-            Ok("mapped") => return WeightMemory::Mapped,
-            Ok("huge-pages") => return WeightMemory::HugePages,
-            _ => {}
+        if let Ok(name) = std::env::var("TQ_WEIGHTS") {
+            let chosen = [WeightMemory::Mapped, WeightMemory::HugePages]
+                .into_iter()
+                .find(|m| m.name() == name);
+            if let Some(memory) = chosen {
+                return memory;
+            }
         }
         if transparent_huge_pages() {
             WeightMemory::HugePages

@@ -254,22 +254,26 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         Ok(())
     }
 
-    /// The activation form a product of `n` rows with this matrix reads.
-    fn activation_form(&self, n: usize, scratch: &MatvecScratch) -> ActivationForm {
-        match (
-            q8_kernel(self.kind, scratch.isa),
-            q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa),
-        ) {
-            (Some(_), _) => ActivationForm::Q8,
+    /// The activation form a product of `n` rows with this matrix reads, given whether it has
+    /// a Q8 kernel (`q8`) or a Q8_K kernel (`q8k`) and the K formats' summation order.
+    fn activation_form(
+        &self,
+        n: usize,
+        q8: bool,
+        q8k: bool,
+        k_order: KQuantOrder,
+    ) -> ActivationForm {
+        match (q8, q8k) {
+            (true, _) => ActivationForm::Q8,
             // The repacked Q4_K kernels read rows in whole groups of four, quantized by their
             // own routine (see `Q8KActivation::quantize_grouped`).
-            (None, Some(_)) => ActivationForm::Q8K {
-                grouped: match (self.kind, scratch.k_order) {
+            (false, true) => ActivationForm::Q8K {
+                grouped: match (self.kind, k_order) {
                     (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => n - n % 4,
                     _ => 0,
                 },
             },
-            (None, None) => ActivationForm::F32,
+            (false, false) => ActivationForm::F32,
         }
     }
 
@@ -296,7 +300,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         let data = self.data()?;
         let kernel = q8_kernel(self.kind, scratch.isa);
         let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa);
-        let form = self.activation_form(n, scratch);
+        let form = self.activation_form(n, kernel.is_some(), kernel_k.is_some(), scratch.k_order);
         if prepared != Some(form) {
             match form {
                 ActivationForm::Q8 => scratch.act.quantize(x, n, self.cols)?,
