@@ -20,8 +20,9 @@
 //! accumulators are summed together by [`reduce16`] (a 4-level shuffle tree, the same for every
 //! token) and added to the scores with one masked read-modify-write per head, instead of a
 //! horizontal add and scalar stores per token. Records whose coded parts are the presets'
-//! layouts (one or two parts of whole, directly readable chunks; QJL signs, if any, through
-//! sign tables) take [`score_flat`], whose chunk loops unroll with the queries held in
+//! layouts (one or two parts of whole chunks, each one 8-byte load inside the record — the
+//! last chunk of 3- and 2-bit codes loads the record's last 8 bytes and shifts; QJL signs, if
+//! any, through sign tables) take [`score_flat`], whose chunk loops unroll with the queries held in
 //! registers.
 //!
 //! These intrinsics are stable since Rust 1.89, hence the module-wide `incompatible_msrv`
@@ -418,6 +419,31 @@ impl Segment<'_> {
         _mm512_permutexvar_ps(idx, table)
     }
 
+    /// The 8 bytes from the start of whole chunk `c` (`c < full`) of the codes at `codes`, in
+    /// the low bytes, read in bounds: a chunk whose 8-byte read would leave the record (`c ≥
+    /// fast`: the last one of 3- and 2-bit codes at d = 64, whose 6 or 4 bytes end the record)
+    /// reads the record's last 8 bytes and shifts its own down. The bytes above the chunk's `2b`
+    /// differ (zeros instead of what follows), and `decode` never reads them.
+    ///
+    /// # Safety
+    /// `codes` is this segment's code start in a record, `c < full` and `bytes ≥ 8`.
+    #[inline]
+    unsafe fn chunk_bits(&self, codes: *const u8, c: usize) -> i64 {
+        let offset = self.chunk_bytes * c;
+        // SAFETY: caller contract: a fast chunk's 8 bytes lie inside the record; otherwise
+        // `bytes − 8 ≥ 0` and the read ends at the record's end, and the whole chunk lies inside
+        // (`offset + 2b ≤ bytes`), so the shift `offset + 8 − bytes` is below 8.
+        unsafe {
+            if c < self.fast {
+                (codes.add(offset) as *const i64).read_unaligned()
+            } else {
+                let back = offset + 8 - self.bytes;
+                let word = (codes.add(self.bytes - 8) as *const u64).read_unaligned();
+                (word >> (8 * back)) as i64
+            }
+        }
+    }
+
     /// `signed + γ·(sign-table sum)` of record `i` (at `rec`), for a segment with sign tables.
     ///
     /// # Safety
@@ -628,9 +654,9 @@ unsafe fn score_parts_tile<const H: usize>(
         // Sign terms through tables are a load per byte either way; multiply-add signs stay on
         // the general loop.
         let flat = |s: &Segment<'_>| {
-            s.tail == 0 && s.fast == s.full && (s.sketch_dim == 0 || !s.tables.is_empty())
+            s.tail == 0 && s.bytes >= 8 && (s.sketch_dim == 0 || !s.tables.is_empty())
         };
-        if segments.iter().all(flat) {
+        if flat_loop_enabled() && segments.iter().all(flat) {
             let args = (segments, base, record_bytes, n, op, stride);
             let done = if segments.iter().any(|s| s.sketch_dim > 0) {
                 score_flat_layouts::<H, true>(args)
@@ -650,6 +676,22 @@ unsafe fn score_parts_tile<const H: usize>(
             score_parts_batched::<H, false>(segments, base, record_bytes, n, op, stride);
         }
     }
+}
+
+/// Whether [`score_parts_tile`] may take [`score_flat`]: always, but tests switch it off to
+/// hold the flat loop to the general loop's bits.
+#[cfg(not(test))]
+#[inline]
+fn flat_loop_enabled() -> bool {
+    true
+}
+
+#[cfg(test)]
+static FLAT_LOOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+#[cfg(test)]
+fn flat_loop_enabled() -> bool {
+    FLAT_LOOP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Runs [`score_flat`] if the segments have one of the presets' layouts at d = 64 and 128 (a
@@ -683,8 +725,8 @@ type FlatArgs<'s, 'a> = (&'s [Segment<'a>], *const u8, usize, usize, *mut f32, u
 /// token. The same multiply-adds in the same order as the general loop, so the same bits.
 ///
 /// # Safety
-/// As [`score_parts_tile`]; every segment has `full` chunks (`C0`, `C1`), no tail, all its
-/// chunks fast, and signs only with sign tables.
+/// As [`score_parts_tile`]; every segment has `full` chunks (`C0`, `C1`), no tail, at least 8
+/// bytes from its codes to the record's end, and signs only with sign tables.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize, const SIGNED: bool>(
@@ -692,8 +734,8 @@ unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize, const SIG
 ) {
     let s0 = &segments[0];
     let s1 = &segments[segments.len() - 1];
-    // SAFETY: caller contract: chunk `c` of segment `s` reads 8 bytes at `code_offset +
-    // chunk_bytes·c`, inside the record (fast); query rows `h < H` hold `16·C` floats; sign
+    // SAFETY: caller contract: chunk `c` of segment `s` reads 8 bytes inside the record
+    // (`Segment::chunk_bits`, whose contract `c < full`, `bytes ≥ 8` holds); query rows `h < H` hold `16·C` floats; sign
     // reads and table loads as in `score_token`.
     unsafe {
         let rows = |s: &Segment<'_>, c: usize| -> [__m512; 4] {
@@ -713,8 +755,7 @@ unsafe fn score_flat<const H: usize, const C0: usize, const C1: usize, const SIG
                 let table = s.scaled_table(i);
                 let codes = rec.add(s.code_offset);
                 for (c, q) in q.iter().enumerate() {
-                    let bits = (codes.add(s.chunk_bytes * c) as *const i64).read_unaligned();
-                    let v = s.decode(bits, table);
+                    let v = s.decode(s.chunk_bits(codes, c), table);
                     for h in 0..H {
                         acc[h] = _mm512_fmadd_ps(q[h], v, acc[h]);
                     }
@@ -1370,4 +1411,91 @@ pub(super) unsafe fn max(values: &[f32]) -> f32 {
         m = m.max(v);
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    use super::FLAT_LOOP;
+    use crate::CodecSpec;
+    use crate::allocation::Allocation;
+    use crate::attention::AttentionShape;
+    use crate::attention::simd::{Isa, fused_attention_on};
+    use crate::codec::MseSpec;
+    use crate::kv_cache::{KvCache, KvKind, KvLayout};
+    use crate::token_store::Growth;
+
+    fn layout(head_dim: usize) -> KvLayout {
+        KvLayout {
+            kv_heads: 2,
+            head_dim,
+            kind: KvKind::Growing {
+                growth: Growth::Doubling { initial: 64 },
+            },
+            max_rewind: 0,
+            rope_pairs: crate::basis::RopePairs::Adjacent,
+        }
+    }
+
+    fn normal(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        (0..n).map(|_| StandardNormal.sample(&mut rng)).collect()
+    }
+
+    /// The flat loop gives the general loop's bits on every layout it takes, the 3- and 2-bit
+    /// keys whose last chunk loads the record's last 8 bytes and shifts included (a shift off
+    /// by a byte reads other codes and moves scores by far more than a bit).
+    #[test]
+    fn flat_loop_gives_the_general_loops_bits() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            return;
+        }
+        let mut caches = Vec::new();
+        for d in [64usize, 128] {
+            for bits in [2u8, 3, 4] {
+                let spec = CodecSpec::Mse(MseSpec::new(d, bits, 5));
+                caches.push(KvCache::uniform(layout(d), spec, spec).unwrap());
+            }
+            for preset in ["tq3.5", "tq2.5", "mse-k4v4"] {
+                let allocation = Allocation::preset(preset).unwrap();
+                caches.push(KvCache::with_allocation(layout(d), &allocation, 0, 1).unwrap());
+            }
+        }
+        for (c, cache) in caches.iter_mut().enumerate() {
+            let d = cache.layout().head_dim;
+            let n = 77;
+            let positions: Vec<u32> = (0..n as u32).collect();
+            let keys = normal(n * 2 * d, c as u64);
+            let values = normal(n * 2 * d, c as u64 + 100);
+            cache.append(&keys, &values, &positions).unwrap();
+            let shape = AttentionShape {
+                q_heads: 8,
+                scale: 1.0 / (d as f32).sqrt(),
+            };
+            let queries = normal(2 * 8 * d, c as u64 + 200);
+            let run = |flat: bool| {
+                FLAT_LOOP.store(flat, Ordering::Relaxed);
+                let mut out = vec![0.0f32; queries.len()];
+                let result = fused_attention_on(
+                    Isa::Avx512,
+                    cache,
+                    &queries,
+                    &positions[75..],
+                    shape,
+                    &mut out,
+                );
+                FLAT_LOOP.store(true, Ordering::Relaxed);
+                result.unwrap();
+                out
+            };
+            let (flat, general) = (run(true), run(false));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&flat), bits(&general), "cache {c} (d = {d})");
+        }
+    }
 }
