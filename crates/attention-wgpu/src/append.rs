@@ -143,6 +143,13 @@ impl GpuKvCache {
         which: StreamKind,
         x: &[f32],
     ) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
+        if self.host.is_some() {
+            return Err(GpuError::Unsupported(
+                "the encode kernel on a cache whose streams are encoded on the host (two-tier \
+                 codecs)"
+                    .into(),
+            ));
+        }
         let n = self.check_vectors(which, x)?;
         let vectors = n * self.kv_heads;
         let stream = *self.stream(which);
@@ -178,6 +185,8 @@ impl GpuKvCache {
 
     /// Appends `n` tokens encoded on the GPU: `keys` and `values` `[n, kv_heads, head_dim]`,
     /// `positions` `[n]`. One upload of the new vectors, one submit; nothing is read back.
+    /// Two-tier streams, which the encode kernel does not implement, are encoded on the host
+    /// with the CPU codecs and their records uploaded instead.
     pub fn encode_and_append(
         &mut self,
         keys: &[f32],
@@ -196,6 +205,9 @@ impl GpuKvCache {
         self.check_positions(positions)?;
         if n == 0 {
             return Ok(());
+        }
+        if self.host.is_some() {
+            return self.encode_on_host_and_append(keys, values, positions);
         }
         let vectors = n * self.kv_heads;
         let ctx = Arc::clone(&self.ctx);
@@ -225,6 +237,45 @@ impl GpuKvCache {
             this.record_encode(encoder, StreamKind::Values, vectors, &vin, &vr, &vs)?;
             Ok([kr.clone(), ks.clone(), vr.clone(), vs.clone()])
         })
+    }
+
+    /// [`encode_and_append`](Self::encode_and_append) for a cache with host-encoded streams
+    /// (checked input): an empty cache first chooses its outlier channels from this batch, as
+    /// the CPU cache does, and keeps them only if the batch encodes.
+    fn encode_on_host_and_append(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+    ) -> Result<(), GpuError> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        let mut calibrated = None;
+        if self.len == 0 {
+            let mut fresh = host.clone();
+            if fresh.calibrate(keys, values)? {
+                calibrated = Some(fresh);
+            }
+        }
+        let encoder = calibrated.as_ref().unwrap_or(host);
+        let (key_records, key_scales) = encoder.encode(true, keys)?;
+        let (value_records, value_scales) = encoder.encode(false, values)?;
+        if let Some(fresh) = calibrated {
+            self.host = Some(fresh);
+            self.rebuild_tables()?;
+        }
+        self.append_encoded(
+            EncodedTokens {
+                records: &key_records,
+                scales: &key_scales,
+            },
+            EncodedTokens {
+                records: &value_records,
+                scales: &value_scales,
+            },
+            positions,
+        )
     }
 
     /// Appends `n` tokens encoded on the CPU (`tq_cache::TokenCodec::encode_into`), e.g. the
@@ -305,6 +356,7 @@ impl GpuKvCache {
                 actual: cache.len(),
             });
         }
+        self.adopt_calibration(cache, false)?;
         let tokens: Vec<usize> = (self.len..cache.len()).collect();
         let mut positions = Vec::with_capacity(tokens.len());
         let mut key_records = Vec::new();

@@ -30,6 +30,7 @@ use tq_cache::kv_cache::KvCache;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::host_encode::HostEncoder;
 use crate::kernels::MAX_BLOCK_TOKENS;
 use crate::tables::{StreamLayoutGpu, build_stream};
 
@@ -95,6 +96,29 @@ impl Scratch {
     }
 }
 
+/// Both streams' descriptors and the device buffer of their tables, checked against the head
+/// dimension and the binding limit.
+fn build_tables(
+    ctx: &GpuContext,
+    key_codecs: &[&tq_cache::TokenCodec],
+    value_codecs: &[&tq_cache::TokenCodec],
+    head_dim: usize,
+) -> Result<(StreamLayoutGpu, StreamLayoutGpu, wgpu::Buffer), GpuError> {
+    let mut data = Vec::new();
+    let key = build_stream(key_codecs, &mut data)?;
+    let value = build_stream(value_codecs, &mut data)?;
+    if key.dim != head_dim || value.dim != head_dim {
+        return Err(GpuError::Shape {
+            what: "codec dimension",
+            expected: head_dim,
+            actual: key.dim.max(value.dim),
+        });
+    }
+    ctx.check_binding("codec tables", 4 * data.len() as u64)?;
+    let tables = ctx.storage_init("tables", bytemuck::cast_slice(&data));
+    Ok((key, value, tables))
+}
+
 /// The GPU copy of one layer's KV cache (see the module docs for the page layout).
 ///
 /// ```no_run
@@ -138,6 +162,9 @@ pub struct GpuKvCache {
     /// Position of the token in each written slot (host mirror, 4 bytes a slot).
     pub(crate) positions: Vec<u32>,
     pub(crate) scratch: Scratch,
+    /// The CPU codecs of streams encoded on the host (two-tier), `None` when the encode kernel
+    /// takes both streams.
+    pub(crate) host: Option<HostEncoder>,
 }
 
 impl std::fmt::Debug for GpuKvCache {
@@ -156,10 +183,14 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Errors: a two-tier codec, full-precision sink or recent copies, a mean-centered stream, a
-    /// stream with a data-aware basis,
-    /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
-    /// one token that does not fit one binding.
+    /// Two-tier streams (TQ_mse tiers) are scored and summed by the kernels and encoded on the
+    /// host with `cache`'s codecs, choosing their outlier channels from the first batch as the
+    /// CPU cache does.
+    ///
+    /// Errors: full-precision sink or recent copies, a mean-centered stream, a stream with a
+    /// data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// different codec kinds, a head dimension above 512, or a page of one token that does not
+    /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
@@ -169,11 +200,6 @@ impl GpuKvCache {
                 if l.ring_slots.is_none() && (l.sink_tokens > 0 || l.recent_tokens > 0) {
                     return Err(GpuError::Unsupported(
                         "full-precision sink or recent-window copies".into(),
-                    ));
-                }
-                if l.outliers.is_some() {
-                    return Err(GpuError::Unsupported(
-                        "two-tier (outlier channel) codecs".into(),
                     ));
                 }
                 // The GPU kernels would read centered records as true vectors and never add
@@ -192,20 +218,11 @@ impl GpuKvCache {
                 }
             }
         }
-        let mut data = Vec::new();
         let key_codecs: Vec<_> = (0..heads).map(|h| cache.keys(h).codec()).collect();
         let value_codecs: Vec<_> = (0..heads).map(|h| cache.values(h).codec()).collect();
-        let key = build_stream(&key_codecs, &mut data)?;
-        let value = build_stream(&value_codecs, &mut data)?;
-        if key.dim != layout.head_dim || value.dim != layout.head_dim {
-            return Err(GpuError::Shape {
-                what: "codec dimension",
-                expected: layout.head_dim,
-                actual: key.dim.max(value.dim),
-            });
-        }
-        ctx.check_binding("codec tables", 4 * data.len() as u64)?;
-        let tables = ctx.storage_init("tables", bytemuck::cast_slice(&data));
+        let (key, value, tables) = build_tables(ctx, &key_codecs, &value_codecs, layout.head_dim)?;
+        // Two-tier streams are encoded on the host (the encode kernel does not implement them).
+        let host = (key.desc.split != 0 || value.desc.split != 0).then(|| HostEncoder::new(cache));
         let limit = ctx.split_limits().max_binding_bytes;
         let mut max_page_tokens = MAX_PAGE_TOKENS;
         while max_page_tokens > 1
@@ -237,7 +254,48 @@ impl GpuKvCache {
             first_stored: 0,
             positions: Vec::new(),
             scratch: Scratch::default(),
+            host,
         })
+    }
+
+    /// Takes `cache`'s outlier channels (chosen from its first batch, or none yet) for the
+    /// host-encoded streams when this copy is empty or about to be replaced (`replacing`), so
+    /// that its records read right; a copy that holds tokens under other channels cannot take
+    /// more (`Unsupported`).
+    pub(crate) fn adopt_calibration(
+        &mut self,
+        cache: &KvCache,
+        replacing: bool,
+    ) -> Result<(), GpuError> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        if host.matches(cache) {
+            return Ok(());
+        }
+        if self.len > 0 && !replacing {
+            return Err(GpuError::Unsupported(
+                "records of a cache whose outlier channels differ from this copy's".into(),
+            ));
+        }
+        self.host = Some(HostEncoder::new(cache));
+        self.rebuild_tables()
+    }
+
+    /// Rebuilds the codec tables from the host encoder's codecs (after it chose or forgot
+    /// outlier channels: Π depends on them; record sizes do not).
+    pub(crate) fn rebuild_tables(&mut self) -> Result<(), GpuError> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        let (key, value, tables) = build_tables(
+            &self.ctx,
+            &host.key_codecs(),
+            &host.value_codecs(),
+            self.head_dim,
+        )?;
+        (self.key, self.value, self.tables) = (key, value, tables);
+        Ok(())
     }
 
     /// [`new`](Self::new), then [`upload_all`](Self::upload_all).
@@ -361,6 +419,7 @@ impl GpuKvCache {
                 actual: layout.kv_heads * layout.head_dim,
             });
         }
+        self.adopt_calibration(cache, true)?;
         for h in 0..self.kv_heads {
             let (k, v) = (cache.keys(h).codec(), cache.values(h).codec());
             if k.record_words() != self.key.record_words
@@ -449,6 +508,13 @@ impl GpuKvCache {
                 reason: "the ring buffer has overwritten tokens the window would need again",
             }
             .into());
+        }
+        // An emptied CPU stream chooses its outlier channels again from its next first batch.
+        if new_len == 0
+            && let Some(host) = &mut self.host
+            && host.forget_calibration()?
+        {
+            self.rebuild_tables()?;
         }
         self.len = new_len;
         self.first_stored = self.first_stored.min(new_len);

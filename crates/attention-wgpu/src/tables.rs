@@ -6,13 +6,14 @@
 //! matrices, codebooks, gains and corrections the CPU cache encodes and scores with.
 
 use tq_cache::TokenCodec;
+use tq_cache::two_tier::TwoTierCodec;
 use tq_qjl::{QjlSketch, SketchKind};
 use tq_rotation::{Rotation, RotationKind};
 
 use crate::error::GpuError;
 use crate::kernels::{
-    KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MODE_DENSE, MODE_DENSE_LANES, MODE_FWHT,
-    StreamDesc,
+    KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MAX_LEVELS, MODE_DENSE, MODE_DENSE_LANES,
+    MODE_FWHT, StreamDesc,
 };
 
 /// Which stream of a layer.
@@ -82,7 +83,7 @@ fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
         TokenCodec::Prod(c) => coded(codec, KIND_PROD, c.mse(), Some(c.sketch()), 1.0),
         TokenCodec::TwoTier(_) => {
             return Err(GpuError::Unsupported(
-                "two-tier (outlier channel) codecs".into(),
+                "KV heads of one stream with different codecs (two-tier and one-tier)".into(),
             ));
         }
         TokenCodec::Basis(_) => {
@@ -154,6 +155,9 @@ pub(crate) fn build_stream(
     codecs: &[&TokenCodec],
     data: &mut Vec<f32>,
 ) -> Result<StreamLayoutGpu, GpuError> {
+    if codecs.iter().any(|c| matches!(c, TokenCodec::TwoTier(_))) {
+        return build_two_tier_stream(codecs, data);
+    }
     let heads: Vec<HeadCodec<'_>> = codecs
         .iter()
         .map(|c| head_codec(c))
@@ -271,6 +275,128 @@ pub(crate) fn build_stream(
         record_words: first.record_words,
         scales: first.scales,
         sketch_dim,
+    })
+}
+
+/// One tier of a two-tier codec: TQ_mse only (a QJL or debiased tier has no descriptor
+/// fields here).
+fn mse_tier(codec: &TokenCodec) -> Result<&tq_cache::codec::TqMse, GpuError> {
+    match codec {
+        TokenCodec::Mse(mse) => Ok(mse),
+        _ => Err(GpuError::Unsupported(
+            "a two-tier codec whose tiers are not both TQ_mse".into(),
+        )),
+    }
+}
+
+/// Π of a two-tier head as one d×d row-major matrix: rows `0..k` are the outlier tier's
+/// rotation on its channels, rows `k..d` the rest tier's on the others (zeros elsewhere), so
+/// the kernels rotate and rotate back both tiers with the one-tier code.
+fn two_tier_rotation(codec: &TwoTierCodec) -> Result<Vec<f64>, GpuError> {
+    let d = codec.head_dim();
+    let mut dense = vec![0.0f64; d * d];
+    let mut first_row = 0;
+    for (tier, channels) in [
+        (codec.outlier(), codec.channels()),
+        (codec.rest(), codec.rest_channels()),
+    ] {
+        let pi = mse_tier(tier)?.rotation().to_dense_f64();
+        let k = channels.len();
+        for r in 0..k {
+            for (i, &c) in channels.iter().enumerate() {
+                dense[(first_row + r) * d + usize::from(c)] = pi[r * k + i];
+            }
+        }
+        first_row += k;
+    }
+    Ok(dense)
+}
+
+/// [`build_stream`] for two-tier codecs (TQ_mse tiers): one descriptor whose `split` fields
+/// say where the second tier's coordinates, codes, norm and centroids start; Π combines the
+/// tiers' rotations (see [`two_tier_rotation`]). The encode kernel does not implement them: the
+/// cache encodes these streams on the host (`HostEncoder`), so no thresholds or Hadamard
+/// factors are stored.
+fn build_two_tier_stream(
+    codecs: &[&TokenCodec],
+    data: &mut Vec<f32>,
+) -> Result<StreamLayoutGpu, GpuError> {
+    let tiers: Vec<&TwoTierCodec> = codecs
+        .iter()
+        .map(|c| match c {
+            TokenCodec::TwoTier(t) => Ok(&**t),
+            _ => Err(GpuError::Unsupported(
+                "KV heads of one stream with different codecs (two-tier and one-tier)".into(),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    let first = tiers[0];
+    let d = first.head_dim();
+    if d == 0 || d > MAX_DIM {
+        return Err(GpuError::Unsupported(format!(
+            "head dimension {d} (the kernels take 1..={MAX_DIM})"
+        )));
+    }
+    let (o, r) = (mse_tier(first.outlier())?, mse_tier(first.rest())?);
+    let levels = o.codebook().centroids_f32().len() + r.codebook().centroids_f32().len();
+    if levels > MAX_LEVELS {
+        return Err(GpuError::Unsupported(format!(
+            "two tiers with {levels} centroids together (the kernels hold {MAX_LEVELS})"
+        )));
+    }
+    for t in &tiers[1..] {
+        let (to, tr) = (mse_tier(t.outlier())?, mse_tier(t.rest())?);
+        if t.head_dim() != d
+            || t.channels().len() != first.channels().len()
+            || to.spec().bits != o.spec().bits
+            || tr.spec().bits != r.spec().bits
+            || to.codebook().centroids_f32() != o.codebook().centroids_f32()
+            || tr.codebook().centroids_f32() != r.codebook().centroids_f32()
+        {
+            return Err(GpuError::Unsupported(
+                "KV heads of one stream with different two-tier codecs (channels and seeds may \
+                 differ, tier sizes and widths may not)"
+                    .into(),
+            ));
+        }
+    }
+    let offset = |data: &Vec<f32>| data.len() as u32;
+    let k = first.channels().len();
+    let mut desc = StreamDesc {
+        kind: KIND_MSE,
+        dim: d as u32,
+        bits: u32::from(o.spec().bits),
+        record_words: first.record_words() as u32,
+        code_words: first.outlier().record_words() as u32,
+        scales: first.scales_per_token() as u32,
+        levels: levels as u32,
+        pi_mode: MODE_DENSE,
+        s_mode: MODE_DENSE,
+        split: k as u32,
+        bits2: u32::from(r.spec().bits),
+        words2: first.outlier().record_words() as u32,
+        centroids2: o.codebook().centroids_f32().len() as u32,
+        scale2: first.outlier().scales_per_token() as u32,
+        ..StreamDesc::default()
+    };
+    desc.pi_offset = offset(data);
+    for t in &tiers {
+        data.extend(column_major(&two_tier_rotation(t)?, d));
+    }
+    desc.centroid_offset = offset(data);
+    data.extend_from_slice(o.codebook().centroids_f32());
+    data.extend_from_slice(r.codebook().centroids_f32());
+    desc.threshold_offset = offset(data);
+    desc.gain_offset = offset(data);
+    data.extend(tiers.iter().map(|_| 0.0f32));
+    desc.correction_offset = offset(data);
+    data.extend(tiers.iter().map(|_| 1.0f32));
+    Ok(StreamLayoutGpu {
+        desc,
+        dim: d,
+        record_words: first.record_words(),
+        scales: first.scales_per_token(),
+        sketch_dim: 0,
     })
 }
 

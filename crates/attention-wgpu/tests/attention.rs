@@ -147,7 +147,7 @@ fn preset_cache(name: &str, layout: KvLayout) -> KvCache {
 #[test]
 fn presets_on_gpu_match_reference() {
     let Some(ctx) = context() else { return };
-    for name in ["mse-k4v4", "k5v4", "f16"] {
+    for name in ["mse-k4v4", "k5v4", "f16", "tq3.5", "tq2.5"] {
         for dim in [64usize, 128] {
             let mut cpu = preset_cache(name, growing(2, dim));
             fill(&mut cpu, 0, 333, 5);
@@ -163,7 +163,13 @@ fn presets_on_gpu_match_reference() {
 #[test]
 fn decode_steps_stay_in_step_with_the_cpu_cache() {
     let Some(ctx) = context() else { return };
-    for (name, gpu_encodes) in [("k5v4", true), ("k5v4", false), ("mse-k4v4", true)] {
+    // tq3.5 "encodes" on the host (two tiers): its records must equal the CPU's too.
+    for (name, gpu_encodes) in [
+        ("k5v4", true),
+        ("k5v4", false),
+        ("mse-k4v4", true),
+        ("tq3.5", true),
+    ] {
         let mut cpu = preset_cache(name, growing(2, 64));
         fill(&mut cpu, 0, 250, 21);
         let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
@@ -201,6 +207,39 @@ fn decode_steps_stay_in_step_with_the_cpu_cache() {
         assert_eq!(down.key_scales, ks, "{name}");
         assert_eq!(down.value_records, vr, "{name}");
         assert_eq!(down.value_scales, vs, "{name}");
+    }
+}
+
+/// A two-tier GPU cache built empty chooses its outlier channels from its first batch, per
+/// head, exactly as the CPU cache does (same records), and chooses again after a rewind to
+/// empty; attention matches the reference after each.
+#[test]
+fn two_tier_caches_calibrate_like_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    for (name, layout) in [("tq3.5", growing(2, 64)), ("tq2.5", sliding(2, 128, 60, 3))] {
+        let mut cpu = preset_cache(name, layout);
+        let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+        for round in 0..2u64 {
+            let (k, v, pos) = fill(&mut cpu, 0, 50, 31 + round);
+            gpu.encode_and_append(&k, &v, &pos).unwrap();
+            for step in 0..3u32 {
+                let (k, v, pos) = fill(&mut cpu, 50 + step, 1, 40 + u64::from(step));
+                gpu.encode_and_append(&k, &v, &pos).unwrap();
+            }
+            let down = gpu.download().unwrap();
+            let (mut kr, mut vr) = (vec![], vec![]);
+            for t in cpu.first_stored()..cpu.len() {
+                for h in 0..2 {
+                    kr.extend_from_slice(cpu.keys(h).token(t).unwrap().1);
+                    vr.extend_from_slice(cpu.values(h).token(t).unwrap().1);
+                }
+            }
+            assert_eq!(down.key_records, kr, "{name} round {round}");
+            assert_eq!(down.value_records, vr, "{name} round {round}");
+            compare(&mut gpu, &cpu, 4, &[52], round);
+            cpu.truncate(0).unwrap();
+            gpu.truncate(0).unwrap();
+        }
     }
 }
 
@@ -287,14 +326,27 @@ fn errors_are_typed() {
         Err(GpuError::Codec(_))
     ));
     assert_eq!(gpu.len(), 10, "a rejected append changes nothing");
-    // Two-tier codecs are not implemented on the GPU.
+    // Two tiers are encoded on the host: the encode kernel refuses them.
     let two_tier =
         KvCache::with_allocation(growing(1, 128), &Allocation::preset("tq2.5").unwrap(), 3, 8)
             .unwrap();
+    let mut gpu_two_tier = GpuKvCache::new(&ctx, &two_tier).unwrap();
     assert!(matches!(
-        GpuKvCache::new(&ctx, &two_tier),
+        gpu_two_tier.encode_records(tq_attention_wgpu::StreamKind::Keys, &vectors(1, 128, 3)),
         Err(GpuError::Unsupported(_))
     ));
+    // Two tiers with QJL tiers are not implemented.
+    let prod_tiers = Allocation::from_toml_str(
+        "name = \"prod-tiers\"\nkey = { codec = \"prod\", bits = 4 }\n\
+         value = { codec = \"mse\", bits = 3 }\n\
+         [outliers]\nfraction = 0.25\nkey = { bits = 5 }\nvalue = { bits = 4 }\n",
+    )
+    .unwrap();
+    let prod_tiers = KvCache::with_allocation(growing(1, 128), &prod_tiers, 3, 8).unwrap();
+    match GpuKvCache::new(&ctx, &prod_tiers) {
+        Err(GpuError::Unsupported(what)) => assert!(what.contains("TQ_mse"), "{what}"),
+        other => panic!("QJL tiers must be refused, got {other:?}"),
+    }
     // Neither are mean-centered streams: the kernels would read `x − μ` as `x` and never add
     // the value mean back. Refused before and after the mean is chosen.
     for name in ["mse-k4v4-c", "k5v3-c"] {

@@ -1,11 +1,11 @@
 //! The wgpu attention backend in the real model (SmolLM2-135M: 30 layers, 9 query / 3 KV
-//! heads, d = 64) against the CPU backend with the same allocation: `mse-k4v4`, `k5v4` and
-//! `f16`, a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
+//! heads, d = 64) against the CPU backend with the same allocation: `mse-k4v4`, `k5v4`, `f16`
+//! and the two-tier `tq3.5` (encoded on the host), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
 //!
 //! # What is compared, and the tolerances
 //!
 //! 1. Attention, layer by layer, on identical inputs: both backends store the same records
-//!    (same codecs and seeds; the GPU encodes them itself) and compute the same sums in a
+//!    (same codecs and seeds; the GPU encodes them itself, or the host for two tiers) and compute the same sums in a
 //!    different f32 order, so outputs differ by ~(√d + √T)·ε·max|v| ≈ 1e-6 of the call's
 //!    largest |output|. The bound asserted is 1e-4 of it — the crate's own attention bound,
 //!    derived there from f32 summation order — while a wrong codec, seed, mask, GQA mapping or
@@ -43,7 +43,7 @@ use tq_models::llama::{
 use tq_models::tokenizer::Tokenizer;
 use wgpu_common::context_or_skip;
 
-const PRESETS: [&str; 3] = ["mse-k4v4", "k5v4", "f16"];
+const PRESETS: [&str; 4] = ["mse-k4v4", "k5v4", "f16", "tq3.5"];
 
 /// Tokens per prefill chunk: the 23-token prompt runs as 8 + 8 + 7, so later chunks attend to
 /// a cached past and to themselves.

@@ -23,7 +23,7 @@ var<workgroup> cv: array<f32, MAX_LEVELS>;
 /// Scores, then weights exp(score − max): [MAX_GROUP, MAX_BLOCK].
 var<workgroup> p_sh: array<f32, 2048>;
 var<workgroup> live_sh: array<u32, MAX_BLOCK>;
-/// Value norm and γ per token of the block: [MAX_BLOCK, 2].
+/// Value norm and γ (two tiers: the second tier's norm) per token of the block: [MAX_BLOCK, 2].
 var<workgroup> vscale: array<f32, 512>;
 /// Reduction scratch [MAX_GROUP, WG].
 var<workgroup> red: array<f32, 512>;
@@ -36,7 +36,8 @@ fn value_scale(kvh: u32, local: u32, k: u32) -> f32 {
 }
 
 /// Coordinate `c` of the value at (`kvh`, `local`) in its accumulation domain, without the
-/// softmax weight: rotated-domain `norm·c[idx_c]` for c < dim, sketch-domain `γ·z` beyond.
+/// softmax weight: rotated-domain `norm·c[idx_c]` for c < dim (with its tier's norm and
+/// codebook for two tiers), sketch-domain `γ·z` beyond.
 fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32) -> f32 {
     let value = params.value;
     let rb = (kvh * launch.page_tokens + local) * value.record_words;
@@ -47,14 +48,27 @@ fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32) -> f32 {
         return f16_value((vpage[rb + c / 2u] >> (16u * (c % 2u))) & 0xffffu);
     }
     if (c < value.dim) {
-        let bit = c * value.bits;
+        // One tier, or the first of two: codes from word 0; the second tier's from words2.
+        var bits = value.bits;
+        var at = c;
+        var word0 = rb;
+        var centroids = 0u;
+        var norm = vscale[2u * k];
+        if (value.split != 0u && c >= value.split) {
+            bits = value.bits2;
+            at = c - value.split;
+            word0 = rb + value.words2;
+            centroids = value.centroids2;
+            norm = vscale[2u * k + 1u];
+        }
+        let bit = at * bits;
         let w = bit / 32u;
         let shift = bit % 32u;
         var hi = 0u;
-        if (shift + value.bits > 32u) {
-            hi = vpage[rb + w + 1u];
+        if (shift + bits > 32u) {
+            hi = vpage[word0 + w + 1u];
         }
-        return vscale[2u * k] * cv[code_from(vpage[rb + w], hi, shift, value.bits)];
+        return norm * cv[centroids + code_from(vpage[word0 + w], hi, shift, bits)];
     }
     let i = c - value.dim;
     let z = select(-1.0, 1.0, ((vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u) == 1u);
@@ -121,6 +135,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 vscale[2u * k] = value_scale(kvh, local, 0u);
                 if (value.kind == KIND_PROD) {
                     vscale[2u * k + 1u] = value_scale(kvh, local, 1u);
+                } else if (value.split != 0u) {
+                    vscale[2u * k + 1u] = value_scale(kvh, local, value.scale2);
                 }
             }
         }

@@ -56,8 +56,17 @@ struct StreamDesc {
     gain_offset: u32,
     /// Score factor per head (1, or 1/(1 − D_mse) for debiased MSE keys), `[kv_heads]`.
     correction_offset: u32,
+    /// Two tiers (`tq_cache::two_tier`, TQ_mse each): rotated coordinates of the first
+    /// (outlier) tier, whose codes (`bits`), norm (scale 0) and centroids come first; 0 for one
+    /// tier. Π is then the two tiers' rotations on their channels, one d×d matrix, so
+    /// coordinates `split..dim` are the second tier's.
+    split: u32,
+    /// The second tier's bits per code, first record word, first centroid and scale index.
+    bits2: u32,
+    words2: u32,
+    centroids2: u32,
+    scale2: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 /// IEEE binary16 bits of `x`, rounded to nearest even exactly as `half::f16::from_f32`

@@ -35,6 +35,9 @@ const SCORE: &str = include_str!("score.wgsl");
 pub const WORKGROUP_SIZE: u32 = 64;
 /// Largest head dimension the kernels accept (`MAX_DIM` in `common.wgsl`).
 pub const MAX_DIM: usize = 512;
+/// Largest codebook the kernels hold in workgroup memory (`MAX_LEVELS` in `common.wgsl`; both
+/// tiers' centroids together for a two-tier codec).
+pub const MAX_LEVELS: usize = 256;
 /// Largest token block of attention pass 1 (`MAX_BLOCK` in `attn_params.wgsl`).
 pub const MAX_BLOCK_TOKENS: usize = 256;
 /// Largest number of query heads one pass-1 workgroup scores (`MAX_GROUP`).
@@ -167,7 +170,7 @@ impl Kernel {
     }
 }
 
-/// The stream descriptor of `common.wgsl` (`StreamDesc`), 80 bytes.
+/// The stream descriptor of `common.wgsl` (`StreamDesc`), 96 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct StreamDesc {
@@ -189,7 +192,12 @@ pub(crate) struct StreamDesc {
     pub threshold_offset: u32,
     pub gain_offset: u32,
     pub correction_offset: u32,
-    pub _pad: [u32; 2],
+    pub split: u32,
+    pub bits2: u32,
+    pub words2: u32,
+    pub centroids2: u32,
+    pub scale2: u32,
+    pub _pad: u32,
 }
 
 /// `StreamDesc.kind` values.

@@ -11,6 +11,7 @@
 //                          k_positions_offset
 //
 // A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
+// `norm₁·⟨q̃₁, c₁[idx]⟩ + norm₂·⟨q̃₂, c₂[idx]⟩` for two-tier keys (q̃ split at `split`),
 // `⟨scale·q, k⟩` for f32 / f16 keys.
 
 /// Query heads scored per workgroup (pipeline constant; divides the GQA group, ≤ MAX_GROUP).
@@ -68,6 +69,41 @@ fn slot_visible(slot: u32, local: u32, qpos: u32) -> bool {
     return true;
 }
 
+/// `Σ_j q̃[first + j]·ck[centroids + code_j]` for prepared rows `row0 .. row0 + CHUNK`, over
+/// the `count` `bits`-bit codes packed from word `rb` of the bound key page (read word by word).
+fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u32)
+    -> array<f32, MAX_GROUP> {
+    var out: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        out[g] = 0.0;
+    }
+    let qs = params.qstride;
+    let mask = (1u << bits) - 1u;
+    var cur = kpage[rb];
+    var next_word = 1u;
+    var used = 0u;
+    for (var j = 0u; j < count; j += 1u) {
+        var code = cur >> used;
+        if (used + bits > 32u) {
+            code = code | (kpage[rb + next_word] << (32u - used));
+        }
+        code = code & mask;
+        used += bits;
+        if (used >= 32u) {
+            used -= 32u;
+            if (j + 1u < count) {
+                cur = kpage[rb + next_word];
+                next_word += 1u;
+            }
+        }
+        let c = ck[centroids + code];
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += prepared[(row0 + g) * qs + first + j] * c;
+        }
+    }
+    return out;
+}
+
 /// Scores of the key at (`kvh`, `local`) against prepared rows `row0 .. row0 + CHUNK`.
 fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
     var out: array<f32, MAX_GROUP>;
@@ -92,33 +128,19 @@ fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
         }
         return out;
     }
-    let bits = key.bits;
-    let mask = (1u << bits) - 1u;
-    var cur = kpage[rb];
-    var next_word = 1u;
-    var used = 0u;
-    for (var j = 0u; j < d; j += 1u) {
-        var code = cur >> used;
-        if (used + bits > 32u) {
-            code = code | (kpage[rb + next_word] << (32u - used));
-        }
-        code = code & mask;
-        used += bits;
-        if (used >= 32u) {
-            used -= 32u;
-            if (j + 1u < d) {
-                cur = kpage[rb + next_word];
-                next_word += 1u;
-            }
-        }
-        let c = ck[code];
-        for (var g = 0u; g < CHUNK; g += 1u) {
-            out[g] += prepared[(row0 + g) * qs + j] * c;
-        }
-    }
+    // One tier: coordinates 0..d; two tiers: 0..split, then split..d from word words2.
+    let split = select(d, key.split, key.split != 0u);
+    let first = coded_dot(row0, rb, 0u, split, key.bits, 0u);
     let norm = key_scale(kvh, local, 0u);
     for (var g = 0u; g < CHUNK; g += 1u) {
-        out[g] = norm * out[g];
+        out[g] = norm * first[g];
+    }
+    if (key.split != 0u) {
+        let second = coded_dot(row0, rb + key.words2, split, d - split, key.bits2, key.centroids2);
+        let norm2 = key_scale(kvh, local, key.scale2);
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += norm2 * second[g];
+        }
     }
     if (key.kind == KIND_PROD) {
         let gamma = key_scale(kvh, local, 1u);
