@@ -97,16 +97,28 @@ impl Scratch {
 }
 
 /// Both streams' descriptors and the device buffer of their tables, checked against the head
-/// dimension and the binding limit.
+/// dimension and the binding limit. `value_means`: the value stream's mean per KV head for a
+/// centered stream (`None` for a head whose mean is not chosen yet: zeros), empty otherwise.
 fn build_tables(
     ctx: &GpuContext,
     key_codecs: &[&tq_cache::TokenCodec],
     value_codecs: &[&tq_cache::TokenCodec],
+    value_means: &[Option<&[f32]>],
     head_dim: usize,
 ) -> Result<(StreamLayoutGpu, StreamLayoutGpu, wgpu::Buffer), GpuError> {
     let mut data = Vec::new();
     let key = build_stream(key_codecs, &mut data)?;
-    let value = build_stream(value_codecs, &mut data)?;
+    let mut value = build_stream(value_codecs, &mut data)?;
+    if value_means.iter().any(Option::is_some) {
+        value.desc.centered = 1;
+        value.desc.mean_offset = data.len() as u32;
+        for mean in value_means {
+            match mean {
+                Some(m) if m.len() == head_dim => data.extend_from_slice(m),
+                _ => data.extend(std::iter::repeat_n(0.0f32, head_dim)),
+            }
+        }
+    }
     if key.dim != head_dim || value.dim != head_dim {
         return Err(GpuError::Shape {
             what: "codec dimension",
@@ -183,12 +195,11 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Two-tier streams (TQ_mse tiers) are scored and summed by the kernels and encoded on the
-    /// host with `cache`'s codecs, choosing their outlier channels from the first batch as the
-    /// CPU cache does.
+    /// Two-tier streams (TQ_mse tiers) and mean-centered streams are scored and summed by the
+    /// kernels and encoded on the host with `cache`'s codecs, choosing their outlier channels
+    /// and means from the first batch as the CPU cache does.
     ///
-    /// Errors: full-precision sink or recent copies, a mean-centered stream, a stream with a
-    /// data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// Errors: full-precision sink or recent copies, a stream with a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
     /// different codec kinds, a head dimension above 512, or a page of one token that does not
     /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -202,13 +213,6 @@ impl GpuKvCache {
                         "full-precision sink or recent-window copies".into(),
                     ));
                 }
-                // The GPU kernels would read centered records as true vectors and never add
-                // the value mean back.
-                if l.center.is_centered() || l.mean.is_some() {
-                    return Err(GpuError::Unsupported(
-                        "mean-centered streams (`center`)".into(),
-                    ));
-                }
                 // Refused by policy, not only once fitted: a basis chosen by the first batch
                 // must not turn a cache that uploaded fine into one that cannot.
                 if l.basis.fits_basis() || l.basis_fit.is_some() {
@@ -218,11 +222,26 @@ impl GpuKvCache {
                 }
             }
         }
-        let key_codecs: Vec<_> = (0..heads).map(|h| cache.keys(h).codec()).collect();
-        let value_codecs: Vec<_> = (0..heads).map(|h| cache.values(h).codec()).collect();
-        let (key, value, tables) = build_tables(ctx, &key_codecs, &value_codecs, layout.head_dim)?;
-        // Two-tier streams are encoded on the host (the encode kernel does not implement them).
-        let host = (key.desc.split != 0 || value.desc.split != 0).then(|| HostEncoder::new(cache));
+        // Two-tier and centered streams are encoded on the host (the encode kernel implements
+        // neither the tiers nor the mean and its calibration).
+        let host = (0..heads)
+            .flat_map(|h| [cache.keys(h), cache.values(h)])
+            .any(|s| s.layout().outliers.is_some() || s.layout().center.is_centered())
+            .then(|| HostEncoder::new(cache));
+        let (key, value, tables) = match &host {
+            Some(host) => build_tables(
+                ctx,
+                &host.key_codecs(),
+                &host.value_codecs(),
+                &host.value_means(),
+                layout.head_dim,
+            )?,
+            None => {
+                let key_codecs: Vec<_> = (0..heads).map(|h| cache.keys(h).codec()).collect();
+                let value_codecs: Vec<_> = (0..heads).map(|h| cache.values(h).codec()).collect();
+                build_tables(ctx, &key_codecs, &value_codecs, &[], layout.head_dim)?
+            }
+        };
         let limit = ctx.split_limits().max_binding_bytes;
         let mut max_page_tokens = MAX_PAGE_TOKENS;
         while max_page_tokens > 1
@@ -282,8 +301,8 @@ impl GpuKvCache {
         self.rebuild_tables()
     }
 
-    /// Rebuilds the codec tables from the host encoder's codecs (after it chose or forgot
-    /// outlier channels: Π depends on them; record sizes do not).
+    /// Rebuilds the codec tables from the host encoder's codecs and means (after it chose or
+    /// forgot outlier channels, on which Π depends, or a mean; record sizes do not change).
     pub(crate) fn rebuild_tables(&mut self) -> Result<(), GpuError> {
         let Some(host) = &self.host else {
             return Ok(());
@@ -292,6 +311,7 @@ impl GpuKvCache {
             &self.ctx,
             &host.key_codecs(),
             &host.value_codecs(),
+            &host.value_means(),
             self.head_dim,
         )?;
         (self.key, self.value, self.tables) = (key, value, tables);

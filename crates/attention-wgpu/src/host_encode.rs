@@ -1,8 +1,10 @@
 //! [`HostEncoder`]: encoding on the CPU for the streams the encode kernel does not implement
-//! (two-tier codecs), with the CPU cache's calibration.
+//! (two-tier codecs, mean-centered streams), with the CPU cache's calibration.
 //!
-//! A two-tier stream chooses its outlier channels from its first appended batch, per KV head
-//! (`tq_cache::two_tier::select_outlier_channels`), and chooses again after a rewind to empty.
+//! A centered stream chooses its mean `μ` from its first appended batch
+//! (`tq_cache::center::first_chunk_mean`) and stores `x − μ`; a two-tier stream chooses its
+//! outlier channels from the same batch (centered first, if the stream is), per KV head
+//! (`tq_cache::two_tier::select_outlier_channels`); both choose again after a rewind to empty.
 //! The encoder keeps each head's stream layout and codec and does exactly that, so a GPU cache
 //! given the same vectors as a CPU cache stores the same records, bit for bit (tested). The
 //! records then go up like any CPU-encoded token (`GpuKvCache::append_encoded`): for one decode
@@ -24,32 +26,52 @@ struct HostStream {
 }
 
 impl HostStream {
-    /// Chooses the outlier channels from `batch` (`[n, head_dim]`) if the stream has none yet;
-    /// whether the codec changed.
+    /// Chooses the mean (centered stream) and then the outlier channels (two tiers, from the
+    /// centered batch) from `batch` (`[n, head_dim]`) where the stream has none yet, as
+    /// `Stream::calibrate` does; whether anything changed.
     fn calibrate(&mut self, batch: &[f32], head_dim: usize) -> Result<bool, GpuError> {
-        let Some(plan) = self.layout.outliers else {
-            return Ok(false);
-        };
-        if self.layout.channels.is_some() {
-            return Ok(false);
-        }
-        let channels = tq_cache::two_tier::select_outlier_channels(batch, head_dim, plan.channels)
-            .map_err(tq_cache::CacheError::from)?;
         let mut layout = self.layout.clone();
-        layout.channels = Some(channels);
-        self.codec = layout.build_codec()?;
+        let needs_mean = layout.center.is_centered() && layout.mean.is_none();
+        if needs_mean {
+            layout.mean = Some(tq_cache::center::first_chunk_mean(batch, head_dim)?);
+        }
+        let needs_channels = layout.outliers.is_some() && layout.channels.is_none();
+        if let Some(plan) = layout.outliers.filter(|_| needs_channels) {
+            let centered: Vec<f32>;
+            let stored = match &layout.mean {
+                Some(mean) if head_dim > 0 && batch.len().is_multiple_of(head_dim) => {
+                    centered = batch
+                        .chunks_exact(head_dim)
+                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                        .collect();
+                    &centered[..]
+                }
+                _ => batch,
+            };
+            let channels =
+                tq_cache::two_tier::select_outlier_channels(stored, head_dim, plan.channels)
+                    .map_err(tq_cache::CacheError::from)?;
+            layout.channels = Some(channels);
+            self.codec = layout.build_codec()?;
+        }
         self.layout = layout;
-        Ok(true)
+        Ok(needs_mean || needs_channels)
     }
 
-    /// Forgets chosen outlier channels (as an emptied CPU stream does); whether the codec changed.
+    /// Forgets the chosen mean and outlier channels (as an emptied CPU stream does); whether
+    /// anything changed.
     fn forget(&mut self) -> Result<bool, GpuError> {
-        if self.layout.outliers.is_none() || self.layout.channels.is_none() {
-            return Ok(false);
+        let mut changed = false;
+        if self.layout.center.is_centered() && self.layout.mean.is_some() {
+            self.layout.mean = None;
+            changed = true;
         }
-        self.layout.channels = None;
-        self.codec = self.layout.build_codec()?;
-        Ok(true)
+        if self.layout.outliers.is_some() && self.layout.channels.is_some() {
+            self.layout.channels = None;
+            self.codec = self.layout.build_codec()?;
+            changed = true;
+        }
+        Ok(changed)
     }
 }
 
@@ -86,6 +108,18 @@ impl HostEncoder {
         self.values.iter().map(|s| &s.codec).collect()
     }
 
+    /// The values' mean per KV head for a centered stream (`None` until chosen), empty when
+    /// the values are not centered.
+    pub(crate) fn value_means(&self) -> Vec<Option<&[f32]>> {
+        if !self.values.iter().any(|s| s.layout.center.is_centered()) {
+            return Vec::new();
+        }
+        self.values
+            .iter()
+            .map(|s| s.layout.mean.as_deref())
+            .collect()
+    }
+
     /// Whether every stream's codec and layout equals `cache`'s.
     pub(crate) fn matches(&self, cache: &KvCache) -> bool {
         self.keys.len() == cache.layout().kv_heads
@@ -101,9 +135,9 @@ impl HostEncoder {
                 .all(|(h, s)| s.layout == *cache.values(h).layout())
     }
 
-    /// Chooses the outlier channels of every uncalibrated stream from the first batch `keys`,
-    /// `values` (`[n, kv_heads, head_dim]`), per head as `KvCache::append` does; whether any
-    /// codec changed.
+    /// Chooses the means and outlier channels of every uncalibrated stream from the first batch
+    /// `keys`, `values` (`[n, kv_heads, head_dim]`), per head as `KvCache::append` does; whether
+    /// anything changed.
     pub(crate) fn calibrate(&mut self, keys: &[f32], values: &[f32]) -> Result<bool, GpuError> {
         let (d, heads) = (self.head_dim, self.keys.len());
         let mut changed = false;
@@ -122,7 +156,8 @@ impl HostEncoder {
         Ok(changed)
     }
 
-    /// Forgets every chosen outlier channel (the cache was emptied); whether any codec changed.
+    /// Forgets every chosen mean and outlier channel (the cache was emptied); whether anything
+    /// changed.
     pub(crate) fn forget_calibration(&mut self) -> Result<bool, GpuError> {
         let mut changed = false;
         for stream in self.keys.iter_mut().chain(&mut self.values) {
@@ -142,9 +177,21 @@ impl HostEncoder {
         let mut records = vec![0u32; vectors * rw];
         let mut scales = vec![f16::ZERO; vectors * sc];
         let mut scratch = CodecScratch::new(d);
+        let mut centered = vec![0.0f32; d];
         for (v, vector) in x.chunks_exact(d).enumerate() {
-            streams[v % streams.len()].codec.encode_into(
-                vector,
+            let stream = &streams[v % streams.len()];
+            // A centered stream stores `x − μ`, computed as `Stream::push` does.
+            let stored = match &stream.layout.mean {
+                Some(mean) => {
+                    for ((c, &a), &m) in centered.iter_mut().zip(vector).zip(mean) {
+                        *c = a - m;
+                    }
+                    &centered[..]
+                }
+                None => vector,
+            };
+            stream.codec.encode_into(
+                stored,
                 &mut scratch,
                 &mut records[v * rw..(v + 1) * rw],
                 &mut scales[v * sc..(v + 1) * sc],

@@ -20,13 +20,14 @@
 //!
 //! What the GPU supports: keys and values stored as f32, f16, TQ_mse (b = 1..8), debiased
 //! TQ_mse, TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), or two tiers of TQ_mse
-//! (outlier channels and the rest: `tq3.5`, `tq2.5`; encoded on the host, which chooses the
-//! outlier channels from the first batch as the CPU cache does), one codec per stream
-//! (per-head rotation and sketch seeds, per-head outlier channels), head dimension ≤ 512,
-//! growing or sliding layers. Not supported (a typed [`GpuError::Unsupported`]): two-tier
-//! codecs with QJL or debiased tiers, full-precision sink / recent-window copies,
-//! mean-centered streams (`center = "first-chunk"`) and streams with a data-aware basis
-//! (`basis = "pca"`, `"planes"`). All arithmetic is f32 (no `SHADER_F16` path yet).
+//! (outlier channels and the rest: `tq3.5`, `tq2.5`), one codec per stream (per-head rotation
+//! and sketch seeds, per-head outlier channels), mean-centered or not (`center =
+//! "first-chunk"`: `mse-k4v4-c`, `k5v3-c`), head dimension ≤ 512, growing or sliding layers.
+//! Two-tier and centered streams are encoded on the host, which chooses the outlier channels
+//! and means from the first batch as the CPU cache does. Not supported (a typed
+//! [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased tiers, full-precision
+//! sink / recent-window copies and streams with a data-aware basis (`basis = "pca"`,
+//! `"planes"`). All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

@@ -147,7 +147,15 @@ fn preset_cache(name: &str, layout: KvLayout) -> KvCache {
 #[test]
 fn presets_on_gpu_match_reference() {
     let Some(ctx) = context() else { return };
-    for name in ["mse-k4v4", "k5v4", "f16", "tq3.5", "tq2.5"] {
+    for name in [
+        "mse-k4v4",
+        "k5v4",
+        "f16",
+        "tq3.5",
+        "tq2.5",
+        "mse-k4v4-c",
+        "k5v3-c",
+    ] {
         for dim in [64usize, 128] {
             let mut cpu = preset_cache(name, growing(2, dim));
             fill(&mut cpu, 0, 333, 5);
@@ -210,14 +218,29 @@ fn decode_steps_stay_in_step_with_the_cpu_cache() {
     }
 }
 
-/// A two-tier GPU cache built empty chooses its outlier channels from its first batch, per
-/// head, exactly as the CPU cache does (same records), and chooses again after a rewind to
-/// empty; attention matches the reference after each.
+/// A two-tier or centered GPU cache built empty chooses its outlier channels and means from
+/// its first batch, per head, exactly as the CPU cache does (same records; value means added
+/// back), and chooses again after a rewind to empty; attention matches the reference after each.
 #[test]
-fn two_tier_caches_calibrate_like_the_cpu_cache() {
+fn host_encoded_caches_calibrate_like_the_cpu_cache() {
     let Some(ctx) = context() else { return };
-    for (name, layout) in [("tq3.5", growing(2, 64)), ("tq2.5", sliding(2, 128, 60, 3))] {
-        let mut cpu = preset_cache(name, layout);
+    // A centered two-tier allocation: the mean first, the channels from the centered batch.
+    let centered_tiers = Allocation::from_toml_str(
+        "name = \"c-tiers\"\nkey = { codec = \"mse\", bits = 3, center = \"first-chunk\" }\n\
+         value = { codec = \"mse\", bits = 2, center = \"first-chunk\" }\n\
+         [outliers]\nfraction = 0.25\nkey = { bits = 4 }\nvalue = { bits = 3 }\n",
+    )
+    .unwrap();
+    let cases = [
+        (preset_cache("tq3.5", growing(2, 64)), "tq3.5"),
+        (preset_cache("tq2.5", sliding(2, 128, 60, 3)), "tq2.5"),
+        (preset_cache("k5v3-c", growing(2, 64)), "k5v3-c"),
+        (
+            KvCache::with_allocation(growing(2, 64), &centered_tiers, 3, 8).unwrap(),
+            "centered two tiers",
+        ),
+    ];
+    for (mut cpu, name) in cases {
         let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
         for round in 0..2u64 {
             let (k, v, pos) = fill(&mut cpu, 0, 50, 31 + round);
@@ -347,21 +370,17 @@ fn errors_are_typed() {
         Err(GpuError::Unsupported(what)) => assert!(what.contains("TQ_mse"), "{what}"),
         other => panic!("QJL tiers must be refused, got {other:?}"),
     }
-    // Neither are mean-centered streams: the kernels would read `x − μ` as `x` and never add
-    // the value mean back. Refused before and after the mean is chosen.
-    for name in ["mse-k4v4-c", "k5v3-c"] {
-        let mut centered =
-            KvCache::with_allocation(growing(1, 128), &Allocation::preset(name).unwrap(), 3, 8)
-                .unwrap();
-        for _ in 0..2 {
-            match GpuKvCache::new(&ctx, &centered) {
-                Err(GpuError::Unsupported(what)) => assert!(what.contains("centered"), "{what}"),
-                other => panic!("{name}: a centered cache must be refused, got {other:?}"),
-            }
-            let kv = vectors(16, 128, 5);
-            let positions: Vec<u32> = (centered.len() as u32..centered.len() as u32 + 16).collect();
-            centered.append(&kv, &kv, &positions).unwrap();
-        }
+    // A data-aware basis is not implemented: refused by policy, before it is fitted.
+    let planes = KvCache::with_allocation(
+        growing(1, 64),
+        &Allocation::preset("rec4.25").unwrap(),
+        3,
+        8,
+    );
+    let planes = planes.unwrap();
+    match GpuKvCache::new(&ctx, &planes) {
+        Err(GpuError::Unsupported(_)) => {}
+        other => panic!("a plane-basis cache must be refused, got {other:?}"),
     }
 }
 

@@ -147,7 +147,7 @@ fn from_cache_continues_a_cpu_sequence() {
     let Some(ctx) = context_or_skip() else {
         return;
     };
-    for preset in ["mse-k4v4", "k5v4", "f16", "tq3.5"] {
+    for preset in ["mse-k4v4", "k5v4", "f16", "tq3.5", "mse-k4v4-c"] {
         let allocation = Allocation::preset(preset).unwrap();
         let mut cpu_cache = cache(&allocation);
         let prefill = 11;

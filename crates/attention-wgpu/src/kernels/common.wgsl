@@ -66,7 +66,14 @@ struct StreamDesc {
     words2: u32,
     centroids2: u32,
     scale2: u32,
+    /// 1 for a mean-centered value stream: records hold `v − μ`, and the outputs of a row that
+    /// saw a token get `μ` (per KV head, `[kv_heads, dim]` at `mean_offset`) added back. Keys
+    /// need nothing: a common shift of a query's scores leaves its softmax unchanged.
+    centered: u32,
+    mean_offset: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 /// IEEE binary16 bits of `x`, rounded to nearest even exactly as `half::f16::from_f32`

@@ -1,6 +1,7 @@
 // finish.wgsl — decode attention, pass 2b: divides each row's accumulators by its softmax sum
 // and maps them back once: out = Π_Vᵀ·(acc + α·s·S_Vᵀ·sketch_acc) / sum for coded values,
-// acc / sum for f32 / f16 values. A row that saw no token outputs zeros.
+// acc / sum for f32 / f16 values, plus μ_V for a mean-centered stream. A row that saw no token
+// outputs zeros.
 //
 // Workgroup: WG = 64 threads, one workgroup per row (row = query·q_heads + head).
 //
@@ -30,13 +31,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (sum > 0.0) {
         inv = 1.0 / sum;
     }
+    let kvh = (row % params.q_heads) / params.group;
     if (value.kind == KIND_F32 || value.kind == KIND_F16) {
         for (var j = lid; j < d; j += WG) {
-            out[row * d + j] = state[own + 2u + j] * inv;
+            out[row * d + j] = with_mean(state[own + 2u + j] * inv, kvh, j, sum);
         }
         return;
     }
-    let kvh = (row % params.q_heads) / params.group;
     for (var j = lid; j < d; j += WG) {
         a_sh[j] = state[own + 2u + j] * inv;
         if (value.kind == KIND_PROD) {
@@ -73,6 +74,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < d; j += 1u) {
             acc += tables[pi + k * d + j] * a_sh[j];
         }
-        out[row * d + k] = acc;
+        out[row * d + k] = with_mean(acc, kvh, k, sum);
     }
+}
+
+/// Output coordinate `k` of KV head `kvh` with a centered stream's mean added back, as the CPU
+/// does: only for a row that saw a token (`sum > 0`), and a zero coordinate of μ is skipped
+/// (`o + 0.0` would turn `−0.0` into `+0.0`).
+fn with_mean(o: f32, kvh: u32, k: u32, sum: f32) -> f32 {
+    if (params.value.centered == 0u || sum <= 0.0) {
+        return o;
+    }
+    let m = tables[params.value.mean_offset + kvh * params.value.dim + k];
+    if (m == 0.0) {
+        return o;
+    }
+    return o + m;
 }

@@ -170,7 +170,7 @@ impl Kernel {
     }
 }
 
-/// The stream descriptor of `common.wgsl` (`StreamDesc`), 96 bytes.
+/// The stream descriptor of `common.wgsl` (`StreamDesc`), 112 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct StreamDesc {
@@ -197,7 +197,9 @@ pub(crate) struct StreamDesc {
     pub words2: u32,
     pub centroids2: u32,
     pub scale2: u32,
-    pub _pad: u32,
+    pub centered: u32,
+    pub mean_offset: u32,
+    pub _pad: [u32; 3],
 }
 
 /// `StreamDesc.kind` values.
