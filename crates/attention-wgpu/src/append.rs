@@ -261,11 +261,24 @@ impl GpuKvCache {
         let encoder = calibrated.as_ref().unwrap_or(host);
         let (key_records, key_scales) = encoder.encode(true, keys)?;
         let (value_records, value_scales) = encoder.encode(false, values)?;
+        let first = self.len;
+        let sink_tokens = self.sinks.saturating_sub(first).min(positions.len());
+        let copies = if sink_tokens > 0 {
+            Some((
+                encoder.encode_copies(true, keys, sink_tokens)?,
+                encoder.encode_copies(false, values, sink_tokens)?,
+            ))
+        } else {
+            None
+        };
         if let Some(fresh) = calibrated {
             self.host = Some(fresh);
             self.rebuild_tables()?;
         }
-        self.append_encoded(
+        if let Some((k, v)) = copies {
+            self.write_sinks(first, &k, &v);
+        }
+        self.append_records(
             EncodedTokens {
                 records: &key_records,
                 scales: &key_scales,
@@ -280,7 +293,27 @@ impl GpuKvCache {
 
     /// Appends `n` tokens encoded on the CPU (`tq_cache::TokenCodec::encode_into`), e.g. the
     /// newest records of the CPU cache: one token's records per decode step.
+    ///
+    /// Records alone cannot make attention sinks (their full-precision copies): on a cache
+    /// with sinks, tokens that would be sinks are refused (`Unsupported`); append them with
+    /// [`encode_and_append`](Self::encode_and_append) or [`sync_from`](Self::sync_from).
     pub fn append_encoded(
+        &mut self,
+        keys: EncodedTokens<'_>,
+        values: EncodedTokens<'_>,
+        positions: &[u32],
+    ) -> Result<(), GpuError> {
+        if self.len < self.sinks && !positions.is_empty() {
+            return Err(GpuError::Unsupported(
+                "records without the full-precision copies of attention sinks".into(),
+            ));
+        }
+        self.append_records(keys, values, positions)
+    }
+
+    /// [`append_encoded`](Self::append_encoded) without the sink check (the caller wrote
+    /// the copies).
+    fn append_records(
         &mut self,
         keys: EncodedTokens<'_>,
         values: EncodedTokens<'_>,
@@ -363,6 +396,25 @@ impl GpuKvCache {
         let mut key_scales = Vec::new();
         let mut value_records = Vec::new();
         let mut value_scales = Vec::new();
+        let (mut key_copies, mut value_copies) = (Vec::new(), Vec::new());
+        for &t in tokens.iter().filter(|&&t| t < self.sinks) {
+            for h in 0..self.kv_heads {
+                for (stream, out) in [
+                    (cache.keys(h), &mut key_copies),
+                    (cache.values(h), &mut value_copies),
+                ] {
+                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
+                        what: "sink copy",
+                        expected: t,
+                        actual: stream.len(),
+                    })?;
+                    out.extend_from_slice(record);
+                }
+            }
+        }
+        if let Some(&first) = tokens.first() {
+            self.write_sinks(first, &key_copies, &value_copies);
+        }
         for &t in &tokens {
             positions.push(cache.position(t).ok_or(GpuError::Shape {
                 what: "stored token",
@@ -374,17 +426,22 @@ impl GpuKvCache {
                     (cache.keys(h), &mut key_records, &mut key_scales),
                     (cache.values(h), &mut value_records, &mut value_scales),
                 ] {
-                    let (_, record, halves) = stream.token(t).ok_or(GpuError::Shape {
-                        what: "stored token",
-                        expected: t,
-                        actual: stream.first_stored(),
-                    })?;
+                    // The body record (`token` would name a sink's full-precision copy).
+                    let (record, halves) = stream
+                        .body()
+                        .record(stream.body_slot(t))
+                        .filter(|_| t >= stream.first_stored())
+                        .ok_or(GpuError::Shape {
+                            what: "stored token",
+                            expected: t,
+                            actual: stream.first_stored(),
+                        })?;
                     records.extend_from_slice(record);
                     scales.extend_from_slice(halves);
                 }
             }
         }
-        self.append_encoded(
+        self.append_records(
             EncodedTokens {
                 records: &key_records,
                 scales: &key_scales,

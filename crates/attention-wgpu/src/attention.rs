@@ -14,7 +14,9 @@ use tq_cache::attention::AttentionShape;
 use crate::cache::GpuKvCache;
 use crate::error::GpuError;
 use crate::kernels::attend::{self, AttnParams, LaunchParams};
-use crate::kernels::{Grid, KIND_PROD, Kernel, MAX_GROUP, finish, merge, prepare, scores};
+use crate::kernels::{
+    Grid, KIND_F16, KIND_F32, KIND_PROD, Kernel, MAX_GROUP, finish, merge, prepare, scores,
+};
 
 /// Partials of one call never exceed this many bytes (nor the device's largest buffer).
 const PARTIALS_BUDGET: u64 = 256 << 20;
@@ -85,7 +87,10 @@ impl GpuKvCache {
             .find(|c| group.is_multiple_of(*c))
             .unwrap_or(1);
         let rows = queries * shape.q_heads;
-        let rec = 2 + self.value.dim + self.value.sketch_dim;
+        // Attention sinks: their values accumulate in the original domain after the others,
+        // and coded keys need `scale·q` beside the prepared query to score their copies.
+        let fp_coords = if self.sinks > 0 { self.head_dim } else { 0 };
+        let rec = 2 + self.value.dim + self.value.sketch_dim + fp_coords;
         let align = (self.ctx.storage_alignment() / 4).max(1) as usize;
         let block_stride = (rows * rec).next_multiple_of(align);
         let written = self.written_slots();
@@ -98,12 +103,20 @@ impl GpuKvCache {
             .iter()
             .map(|p| p.tokens / self.block_tokens)
             .sum();
-        let qstride = self.key.dim
+        let prepared = self.key.dim
             + if self.key.desc.kind == KIND_PROD {
                 self.key.sketch_dim
             } else {
                 0
             };
+        let plain_keys = matches!(self.key.desc.kind, KIND_F32 | KIND_F16);
+        let fp_query = if fp_coords > 0 && !plain_keys {
+            prepared
+        } else {
+            0
+        };
+        let qstride = prepared + if fp_query > 0 { self.head_dim } else { 0 };
+        let (fp_values, _) = self.fp_layout();
         let params = AttnParams {
             key: self.key.desc,
             value: self.value.desc,
@@ -125,6 +138,11 @@ impl GpuKvCache {
             block_stride: block_stride as u32,
             rows: rows as u32,
             score_stride: written as u32,
+            sink_end: self.sinks.min(self.len) as u32,
+            fp_slots: self.sinks as u32,
+            fp_query: fp_query as u32,
+            fp_values: fp_values as u32,
+            fp_coords: fp_coords as u32,
             ..AttnParams::default()
         };
         CallPlan {
@@ -375,6 +393,7 @@ impl GpuKvCache {
                                 &page.keys,
                                 &page.values,
                                 window,
+                                &self.fp,
                             )
                         }
                         Kernel::Merge => merge::bind_group(&ctx, &params, at, window, &state),
@@ -445,6 +464,7 @@ impl GpuKvCache {
                             &self.tables,
                             &self.pages[l.page].keys,
                             &output,
+                            &self.fp,
                         ),
                     }
                 })

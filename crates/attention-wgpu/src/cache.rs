@@ -20,7 +20,9 @@
 //!
 //! and a value page the same without positions. Each record is bit for bit the CPU cache's
 //! record (`tq_cache::token_codec`): the GPU reads the packed codes, sign bits and f16 scales
-//! directly. Appending lives in `append.rs`, attention in `attention.rs`.
+//! directly. Attention sinks (growing layers) also keep the CPU stream's binary16 copies of
+//! their first `sinks` tokens in one buffer (`fp`: keys `[kv_heads, sinks, ⌈d/2⌉]` words,
+//! then values), which attention reads instead of those tokens' records. Appending lives in `append.rs`, attention in `attention.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -174,9 +176,13 @@ pub struct GpuKvCache {
     /// Position of the token in each written slot (host mirror, 4 bytes a slot).
     pub(crate) positions: Vec<u32>,
     pub(crate) scratch: Scratch,
-    /// The CPU codecs of streams encoded on the host (two-tier), `None` when the encode kernel
-    /// takes both streams.
+    /// The CPU codecs of streams encoded on the host (two-tier, centered, with sinks), `None`
+    /// when the encode kernel takes both streams.
     pub(crate) host: Option<HostEncoder>,
+    /// Attention sinks: tokens `t < sinks` (growing layers) are read from their binary16
+    /// copies in `fp`, keys `[kv_heads, sinks, ⌈d/2⌉]` words then values the same.
+    pub(crate) sinks: usize,
+    pub(crate) fp: wgpu::Buffer,
 }
 
 impl std::fmt::Debug for GpuKvCache {
@@ -195,11 +201,13 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Two-tier streams (TQ_mse tiers) and mean-centered streams are scored and summed by the
-    /// kernels and encoded on the host with `cache`'s codecs, choosing their outlier channels
-    /// and means from the first batch as the CPU cache does.
+    /// Two-tier streams (TQ_mse tiers), mean-centered streams and attention sinks are scored
+    /// and summed by the kernels and encoded on the host with `cache`'s codecs, choosing their
+    /// outlier channels and means from the first batch as the CPU cache does and writing the
+    /// sinks' binary16 copies.
     ///
-    /// Errors: full-precision sink or recent copies, a stream with a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// Errors: full-precision recent windows, sinks with f32 copies or different counts per
+    /// stream, a stream with a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
     /// different codec kinds, a head dimension above 512, or a page of one token that does not
     /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -208,9 +216,21 @@ impl GpuKvCache {
         for h in 0..heads {
             for stream in [cache.keys(h), cache.values(h)] {
                 let l = stream.layout();
-                if l.ring_slots.is_none() && (l.sink_tokens > 0 || l.recent_tokens > 0) {
+                if l.ring_slots.is_none() && l.recent_tokens > 0 {
                     return Err(GpuError::Unsupported(
-                        "full-precision sink or recent-window copies".into(),
+                        "full-precision recent-window copies (`recent_fp_tokens`)".into(),
+                    ));
+                }
+                let first = cache.keys(0).layout();
+                if l.ring_slots.is_none()
+                    && l.sink_tokens > 0
+                    && (!matches!(l.fp, tq_cache::CodecSpec::F16 { .. })
+                        || l.sink_tokens != first.sink_tokens)
+                {
+                    return Err(GpuError::Unsupported(
+                        "attention sinks other than binary16 copies, the same count in every \
+                         stream"
+                            .into(),
                     ));
                 }
                 // Refused by policy, not only once fitted: a basis chosen by the first batch
@@ -222,12 +242,18 @@ impl GpuKvCache {
                 }
             }
         }
-        // Two-tier and centered streams are encoded on the host (the encode kernel implements
-        // neither the tiers nor the mean and its calibration).
-        let host = (0..heads)
-            .flat_map(|h| [cache.keys(h), cache.values(h)])
-            .any(|s| s.layout().outliers.is_some() || s.layout().center.is_centered())
-            .then(|| HostEncoder::new(cache));
+        let sinks = match layout.ring_slots() {
+            Some(_) => 0,
+            None => cache.keys(0).layout().sink_tokens,
+        };
+        // Two-tier and centered streams, and the full-precision copies of attention sinks, are
+        // encoded on the host (the encode kernel implements neither the tiers nor the mean and
+        // its calibration, and writes no copies).
+        let host = (sinks > 0
+            || (0..heads)
+                .flat_map(|h| [cache.keys(h), cache.values(h)])
+                .any(|s| s.layout().outliers.is_some() || s.layout().center.is_centered()))
+        .then(|| HostEncoder::new(cache));
         let (key, value, tables) = match &host {
             Some(host) => build_tables(
                 ctx,
@@ -257,10 +283,15 @@ impl GpuKvCache {
                 limit,
             });
         }
+        let fp_words = 2 * heads * sinks * layout.head_dim.div_ceil(2);
+        ctx.check_binding("sink copies", 4 * fp_words as u64)?;
+        let fp = ctx.storage_buffer("sink copies", 4 * fp_words as u64);
         Ok(Self {
             ctx: Arc::clone(ctx),
             kv_heads: heads,
             head_dim: layout.head_dim,
+            sinks,
+            fp,
             key,
             value,
             tables,
@@ -299,6 +330,32 @@ impl GpuKvCache {
         }
         self.host = Some(HostEncoder::new(cache));
         self.rebuild_tables()
+    }
+
+    /// Word offset of the value copies in `fp`, and words per copy.
+    pub(crate) fn fp_layout(&self) -> (usize, usize) {
+        let words = self.head_dim.div_ceil(2);
+        (self.kv_heads * self.sinks * words, words)
+    }
+
+    /// Writes binary16 copies of sink tokens `first..first + n` (`[n, kv_heads, ⌈d/2⌉]` words
+    /// each for keys and values) into `fp`; tokens at or past `sinks` are skipped.
+    pub(crate) fn write_sinks(&self, first: usize, keys: &[u32], values: &[u32]) {
+        let (value_offset, words) = self.fp_layout();
+        let n = keys.len() / (self.kv_heads * words).max(1);
+        for i in 0..n.min(self.sinks.saturating_sub(first)) {
+            for h in 0..self.kv_heads {
+                let at = (h * self.sinks + first + i) * words;
+                let from = (i * self.kv_heads + h) * words;
+                for (base, data) in [(0, keys), (value_offset, values)] {
+                    self.ctx.write(
+                        &self.fp,
+                        4 * (base + at) as u64,
+                        bytemuck::cast_slice(&data[from..from + words]),
+                    );
+                }
+            }
+        }
     }
 
     /// Rebuilds the codec tables from the host encoder's codecs and means (after it chose or
@@ -512,6 +569,20 @@ impl GpuKvCache {
             self.ctx.write(&page.keys, 0, bytemuck::cast_slice(&kw));
             self.ctx.write(&page.values, 0, bytemuck::cast_slice(&vw));
         }
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for t in 0..self.sinks.min(cache.len()) {
+            for h in 0..self.kv_heads {
+                for (stream, out) in [(cache.keys(h), &mut ks), (cache.values(h), &mut vs)] {
+                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
+                        what: "sink copy",
+                        expected: t,
+                        actual: stream.len(),
+                    })?;
+                    out.extend_from_slice(record);
+                }
+            }
+        }
+        self.write_sinks(0, &ks, &vs);
         self.ctx.submit("upload", |_| Ok(()))
     }
 

@@ -170,8 +170,36 @@ impl HostEncoder {
     /// records `[n, kv_heads, record_words]` and scales `[n, kv_heads, scales]`.
     pub(crate) fn encode(&self, keys: bool, x: &[f32]) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
         let streams = if keys { &self.keys } else { &self.values };
-        let d = self.head_dim;
         let first = &streams[0].codec;
+        self.encode_with(streams, x, |s| &s.codec, first)
+    }
+
+    /// The full-precision copies (the stream's `fp` codec, binary16 for the GPU) of the first
+    /// `tokens` tokens of `x` (`[n, kv_heads, head_dim]`), as a CPU stream keeps them for its
+    /// attention sinks: `[tokens, kv_heads, ⌈d/2⌉]` words.
+    pub(crate) fn encode_copies(
+        &self,
+        keys: bool,
+        x: &[f32],
+        tokens: usize,
+    ) -> Result<Vec<u32>, GpuError> {
+        let streams = if keys { &self.keys } else { &self.values };
+        let fp = TokenCodec::new(&streams[0].layout.fp)?;
+        let width = streams.len() * self.head_dim;
+        let x = &x[..(tokens * width).min(x.len())];
+        Ok(self.encode_with(streams, x, |_| &fp, &fp)?.0)
+    }
+
+    /// Encodes every vector of `x` with `codec(stream)` of its KV head's stream (`first`: the
+    /// sizes), the stream's mean subtracted first as `Stream::push` does.
+    fn encode_with<'a>(
+        &self,
+        streams: &'a [HostStream],
+        x: &[f32],
+        codec: impl Fn(&'a HostStream) -> &'a TokenCodec,
+        first: &TokenCodec,
+    ) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
+        let d = self.head_dim;
         let (rw, sc) = (first.record_words(), first.scales_per_token());
         let vectors = x.len() / d;
         let mut records = vec![0u32; vectors * rw];
@@ -180,7 +208,7 @@ impl HostEncoder {
         let mut centered = vec![0.0f32; d];
         for (v, vector) in x.chunks_exact(d).enumerate() {
             let stream = &streams[v % streams.len()];
-            // A centered stream stores `x − μ`, computed as `Stream::push` does.
+            // A centered stream stores `x − μ` (body and copies), computed as `Stream::push` does.
             let stored = match &stream.layout.mean {
                 Some(mean) => {
                     for ((c, &a), &m) in centered.iter_mut().zip(vector).zip(mean) {
@@ -190,7 +218,7 @@ impl HostEncoder {
                 }
                 None => vector,
             };
-            stream.codec.encode_into(
+            codec(stream).encode_into(
                 stored,
                 &mut scratch,
                 &mut records[v * rw..(v + 1) * rw],

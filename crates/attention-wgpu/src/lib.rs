@@ -22,12 +22,15 @@
 //! TQ_mse, TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), or two tiers of TQ_mse
 //! (outlier channels and the rest: `tq3.5`, `tq2.5`), one codec per stream (per-head rotation
 //! and sketch seeds, per-head outlier channels), mean-centered or not (`center =
-//! "first-chunk"`: `mse-k4v4-c`, `k5v3-c`), head dimension ≤ 512, growing or sliding layers.
-//! Two-tier and centered streams are encoded on the host, which chooses the outlier channels
-//! and means from the first batch as the CPU cache does. Not supported (a typed
-//! [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased tiers, full-precision
-//! sink / recent-window copies and streams with a data-aware basis (`basis = "pca"`,
-//! `"planes"`). All arithmetic is f32 (no `SHADER_F16` path yet).
+//! "first-chunk"`: `mse-k4v4-c`, `k5v3-c`), with or without attention sinks (`sink_tokens`:
+//! the first tokens read from binary16 copies; the `-global` presets), head dimension ≤ 512,
+//! growing or sliding layers. Two-tier, centered and sink-keeping streams are encoded on the
+//! host, which chooses the outlier channels and means from the first batch as the CPU cache
+//! does and writes the sinks' copies. Not supported (a typed [`GpuError::Unsupported`]):
+//! two-tier codecs with QJL or debiased tiers, full-precision recent windows
+//! (`recent_fp_tokens`) and streams with a data-aware basis (`basis = "pca"`, `"planes"`) —
+//! so the recommended `rec*` presets stay on the CPU. All arithmetic is f32 (no `SHADER_F16`
+//! path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

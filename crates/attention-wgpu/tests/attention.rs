@@ -139,6 +139,11 @@ proptest! {
     }
 }
 
+/// Token `t`'s compressed record (`Stream::token` would name a sink's full-precision copy).
+fn body_record(stream: &tq_cache::stream::Stream, t: usize) -> &[u32] {
+    stream.body().record(stream.body_slot(t)).unwrap().0
+}
+
 fn preset_cache(name: &str, layout: KvLayout) -> KvCache {
     KvCache::with_allocation(layout, &Allocation::preset(name).unwrap(), 3, 8).unwrap()
 }
@@ -154,6 +159,8 @@ fn presets_on_gpu_match_reference() {
         "tq3.5",
         "tq2.5",
         "mse-k4v4-c",
+        "rec4.25-global",
+        "k6v5-global",
         "k5v3-c",
     ] {
         for dim in [64usize, 128] {
@@ -231,7 +238,22 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
          [outliers]\nfraction = 0.25\nkey = { bits = 4 }\nvalue = { bits = 3 }\n",
     )
     .unwrap();
+    // Attention sinks on TQ_prod keys: their copies are scored with `scale·q`, which the
+    // prepared row holds after the query and its sketch.
+    let prod_sinks = Allocation::from_toml_str(
+        "name = \"prod-sinks\"\nsink_tokens = 3\nkey = { codec = \"prod\", bits = 5 }\n\
+         value = { codec = \"mse\", bits = 4 }\n",
+    )
+    .unwrap();
     let cases = [
+        (
+            preset_cache("rec3.25-global", growing(2, 64)),
+            "rec3.25-global",
+        ),
+        (
+            KvCache::with_allocation(growing(2, 64), &prod_sinks, 3, 8).unwrap(),
+            "prod keys with sinks",
+        ),
         (preset_cache("tq3.5", growing(2, 64)), "tq3.5"),
         (preset_cache("tq2.5", sliding(2, 128, 60, 3)), "tq2.5"),
         (preset_cache("k5v3-c", growing(2, 64)), "k5v3-c"),
@@ -242,6 +264,7 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
     ];
     for (mut cpu, name) in cases {
         let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+        let mut follower = GpuKvCache::new(&ctx, &cpu).unwrap();
         for round in 0..2u64 {
             let (k, v, pos) = fill(&mut cpu, 0, 50, 31 + round);
             gpu.encode_and_append(&k, &v, &pos).unwrap();
@@ -249,12 +272,14 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
                 let (k, v, pos) = fill(&mut cpu, 50 + step, 1, 40 + u64::from(step));
                 gpu.encode_and_append(&k, &v, &pos).unwrap();
             }
+            follower.sync_from(&cpu).unwrap();
+            compare(&mut follower, &cpu, 4, &[52], round);
             let down = gpu.download().unwrap();
             let (mut kr, mut vr) = (vec![], vec![]);
             for t in cpu.first_stored()..cpu.len() {
                 for h in 0..2 {
-                    kr.extend_from_slice(cpu.keys(h).token(t).unwrap().1);
-                    vr.extend_from_slice(cpu.values(h).token(t).unwrap().1);
+                    kr.extend_from_slice(body_record(cpu.keys(h), t));
+                    vr.extend_from_slice(body_record(cpu.values(h), t));
                 }
             }
             assert_eq!(down.key_records, kr, "{name} round {round}");
@@ -262,6 +287,7 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
             compare(&mut gpu, &cpu, 4, &[52], round);
             cpu.truncate(0).unwrap();
             gpu.truncate(0).unwrap();
+            follower.truncate(0).unwrap();
         }
     }
 }

@@ -71,13 +71,13 @@ fn unsupported_configurations_are_typed_errors() {
     let Some(ctx) = context_or_skip() else {
         return;
     };
-    let sinks = Allocation::from_toml_str(
-        "name = \"sinks\"\nsink_tokens = 4\nkey = { codec = \"mse\", bits = 4 }\n\
+    let window = Allocation::from_toml_str(
+        "name = \"window\"\nrecent_fp_tokens = 8\nkey = { codec = \"mse\", bits = 4 }\n\
          value = { codec = \"mse\", bits = 4 }\n",
     )
     .unwrap();
-    let what = unsupported(WgpuAttention::new(&ctx, &cache(&sinks)));
-    assert!(what.contains("sink"), "{what}");
+    let what = unsupported(WgpuAttention::new(&ctx, &cache(&window)));
+    assert!(what.contains("recent"), "{what}");
 
     let shared = ModelCache::with_allocation(
         vec![
@@ -147,7 +147,14 @@ fn from_cache_continues_a_cpu_sequence() {
     let Some(ctx) = context_or_skip() else {
         return;
     };
-    for preset in ["mse-k4v4", "k5v4", "f16", "tq3.5", "mse-k4v4-c"] {
+    for preset in [
+        "mse-k4v4",
+        "k5v4",
+        "f16",
+        "tq3.5",
+        "mse-k4v4-c",
+        "rec3.25-global",
+    ] {
         let allocation = Allocation::preset(preset).unwrap();
         let mut cpu_cache = cache(&allocation);
         let prefill = 11;

@@ -12,16 +12,18 @@ use crate::context::GpuContext;
 pub(crate) const SOURCE: &str = include_str!("attend.wgsl");
 
 /// Bindings 2.. of `attend.wgsl`: `score.wgsl`'s prepared / tables / key page, then the value
-/// page and the partials window `[blocks, block_stride]`.
-pub(crate) const BINDINGS: [Binding; 5] = [
+/// page and the partials window `[blocks, block_stride]`, and `score.wgsl`'s full-precision
+/// copies (7).
+pub(crate) const BINDINGS: [Binding; 6] = [
     b(2, "prepared", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "kpage", Access::Read),
     b(5, "vpage", Access::Read),
     b(6, "partials", Access::ReadWrite),
+    b(7, "fp", Access::Read),
 ];
 
-/// `AttnParams` of `attn_params.wgsl` (256 bytes).
+/// `AttnParams` of `attn_params.wgsl` (320 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct AttnParams {
@@ -45,7 +47,12 @@ pub(crate) struct AttnParams {
     pub block_stride: u32,
     pub rows: u32,
     pub score_stride: u32,
-    pub _pad: [u32; 6],
+    pub sink_end: u32,
+    pub fp_slots: u32,
+    pub fp_query: u32,
+    pub fp_values: u32,
+    pub fp_coords: u32,
+    pub _pad: u32,
 }
 
 /// `DispatchParams` of `attn_params.wgsl`.
@@ -79,6 +86,7 @@ pub(crate) fn bind_group(
     kpage: &wgpu::Buffer,
     vpage: &wgpu::Buffer,
     partials: (&wgpu::Buffer, u64, u64),
+    fp: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Attend,
@@ -90,6 +98,7 @@ pub(crate) fn bind_group(
             (4, kpage, 0, None),
             (5, vpage, 0, None),
             (6, partials.0, partials.1, Some(partials.2)),
+            (7, fp, 0, None),
         ],
     )
 }

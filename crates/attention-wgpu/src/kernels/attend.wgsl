@@ -8,7 +8,7 @@
 // head chunk is CHUNK consecutive query heads of one GQA group (CHUNK divides the group).
 //
 // Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
-// 4 kpage):
+// 4 kpage, 7 fp):
 //   5 vpage     storage r   u32, one value page: words [kv_heads, page_tokens, record_words],
 //                           scales (binary16 pairs) at v_scales_offset
 //   6 partials  storage rw  f32 [blocks of this page, block_stride]: per block, rows·rec
@@ -22,6 +22,8 @@
 var<workgroup> cv: array<f32, MAX_LEVELS>;
 /// Scores, then weights exp(score − max): [MAX_GROUP, MAX_BLOCK].
 var<workgroup> p_sh: array<f32, 2048>;
+/// Per token of the block: 0 hidden, 1 read from the page, 2 read from its full-precision copy
+/// (an attention sink).
 var<workgroup> live_sh: array<u32, MAX_BLOCK>;
 /// Value norm and γ (two tiers: the second tier's norm) per token of the block: [MAX_BLOCK, 2].
 var<workgroup> vscale: array<f32, 512>;
@@ -124,8 +126,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var k = lid; k < bt; k += WG) {
         let local = blk * bt + k;
         let visible = slot_visible(launch.first_slot + local, local, qpos);
-        live_sh[k] = select(0u, 1u, visible);
-        if (visible) {
+        let slot = launch.first_slot + local;
+        let from_fp = visible && reads_fp(slot);
+        live_sh[k] = select(select(0u, 1u, visible), 2u, from_fp);
+        if (from_fp) {
+            let s = fp_key_scores(row0, kvh, slot);
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                p_sh[g * MAX_BLOCK + k] = s[g];
+                local_max[g] = max(local_max[g], s[g]);
+            }
+        } else if (visible) {
             let s = key_scores(row0, kvh, local);
             for (var g = 0u; g < CHUNK; g += 1u) {
                 p_sh[g * MAX_BLOCK + k] = s[g];
@@ -190,19 +200,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         partials[base + (row0 + lid) * stride + 1u] = red[lid * WG];
     }
 
-    // Weighted value sums, one coordinate per thread at a time, tokens in order.
+    // Weighted value sums, one coordinate per thread at a time, tokens in order: the page's
+    // records in their accumulation domain, then the full-precision copies' (original domain)
+    // in the last fp_coords accumulators.
     var coords = value.dim;
     if (value.kind == KIND_PROD) {
         coords = 2u * value.dim;
     }
-    for (var c = lid; c < coords; c += WG) {
+    for (var c = lid; c < coords + params.fp_coords; c += WG) {
         var acc: array<f32, MAX_GROUP>;
         for (var g = 0u; g < MAX_GROUP; g += 1u) {
             acc[g] = 0.0;
         }
+        let from_fp = c >= coords;
         for (var k = 0u; k < bt; k += 1u) {
-            if (live_sh[k] != 0u) {
-                let x = value_coordinate(kvh, blk * bt + k, k, c);
+            if (live_sh[k] == select(1u, 2u, from_fp)) {
+                var x: f32;
+                if (from_fp) {
+                    x = fp_coordinate(params.fp_values, kvh, launch.first_slot + blk * bt + k, c - coords);
+                } else {
+                    x = value_coordinate(kvh, blk * bt + k, k, c);
+                }
                 for (var g = 0u; g < CHUNK; g += 1u) {
                     acc[g] += p_sh[g * MAX_BLOCK + k] * x;
                 }

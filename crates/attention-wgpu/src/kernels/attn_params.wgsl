@@ -44,12 +44,18 @@ struct AttnParams {
     rows: u32,
     /// f32 per row of the scores output (slots).
     score_stride: u32,
+    /// Attention sinks (growing layers): tokens `t < sink_end` (min(sinks, len)) are read from
+    /// their full-precision (binary16) copies in `fp` instead of the page: keys at word 0,
+    /// values at word `fp_values`, each `[kv_heads, fp_slots, ceil(dim/2)]`.
+    sink_end: u32,
+    fp_slots: u32,
+    /// Where a prepared row holds `scale·q` for scoring those copies (0 for f32 / f16 keys).
+    fp_query: u32,
+    fp_values: u32,
+    /// Accumulators of those copies' values (original domain) at the end of a partial record
+    /// (`dim`, or 0 without sinks).
+    fp_coords: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
-    _pad4: u32,
-    _pad5: u32,
 }
 
 struct DispatchParams {

@@ -1,7 +1,7 @@
 // finish.wgsl — decode attention, pass 2b: divides each row's accumulators by its softmax sum
 // and maps them back once: out = Π_Vᵀ·(acc + α·s·S_Vᵀ·sketch_acc) / sum for coded values,
-// acc / sum for f32 / f16 values, plus μ_V for a mean-centered stream. A row that saw no token
-// outputs zeros.
+// acc / sum for f32 / f16 values, plus the attention sinks' original-domain sums / sum, plus
+// μ_V for a mean-centered stream. A row that saw no token outputs zeros.
 //
 // Workgroup: WG = 64 threads, one workgroup per row (row = query·q_heads + head).
 //
@@ -34,7 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = (row % params.q_heads) / params.group;
     if (value.kind == KIND_F32 || value.kind == KIND_F16) {
         for (var j = lid; j < d; j += WG) {
-            out[row * d + j] = with_mean(state[own + 2u + j] * inv, kvh, j, sum);
+            out[row * d + j] = with_mean(state[own + 2u + j] * inv + sinks(own, j, inv), kvh, j, sum);
         }
         return;
     }
@@ -74,8 +74,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < d; j += 1u) {
             acc += tables[pi + k * d + j] * a_sh[j];
         }
-        out[row * d + k] = with_mean(acc, kvh, k, sum);
+        out[row * d + k] = with_mean(acc + sinks(own, k, inv), kvh, k, sum);
     }
+}
+
+/// Coordinate `k` of the attention sinks' weighted values (original domain, the last
+/// `fp_coords` accumulators of the row's state), normalized; 0 without sinks.
+fn sinks(own: u32, k: u32, inv: f32) -> f32 {
+    if (params.fp_coords == 0u) {
+        return 0.0;
+    }
+    return state[own + params.rec - params.fp_coords + k] * inv;
 }
 
 /// Output coordinate `k` of KV head `kvh` with a centered stream's mean added back, as the CPU

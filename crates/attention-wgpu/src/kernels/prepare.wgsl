@@ -31,6 +31,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         q_sh[j] = queries[row * d + j] * params.scale;
     }
     workgroupBarrier();
+    // Coded keys with attention sinks also score the sinks' full-precision copies: scale·q.
+    if (params.fp_coords != 0u && params.fp_query != 0u) {
+        for (var j = lid; j < d; j += WG) {
+            prepared[out + params.fp_query + j] = q_sh[j];
+        }
+    }
     if (key.kind == KIND_F32 || key.kind == KIND_F16) {
         for (var j = lid; j < d; j += WG) {
             prepared[out + j] = q_sh[j];

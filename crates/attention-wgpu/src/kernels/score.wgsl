@@ -9,6 +9,9 @@
 //   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words],
 //                          scales (binary16 pairs) at k_scales_offset, positions at
 //                          k_positions_offset
+//   7 fp        storage r  u32, full-precision (binary16) copies of the attention sinks: keys
+//                          [kv_heads, fp_slots, ceil(dim/2)] at 0, values the same at
+//                          fp_values (a 16-byte placeholder without sinks)
 //
 // A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
 // `norm₁·⟨q̃₁, c₁[idx]⟩ + norm₂·⟨q̃₂, c₂[idx]⟩` for two-tier keys (q̃ split at `split`),
@@ -22,6 +25,7 @@ override CHUNK: u32 = 8u;
 @group(0) @binding(2) var<storage, read> prepared: array<f32>;
 @group(0) @binding(3) var<storage, read> tables: array<f32>;
 @group(0) @binding(4) var<storage, read> kpage: array<u32>;
+@group(0) @binding(7) var<storage, read> fp: array<u32>;
 
 /// Key centroids, loaded once per workgroup.
 var<workgroup> ck: array<f32, MAX_LEVELS>;
@@ -99,6 +103,37 @@ fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u
         let c = ck[centroids + code];
         for (var g = 0u; g < CHUNK; g += 1u) {
             out[g] += prepared[(row0 + g) * qs + first + j] * c;
+        }
+    }
+    return out;
+}
+
+/// Whether the token in slot `slot` is read from its full-precision copy rather than the
+/// page: an attention sink (sinks exist on growing layers only, where slot = token).
+fn reads_fp(slot: u32) -> bool {
+    return slot < params.sink_end;
+}
+
+/// Coordinate `j` of the full-precision copy of token `t` (a sink) of KV head `kvh`, keys
+/// (`base` 0) or values (`base` fp_values).
+fn fp_coordinate(base: u32, kvh: u32, t: u32, j: u32) -> f32 {
+    let words = (params.key.dim + 1u) / 2u;
+    let w = fp[base + (kvh * params.fp_slots + t) * words + j / 2u];
+    return f16_value((w >> (16u * (j % 2u))) & 0xffffu);
+}
+
+/// Scores `⟨scale·q, k⟩` of the full-precision key copy of token `t` against prepared rows
+/// `row0 .. row0 + CHUNK` (their `scale·q` at `fp_query`).
+fn fp_key_scores(row0: u32, kvh: u32, t: u32) -> array<f32, MAX_GROUP> {
+    var out: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        out[g] = 0.0;
+    }
+    let qs = params.qstride;
+    for (var j = 0u; j < params.key.dim; j += 1u) {
+        let x = fp_coordinate(0u, kvh, t, j);
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += prepared[(row0 + g) * qs + params.fp_query + j] * x;
         }
     }
     return out;

@@ -8,15 +8,18 @@ use crate::context::GpuContext;
 
 pub(crate) const SOURCE: &str = include_str!("scores.wgsl");
 
-/// Bindings 2.. of `scores.wgsl`: `score.wgsl`'s three, then out `[rows, score_stride]`.
-pub(crate) const BINDINGS: [Binding; 4] = [
+/// Bindings 2.. of `scores.wgsl`: `score.wgsl`'s three, then out `[rows, score_stride]`, and
+/// `score.wgsl`'s full-precision copies (7).
+pub(crate) const BINDINGS: [Binding; 5] = [
     b(2, "prepared", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "kpage", Access::Read),
     b(5, "out", Access::ReadWrite),
+    b(7, "fp", Access::Read),
 ];
 
 /// The bind group of one scores dispatch (one page).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn bind_group(
     ctx: &GpuContext,
     params: &wgpu::Buffer,
@@ -25,6 +28,7 @@ pub(crate) fn bind_group(
     tables: &wgpu::Buffer,
     kpage: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    fp: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Scores,
@@ -35,6 +39,7 @@ pub(crate) fn bind_group(
             (3, tables, 0, None),
             (4, kpage, 0, None),
             (5, out, 0, None),
+            (7, fp, 0, None),
         ],
     )
 }

@@ -5,7 +5,7 @@
 // as id = tile + tiles·row; one thread per slot. Compiled with CHUNK = 1.
 //
 // Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
-// 4 kpage):
+// 4 kpage, 7 fp):
 //   5 out  storage rw  f32 [rows, score_stride]   score per slot, −∞ where masked
 
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
@@ -33,7 +33,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = bitcast<u32>(prepared[params.positions_offset + qi]);
     var s = bitcast<f32>(0xff800000u);
     if (slot_visible(slot, local, qpos)) {
-        s = key_scores(row, kvh, local)[0];
+        if (reads_fp(slot)) {
+            s = fp_key_scores(row, kvh, slot)[0];
+        } else {
+            s = key_scores(row, kvh, local)[0];
+        }
     }
     out[row * params.score_stride + slot] = s;
 }
