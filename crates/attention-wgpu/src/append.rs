@@ -57,7 +57,7 @@ impl GpuKvCache {
 
     /// Rejects what the CPU codec would reject: wrong length, non-finite values, a norm (or,
     /// for f16, a value) beyond the largest f16.
-    fn check_vectors(&self, which: StreamKind, x: &[f32]) -> Result<usize, GpuError> {
+    pub(crate) fn check_vectors(&self, which: StreamKind, x: &[f32]) -> Result<usize, GpuError> {
         let d = self.head_dim;
         let width = self.kv_heads * d;
         if !x.len().is_multiple_of(width) {
@@ -239,6 +239,24 @@ impl GpuKvCache {
         })
     }
 
+    /// Calibrates the host-encoded streams of an empty cache on a first batch (`keys`,
+    /// `values` `[n, kv_heads, head_dim]`) and rebuilds the tables if anything was chosen.
+    pub(crate) fn calibrate_on_host(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<(), GpuError> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        let mut fresh = host.clone();
+        if fresh.calibrate(keys, values)? {
+            self.host = Some(fresh);
+            self.rebuild_tables()?;
+        }
+        Ok(())
+    }
+
     /// [`encode_and_append`](Self::encode_and_append) for a cache with host-encoded streams
     /// (checked input): an empty cache first chooses its outlier channels from this batch, as
     /// the CPU cache does, and keeps them only if the batch encodes.
@@ -262,11 +280,17 @@ impl GpuKvCache {
         let (key_records, key_scales) = encoder.encode(true, keys)?;
         let (value_records, value_scales) = encoder.encode(false, values)?;
         let first = self.len;
-        let sink_tokens = self.sinks.saturating_sub(first).min(positions.len());
-        let copies = if sink_tokens > 0 {
+        // Full-precision copies: of the batch's sink tokens, or of the whole batch with a
+        // recent window (`write_copies` keeps what the ring holds).
+        let copied = if self.recent > 0 {
+            positions.len()
+        } else {
+            self.sinks.saturating_sub(first).min(positions.len())
+        };
+        let copies = if copied > 0 {
             Some((
-                encoder.encode_copies(true, keys, sink_tokens)?,
-                encoder.encode_copies(false, values, sink_tokens)?,
+                encoder.encode_copies(true, keys, copied)?,
+                encoder.encode_copies(false, values, copied)?,
             ))
         } else {
             None
@@ -276,7 +300,7 @@ impl GpuKvCache {
             self.rebuild_tables()?;
         }
         if let Some((k, v)) = copies {
-            self.write_sinks(first, &k, &v);
+            self.write_copies(first, &k, &v);
         }
         self.append_records(
             EncodedTokens {
@@ -294,18 +318,21 @@ impl GpuKvCache {
     /// Appends `n` tokens encoded on the CPU (`tq_cache::TokenCodec::encode_into`), e.g. the
     /// newest records of the CPU cache: one token's records per decode step.
     ///
-    /// Records alone cannot make attention sinks (their full-precision copies): on a cache
-    /// with sinks, tokens that would be sinks are refused (`Unsupported`); append them with
-    /// [`encode_and_append`](Self::encode_and_append) or [`sync_from`](Self::sync_from).
+    /// Records alone cannot make the full-precision copies of attention sinks or of a recent
+    /// window: on a cache with a window, and for tokens that would be sinks, this is refused
+    /// (`Unsupported`); append them with [`encode_and_append`](Self::encode_and_append) or
+    /// [`sync_from`](Self::sync_from).
     pub fn append_encoded(
         &mut self,
         keys: EncodedTokens<'_>,
         values: EncodedTokens<'_>,
         positions: &[u32],
     ) -> Result<(), GpuError> {
-        if self.len < self.sinks && !positions.is_empty() {
+        if (self.len < self.sinks || self.recent > 0) && !positions.is_empty() {
             return Err(GpuError::Unsupported(
-                "records without the full-precision copies of attention sinks".into(),
+                "records without the full-precision copies of attention sinks or a recent \
+                 window"
+                    .into(),
             ));
         }
         self.append_records(keys, values, positions)
@@ -396,25 +423,12 @@ impl GpuKvCache {
         let mut key_scales = Vec::new();
         let mut value_records = Vec::new();
         let mut value_scales = Vec::new();
-        let (mut key_copies, mut value_copies) = (Vec::new(), Vec::new());
-        for &t in tokens.iter().filter(|&&t| t < self.sinks) {
-            for h in 0..self.kv_heads {
-                for (stream, out) in [
-                    (cache.keys(h), &mut key_copies),
-                    (cache.values(h), &mut value_copies),
-                ] {
-                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
-                        what: "sink copy",
-                        expected: t,
-                        actual: stream.len(),
-                    })?;
-                    out.extend_from_slice(record);
-                }
-            }
+        if self.recent > 0 {
+            self.oldest_recent = self
+                .oldest_recent
+                .max(cache.len().saturating_sub(self.recent + self.max_rewind));
         }
-        if let Some(&first) = tokens.first() {
-            self.write_sinks(first, &key_copies, &value_copies);
-        }
+        self.upload_copies(cache, self.len)?;
         for &t in &tokens {
             positions.push(cache.position(t).ok_or(GpuError::Shape {
                 what: "stored token",
@@ -564,6 +578,12 @@ impl GpuKvCache {
         self.len = new_len;
         if let Some(ring) = self.ring_slots {
             self.first_stored = self.first_stored.max(new_len.saturating_sub(ring));
+        }
+        if self.recent > 0 {
+            // As the CPU stream's ring of `recent + max_rewind` copies forgets the oldest.
+            self.oldest_recent = self
+                .oldest_recent
+                .max(new_len.saturating_sub(self.recent + self.max_rewind));
         }
         Ok(())
     }

@@ -17,9 +17,14 @@ use crate::kernels::attend::{self, AttnParams, LaunchParams};
 use crate::kernels::{
     Grid, KIND_F16, KIND_F32, KIND_PROD, Kernel, MAX_GROUP, finish, merge, prepare, scores,
 };
+use crate::tables::StreamKind;
 
 /// Partials of one call never exceed this many bytes (nor the device's largest buffer).
 const PARTIALS_BUDGET: u64 = 256 << 20;
+
+/// Tokens per chunk of [`GpuKvCache::forward`] on a stream with a full-precision recent window
+/// (the copies ring holds the window, the rewind margin and one chunk).
+pub(crate) const RECENT_CHUNK: usize = 64;
 
 /// What one call needs to know about its shape.
 struct CallPlan {
@@ -87,9 +92,14 @@ impl GpuKvCache {
             .find(|c| group.is_multiple_of(*c))
             .unwrap_or(1);
         let rows = queries * shape.q_heads;
-        // Attention sinks: their values accumulate in the original domain after the others,
-        // and coded keys need `scale·q` beside the prepared query to score their copies.
-        let fp_coords = if self.sinks > 0 { self.head_dim } else { 0 };
+        // Attention sinks and recent windows: their copies' values accumulate in the original
+        // domain after the others, and coded keys need `scale·q` beside the prepared query to
+        // score their copies.
+        let fp_coords = if self.sinks + self.recent > 0 {
+            self.head_dim
+        } else {
+            0
+        };
         let rec = 2 + self.value.dim + self.value.sketch_dim + fp_coords;
         let align = (self.ctx.storage_alignment() / 4).max(1) as usize;
         let block_stride = (rows * rec).next_multiple_of(align);
@@ -139,11 +149,11 @@ impl GpuKvCache {
             rows: rows as u32,
             score_stride: written as u32,
             sink_end: self.sinks.min(self.len) as u32,
-            fp_slots: self.sinks as u32,
+            fp_slots: (self.sinks + self.fp_ring) as u32,
+            fp_ring: self.fp_ring as u32,
             fp_query: fp_query as u32,
             fp_values: fp_values as u32,
             fp_coords: fp_coords as u32,
-            ..AttnParams::default()
         };
         CallPlan {
             params,
@@ -194,6 +204,27 @@ impl GpuKvCache {
         out: &mut [f32],
     ) -> Result<(), GpuError> {
         let n = self.check_attention(queries, query_positions, shape, out.len())?;
+        // Attention over the stored cache: every query reads the stream's recent window.
+        let windows = vec![self.recent_start() as u32; n];
+        self.attend_with_windows(queries, query_positions, &windows, shape, out)
+    }
+
+    /// Tokens from here on are read from their full-precision recent copies by attention over
+    /// the stored cache (`len` without a window), as `Stream::recent_start`.
+    fn recent_start(&self) -> usize {
+        self.len.saturating_sub(self.recent)
+    }
+
+    /// [`attend`](Self::attend) with each query's full-precision window start given.
+    fn attend_with_windows(
+        &mut self,
+        queries: &[f32],
+        query_positions: &[u32],
+        windows: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let n = query_positions.len();
         if n == 0 {
             return Ok(());
         }
@@ -205,6 +236,7 @@ impl GpuKvCache {
             self.attend_chunk(
                 &queries[start * width..end * width],
                 &query_positions[start..end],
+                &windows[start..end],
                 shape,
                 &mut out[start * width..end * width],
             )?;
@@ -224,8 +256,63 @@ impl GpuKvCache {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), GpuError> {
-        self.encode_and_append(keys, values, new_positions)?;
-        self.attend(queries, new_positions, shape, out)
+        if self.recent == 0 {
+            self.encode_and_append(keys, values, new_positions)?;
+            return self.attend(queries, new_positions, shape, out);
+        }
+        // A full-precision window: each new query reads its own newest `recent` tokens from
+        // their copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of
+        // at most RECENT_CHUNK tokens give every query the same window as the whole batch would
+        // (a query's window ends at itself) and keep the copies it reads inside the ring.
+        self.check_attention(queries, new_positions, shape, out.len())?;
+        let (kv, q) = (self.kv_heads * self.head_dim, shape.q_heads * self.head_dim);
+        let n = new_positions.len();
+        if keys.len() != n * kv || values.len() != n * kv {
+            return Err(GpuError::Shape {
+                what: "keys and values [tokens, kv_heads, head_dim]",
+                expected: n * kv,
+                actual: keys.len().min(values.len()),
+            });
+        }
+        // The whole batch is checked, and an empty cache calibrates on it, before the first
+        // chunk goes in: the CPU cache takes its mean and outlier channels from the batch.
+        self.check_vectors(StreamKind::Keys, keys)?;
+        self.check_vectors(StreamKind::Values, values)?;
+        if self.len == 0 {
+            self.calibrate_on_host(keys, values)?;
+        }
+        let mut start = 0;
+        while start < n {
+            let end = (start + RECENT_CHUNK).min(n);
+            let before = self.len;
+            let covered_from = (before + 1)
+                .saturating_sub(self.recent)
+                .max(self.oldest_recent);
+            self.encode_and_append(
+                &keys[start * kv..end * kv],
+                &values[start * kv..end * kv],
+                &new_positions[start..end],
+            )?;
+            let recent = self.recent_start();
+            let covered = covered_from.min(recent);
+            let windows: Vec<u32> = (0..end - start)
+                .map(|i| {
+                    (before + i + 1)
+                        .saturating_sub(self.recent)
+                        .max(covered)
+                        .min(recent) as u32
+                })
+                .collect();
+            self.attend_with_windows(
+                &queries[start * q..end * q],
+                &new_positions[start..end],
+                &windows,
+                shape,
+                &mut out[start * q..end * q],
+            )?;
+            start = end;
+        }
+        Ok(())
     }
 
     /// Uploads the queries and positions and returns the prepared-query buffer plus the
@@ -234,11 +321,12 @@ impl GpuKvCache {
         &mut self,
         queries: &[f32],
         positions: &[u32],
+        windows: &[u32],
         plan: &CallPlan,
     ) -> (wgpu::Buffer, wgpu::Buffer, wgpu::Buffer) {
         let ctx = Arc::clone(&self.ctx);
         let qin = self.scratch.get(&ctx, "queries", 4 * queries.len() as u64);
-        let prepared_len = plan.params.positions_offset as usize + positions.len();
+        let prepared_len = plan.params.positions_offset as usize + 2 * positions.len();
         let prepared = self
             .scratch
             .get(&ctx, "prepared queries", 4 * prepared_len as u64);
@@ -247,6 +335,11 @@ impl GpuKvCache {
             &prepared,
             4 * u64::from(plan.params.positions_offset),
             bytemuck::cast_slice(positions),
+        );
+        ctx.write(
+            &prepared,
+            4 * (u64::from(plan.params.positions_offset) + positions.len() as u64),
+            bytemuck::cast_slice(windows),
         );
         let params = ctx.uniform_init("attention params", bytemuck::bytes_of(&plan.params));
         (qin, prepared, params)
@@ -317,6 +410,7 @@ impl GpuKvCache {
         &mut self,
         queries: &[f32],
         positions: &[u32],
+        windows: &[u32],
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), GpuError> {
@@ -326,7 +420,7 @@ impl GpuKvCache {
             return Ok(());
         }
         let ctx = Arc::clone(&self.ctx);
-        let (qin, prepared, params) = self.upload_queries(queries, positions, &plan);
+        let (qin, prepared, params) = self.upload_queries(queries, positions, windows, &plan);
         let stride_bytes = 4 * plan.block_stride as u64;
         let partials = self.scratch.get(
             &ctx,
@@ -435,7 +529,9 @@ impl GpuKvCache {
         }
         let ctx = Arc::clone(&self.ctx);
         ctx.check_binding("scores", 4 * len as u64)?;
-        let (qin, prepared, params) = self.upload_queries(queries, query_positions, &plan);
+        let windows = vec![self.recent_start() as u32; n];
+        let (qin, prepared, params) =
+            self.upload_queries(queries, query_positions, &windows, &plan);
         let output = self.scratch.get(&ctx, "scores", 4 * len as u64);
         let mut launches = vec![self.row_launch(Kernel::Prepare, plan.rows)?];
         for i in 0..plan.pages {

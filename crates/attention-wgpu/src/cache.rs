@@ -20,9 +20,10 @@
 //!
 //! and a value page the same without positions. Each record is bit for bit the CPU cache's
 //! record (`tq_cache::token_codec`): the GPU reads the packed codes, sign bits and f16 scales
-//! directly. Attention sinks (growing layers) also keep the CPU stream's binary16 copies of
-//! their first `sinks` tokens in one buffer (`fp`: keys `[kv_heads, sinks, ⌈d/2⌉]` words,
-//! then values), which attention reads instead of those tokens' records. Appending lives in `append.rs`, attention in `attention.rs`.
+//! directly. Attention sinks and recent windows (growing layers) also keep the CPU stream's
+//! binary16 copies in one buffer (`fp`: keys `[kv_heads, sinks + ring, ⌈d/2⌉]` words, then
+//! values; the first `sinks` tokens in their own slots, the window's in a ring), which
+//! attention reads instead of those tokens' records. Appending lives in `append.rs`, attention in `attention.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -180,8 +181,18 @@ pub struct GpuKvCache {
     /// when the encode kernel takes both streams.
     pub(crate) host: Option<HostEncoder>,
     /// Attention sinks: tokens `t < sinks` (growing layers) are read from their binary16
-    /// copies in `fp`, keys `[kv_heads, sinks, ⌈d/2⌉]` words then values the same.
+    /// copies in `fp`, keys `[kv_heads, sinks + fp_ring, ⌈d/2⌉]` words then values the same.
     pub(crate) sinks: usize,
+    /// Recent window (growing layers): each query reads its newest `recent` tokens from their
+    /// copies, kept in a ring of `fp_ring` slots after the sinks' (token `t` at `sinks + t mod
+    /// fp_ring`).
+    pub(crate) recent: usize,
+    pub(crate) fp_ring: usize,
+    pub(crate) max_rewind: usize,
+    /// The CPU stream's `oldest_recent`: tokens before it lost their copies in the CPU's ring
+    /// of `recent + max_rewind` slots (mirrored so rewinds are refused exactly where the CPU
+    /// refuses them).
+    pub(crate) oldest_recent: usize,
     pub(crate) fp: wgpu::Buffer,
 }
 
@@ -201,13 +212,13 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Two-tier streams (TQ_mse tiers), mean-centered streams and attention sinks are scored
-    /// and summed by the kernels and encoded on the host with `cache`'s codecs, choosing their
-    /// outlier channels and means from the first batch as the CPU cache does and writing the
-    /// sinks' binary16 copies.
+    /// Two-tier streams (TQ_mse tiers), mean-centered streams, attention sinks and recent
+    /// windows are scored and summed by the kernels and encoded on the host with `cache`'s
+    /// codecs, choosing their outlier channels and means from the first batch as the CPU cache
+    /// does and writing the binary16 copies.
     ///
-    /// Errors: full-precision recent windows, sinks with f32 copies or different counts per
-    /// stream, a stream with a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// Errors: sinks or windows with f32 copies or different counts per stream, a stream with
+    /// a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
     /// different codec kinds, a head dimension above 512, or a page of one token that does not
     /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -216,20 +227,16 @@ impl GpuKvCache {
         for h in 0..heads {
             for stream in [cache.keys(h), cache.values(h)] {
                 let l = stream.layout();
-                if l.ring_slots.is_none() && l.recent_tokens > 0 {
-                    return Err(GpuError::Unsupported(
-                        "full-precision recent-window copies (`recent_fp_tokens`)".into(),
-                    ));
-                }
                 let first = cache.keys(0).layout();
                 if l.ring_slots.is_none()
-                    && l.sink_tokens > 0
+                    && l.sink_tokens + l.recent_tokens > 0
                     && (!matches!(l.fp, tq_cache::CodecSpec::F16 { .. })
-                        || l.sink_tokens != first.sink_tokens)
+                        || l.sink_tokens != first.sink_tokens
+                        || l.recent_tokens != first.recent_tokens)
                 {
                     return Err(GpuError::Unsupported(
-                        "attention sinks other than binary16 copies, the same count in every \
-                         stream"
+                        "attention sinks or recent windows other than binary16 copies, the \
+                         same counts in every stream"
                             .into(),
                     ));
                 }
@@ -242,14 +249,24 @@ impl GpuKvCache {
                 }
             }
         }
-        let sinks = match layout.ring_slots() {
-            Some(_) => 0,
-            None => cache.keys(0).layout().sink_tokens,
+        let (sinks, recent) = match layout.ring_slots() {
+            Some(_) => (0, 0),
+            None => {
+                let l = cache.keys(0).layout();
+                (l.sink_tokens, l.recent_tokens)
+            }
+        };
+        // The copies' ring holds every token a query may read from its window: the window, the
+        // rewind margin, and one chunk of `forward`.
+        let fp_ring = if recent > 0 {
+            recent + layout.max_rewind + crate::attention::RECENT_CHUNK
+        } else {
+            0
         };
         // Two-tier and centered streams, and the full-precision copies of attention sinks, are
         // encoded on the host (the encode kernel implements neither the tiers nor the mean and
         // its calibration, and writes no copies).
-        let host = (sinks > 0
+        let host = (sinks + recent > 0
             || (0..heads)
                 .flat_map(|h| [cache.keys(h), cache.values(h)])
                 .any(|s| s.layout().outliers.is_some() || s.layout().center.is_centered()))
@@ -283,14 +300,18 @@ impl GpuKvCache {
                 limit,
             });
         }
-        let fp_words = 2 * heads * sinks * layout.head_dim.div_ceil(2);
-        ctx.check_binding("sink copies", 4 * fp_words as u64)?;
-        let fp = ctx.storage_buffer("sink copies", 4 * fp_words as u64);
+        let fp_words = 2 * heads * (sinks + fp_ring) * layout.head_dim.div_ceil(2);
+        ctx.check_binding("full-precision copies", 4 * fp_words as u64)?;
+        let fp = ctx.storage_buffer("full-precision copies", 4 * fp_words as u64);
         Ok(Self {
             ctx: Arc::clone(ctx),
             kv_heads: heads,
             head_dim: layout.head_dim,
             sinks,
+            recent,
+            fp_ring,
+            max_rewind: layout.max_rewind,
+            oldest_recent: 0,
             fp,
             key,
             value,
@@ -332,20 +353,65 @@ impl GpuKvCache {
         self.rebuild_tables()
     }
 
+    /// Writes the CPU stream's full-precision copies of tokens `from..cache.len()` that this
+    /// cache keeps: the sinks, and with a recent window those its ring reaches (from the
+    /// oldest token the CPU still has a copy of).
+    pub(crate) fn upload_copies(&self, cache: &KvCache, from: usize) -> Result<(), GpuError> {
+        let ring_from = cache
+            .len()
+            .saturating_sub(self.fp_ring)
+            .max(self.oldest_recent);
+        let copied = |t: usize| t < self.sinks || (self.recent > 0 && t >= ring_from);
+        let mut run: Option<(usize, Vec<u32>, Vec<u32>)> = None;
+        for t in from..cache.len() {
+            if !copied(t) {
+                if let Some((first, ks, vs)) = run.take() {
+                    self.write_copies(first, &ks, &vs);
+                }
+                continue;
+            }
+            let (_, ks, vs) = run.get_or_insert_with(|| (t, Vec::new(), Vec::new()));
+            for h in 0..self.kv_heads {
+                for (stream, out) in [(cache.keys(h), &mut *ks), (cache.values(h), &mut *vs)] {
+                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
+                        what: "full-precision copy",
+                        expected: t,
+                        actual: stream.len(),
+                    })?;
+                    out.extend_from_slice(record);
+                }
+            }
+        }
+        if let Some((first, ks, vs)) = run {
+            self.write_copies(first, &ks, &vs);
+        }
+        Ok(())
+    }
+
     /// Word offset of the value copies in `fp`, and words per copy.
     pub(crate) fn fp_layout(&self) -> (usize, usize) {
         let words = self.head_dim.div_ceil(2);
-        (self.kv_heads * self.sinks * words, words)
+        (self.kv_heads * (self.sinks + self.fp_ring) * words, words)
     }
 
-    /// Writes binary16 copies of sink tokens `first..first + n` (`[n, kv_heads, ⌈d/2⌉]` words
-    /// each for keys and values) into `fp`; tokens at or past `sinks` are skipped.
-    pub(crate) fn write_sinks(&self, first: usize, keys: &[u32], values: &[u32]) {
+    /// Writes binary16 copies of tokens `first..first + n` (`[n, kv_heads, ⌈d/2⌉]` words each
+    /// for keys and values) into `fp`: sink tokens into their slots, and, with a recent
+    /// window, the batch's last `fp_ring` tokens into the ring.
+    pub(crate) fn write_copies(&self, first: usize, keys: &[u32], values: &[u32]) {
         let (value_offset, words) = self.fp_layout();
         let n = keys.len() / (self.kv_heads * words).max(1);
-        for i in 0..n.min(self.sinks.saturating_sub(first)) {
+        let slots = self.sinks + self.fp_ring;
+        for i in 0..n {
+            let t = first + i;
+            let slot = if t < self.sinks {
+                t
+            } else if self.fp_ring > 0 && i + self.fp_ring >= n {
+                self.sinks + t % self.fp_ring
+            } else {
+                continue;
+            };
             for h in 0..self.kv_heads {
-                let at = (h * self.sinks + first + i) * words;
+                let at = (h * slots + slot) * words;
                 let from = (i * self.kv_heads + h) * words;
                 for (base, data) in [(0, keys), (value_offset, values)] {
                     self.ctx.write(
@@ -569,20 +635,13 @@ impl GpuKvCache {
             self.ctx.write(&page.keys, 0, bytemuck::cast_slice(&kw));
             self.ctx.write(&page.values, 0, bytemuck::cast_slice(&vw));
         }
-        let (mut ks, mut vs) = (Vec::new(), Vec::new());
-        for t in 0..self.sinks.min(cache.len()) {
-            for h in 0..self.kv_heads {
-                for (stream, out) in [(cache.keys(h), &mut ks), (cache.values(h), &mut vs)] {
-                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
-                        what: "sink copy",
-                        expected: t,
-                        actual: stream.len(),
-                    })?;
-                    out.extend_from_slice(record);
-                }
-            }
+        // The copies the CPU stream holds: its sinks, and its recent ring (from the oldest
+        // token it still has a copy of, as far back as this ring reaches).
+        self.oldest_recent = cache.len().saturating_sub(self.recent + self.max_rewind);
+        if self.recent == 0 {
+            self.oldest_recent = 0;
         }
-        self.write_sinks(0, &ks, &vs);
+        self.upload_copies(cache, 0)?;
         self.ctx.submit("upload", |_| Ok(()))
     }
 
@@ -600,6 +659,15 @@ impl GpuKvCache {
             }
             .into());
         }
+        if self.recent > 0 && self.oldest_recent > new_len.saturating_sub(self.recent) {
+            return Err(tq_cache::CacheError::RewindTooFar {
+                requested: self.len - new_len,
+                reason: "full-precision copies of the tokens that would become recent are gone \
+                         (raise max_rewind)",
+            }
+            .into());
+        }
+        self.oldest_recent = self.oldest_recent.min(new_len);
         // An emptied CPU stream chooses its outlier channels again from its next first batch.
         if new_len == 0
             && let Some(host) = &mut self.host

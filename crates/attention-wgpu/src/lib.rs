@@ -23,14 +23,15 @@
 //! (outlier channels and the rest: `tq3.5`, `tq2.5`), one codec per stream (per-head rotation
 //! and sketch seeds, per-head outlier channels), mean-centered or not (`center =
 //! "first-chunk"`: `mse-k4v4-c`, `k5v3-c`), with or without attention sinks (`sink_tokens`:
-//! the first tokens read from binary16 copies; the `-global` presets), head dimension ≤ 512,
-//! growing or sliding layers. Two-tier, centered and sink-keeping streams are encoded on the
-//! host, which chooses the outlier channels and means from the first batch as the CPU cache
-//! does and writes the sinks' copies. Not supported (a typed [`GpuError::Unsupported`]):
-//! two-tier codecs with QJL or debiased tiers, full-precision recent windows
-//! (`recent_fp_tokens`) and streams with a data-aware basis (`basis = "pca"`, `"planes"`) —
-//! so the recommended `rec*` presets stay on the CPU. All arithmetic is f32 (no `SHADER_F16`
-//! path yet).
+//! the first tokens read from binary16 copies; the `-global` presets) and full-precision
+//! recent windows (`recent_fp_tokens`: each query reads its newest tokens from copies, in a
+//! prefill as in decode), head dimension ≤ 512, growing or sliding layers. Two-tier, centered,
+//! sink- and window-keeping streams are encoded on the host, which chooses the outlier
+//! channels and means from the first batch as the CPU cache does and writes the copies. Not
+//! supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased tiers
+//! and streams with a data-aware basis (`basis = "pca"`, `"planes"`) — so the recommended
+//! `rec*` presets, whose keys use the plane basis, stay on the CPU. All arithmetic is f32 (no
+//! `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

@@ -17,7 +17,7 @@ use proptest::test_runner::{Config, RngSeed};
 use tq_attention_wgpu::{GpuError, GpuKvCache};
 use tq_cache::CodecSpec;
 use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionShape, reference_attention};
+use tq_cache::attention::{AttentionKernel, AttentionShape, reference_attention};
 use tq_cache::codec::CodecScratch;
 use tq_cache::kv_cache::{KvCache, KvLayout};
 
@@ -290,6 +290,71 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
             follower.truncate(0).unwrap();
         }
     }
+}
+
+/// A full-precision recent window (with sinks, centering and norm-corrected values, the
+/// levers of the recommended presets but the plane basis): `forward` gives every query of a
+/// prefill its own window, as `KvCache::forward` does (a prefill longer than one chunk of the
+/// GPU's copies ring included), decode steps and stored-cache attention read the stream's
+/// window, and rewinds are allowed and refused exactly where the CPU allows and refuses them.
+#[test]
+fn recent_windows_match_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    let allocation = Allocation::from_toml_str(
+        "name = \"window\"\nsink_tokens = 2\nrecent_fp_tokens = 24\n\
+         key = { codec = \"mse\", bits = 3, center = \"first-chunk\" }\n\
+         value = { codec = \"mse\", bits = 2, center = \"first-chunk\", norm_correction = true }\n",
+    )
+    .unwrap();
+    let mut layout = growing(2, 64);
+    layout.max_rewind = 4;
+    let mut cpu = KvCache::with_allocation(layout, &allocation, 3, 8).unwrap();
+    let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    let step = |cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, seed: u64| {
+        let keys = vectors(n, 2 * 64, seed);
+        let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
+        let queries = vectors(n * 4, 64, seed ^ 7);
+        // The CPU call takes every position of the sequence, the GPU call the new ones.
+        let all: Vec<u32> = (0..start + n as u32).collect();
+        let positions = &all[start as usize..];
+        let mut expected = vec![0.0f32; queries.len()];
+        cpu.forward(
+            &queries,
+            &keys,
+            &values,
+            &all,
+            shape,
+            AttentionKernel::Reference,
+            &mut expected,
+        )
+        .unwrap();
+        let mut got = vec![0.0f32; queries.len()];
+        gpu.forward(&queries, &keys, &values, positions, shape, &mut got)
+            .unwrap();
+        let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * top,
+                "start {start}: output {i}: gpu {a} vs cpu {b} (top {top})"
+            );
+        }
+    };
+    step(&mut cpu, &mut gpu, 0, 150, 1);
+    for t in 150..155u32 {
+        step(&mut cpu, &mut gpu, t, 1, u64::from(t));
+    }
+    compare(&mut gpu, &cpu, 4, &[154], 9);
+    cpu.truncate(151).unwrap();
+    gpu.truncate(151).unwrap();
+    step(&mut cpu, &mut gpu, 151, 3, 77);
+    compare(&mut gpu, &cpu, 4, &[153], 10);
+    assert!(cpu.truncate(100).is_err());
+    assert!(matches!(gpu.truncate(100), Err(GpuError::Cache(_))));
+    assert_eq!(gpu.len(), cpu.len());
 }
 
 /// Sliding layers: a ring that wrapped, the window mask, a prefill chunk, and a rewind.

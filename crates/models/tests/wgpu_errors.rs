@@ -71,13 +71,11 @@ fn unsupported_configurations_are_typed_errors() {
     let Some(ctx) = context_or_skip() else {
         return;
     };
-    let window = Allocation::from_toml_str(
-        "name = \"window\"\nrecent_fp_tokens = 8\nkey = { codec = \"mse\", bits = 4 }\n\
-         value = { codec = \"mse\", bits = 4 }\n",
-    )
-    .unwrap();
-    let what = unsupported(WgpuAttention::new(&ctx, &cache(&window)));
-    assert!(what.contains("recent"), "{what}");
+    let what = unsupported(WgpuAttention::new(
+        &ctx,
+        &cache(&Allocation::preset("rec4.25").unwrap()),
+    ));
+    assert!(what.contains("basis"), "{what}");
 
     let shared = ModelCache::with_allocation(
         vec![

@@ -52,7 +52,7 @@ pub(crate) struct AttnParams {
     pub fp_query: u32,
     pub fp_values: u32,
     pub fp_coords: u32,
-    pub _pad: u32,
+    pub fp_ring: u32,
 }
 
 /// `DispatchParams` of `attn_params.wgsl`.

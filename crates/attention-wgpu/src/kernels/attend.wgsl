@@ -127,7 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let local = blk * bt + k;
         let visible = slot_visible(launch.first_slot + local, local, qpos);
         let slot = launch.first_slot + local;
-        let from_fp = visible && reads_fp(slot);
+        let from_fp = visible && reads_fp(slot, qi);
         live_sh[k] = select(select(0u, 1u, visible), 2u, from_fp);
         if (from_fp) {
             let s = fp_key_scores(row0, kvh, slot);

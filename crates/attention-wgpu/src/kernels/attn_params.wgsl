@@ -44,9 +44,11 @@ struct AttnParams {
     rows: u32,
     /// f32 per row of the scores output (slots).
     score_stride: u32,
-    /// Attention sinks (growing layers): tokens `t < sink_end` (min(sinks, len)) are read from
-    /// their full-precision (binary16) copies in `fp` instead of the page: keys at word 0,
-    /// values at word `fp_values`, each `[kv_heads, fp_slots, ceil(dim/2)]`.
+    /// Attention sinks and recent windows (growing layers): tokens `t < sink_end` (min(sinks,
+    /// len)) and `t ≥` the query's window start (after the positions in `prepared`) are read
+    /// from their full-precision (binary16) copies in `fp` instead of the page: keys at word
+    /// 0, values at word `fp_values`, each `[kv_heads, fp_slots, ceil(dim/2)]` with slots
+    /// `0..sinks` for the sinks and `sinks + t mod fp_ring` for the window's ring.
     sink_end: u32,
     fp_slots: u32,
     /// Where a prepared row holds `scale·q` for scoring those copies (0 for f32 / f16 keys).
@@ -55,7 +57,7 @@ struct AttnParams {
     /// Accumulators of those copies' values (original domain) at the end of a partial record
     /// (`dim`, or 0 without sinks).
     fp_coords: u32,
-    _pad0: u32,
+    fp_ring: u32,
 }
 
 struct DispatchParams {

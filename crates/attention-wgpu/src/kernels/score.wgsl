@@ -109,16 +109,27 @@ fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u
 }
 
 /// Whether the token in slot `slot` is read from its full-precision copy rather than the
-/// page: an attention sink (sinks exist on growing layers only, where slot = token).
-fn reads_fp(slot: u32) -> bool {
-    return slot < params.sink_end;
+/// page by query `qi`: an attention sink, or a token of the query's recent window (both exist
+/// on growing layers only, where slot = token). Window starts follow the query positions in
+/// `prepared` (`len` for a query without a window).
+fn reads_fp(slot: u32, qi: u32) -> bool {
+    if (params.fp_coords == 0u) {
+        return false;
+    }
+    let start = bitcast<u32>(prepared[params.positions_offset + params.queries + qi]);
+    return slot < params.sink_end || slot >= start;
 }
 
-/// Coordinate `j` of the full-precision copy of token `t` (a sink) of KV head `kvh`, keys
-/// (`base` 0) or values (`base` fp_values).
+/// Coordinate `j` of the full-precision copy of token `t` (a sink, or in the recent ring) of KV
+/// head `kvh`, keys (`base` 0) or values (`base` fp_values).
 fn fp_coordinate(base: u32, kvh: u32, t: u32, j: u32) -> f32 {
     let words = (params.key.dim + 1u) / 2u;
-    let w = fp[base + (kvh * params.fp_slots + t) * words + j / 2u];
+    let sinks = params.fp_slots - params.fp_ring;
+    var slot = t;
+    if (t >= sinks) {
+        slot = sinks + t % max(params.fp_ring, 1u);
+    }
+    let w = fp[base + (kvh * params.fp_slots + slot) * words + j / 2u];
     return f16_value((w >> (16u * (j % 2u))) & 0xffffu);
 }
 
