@@ -245,12 +245,13 @@ impl GpuKvCache {
         &mut self,
         keys: &[f32],
         values: &[f32],
+        query_energy: Option<&[Vec<f64>]>,
     ) -> Result<(), GpuError> {
         let Some(host) = &self.host else {
             return Ok(());
         };
         let mut fresh = host.clone();
-        if fresh.calibrate(keys, values)? {
+        if fresh.calibrate(keys, values, query_energy)? {
             self.host = Some(fresh);
             self.rebuild_tables()?;
         }
@@ -272,7 +273,8 @@ impl GpuKvCache {
         let mut calibrated = None;
         if self.len == 0 {
             let mut fresh = host.clone();
-            if fresh.calibrate(keys, values)? {
+            // No queries here: a plane basis stays on the plain codec, as `KvCache::append`.
+            if fresh.calibrate(keys, values, None)? {
                 calibrated = Some(fresh);
             }
         }

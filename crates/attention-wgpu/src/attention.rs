@@ -256,6 +256,15 @@ impl GpuKvCache {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), GpuError> {
+        // An empty cache calibrates on the whole batch, with the queries' energy for a plane
+        // basis, as `KvCache::forward` (through `append_with_queries`) does.
+        if self.len == 0 && self.host.is_some() && !new_positions.is_empty() {
+            self.check_attention(queries, new_positions, shape, out.len())?;
+            self.check_vectors(StreamKind::Keys, keys)?;
+            self.check_vectors(StreamKind::Values, values)?;
+            let energy = self.query_energy(queries, shape.q_heads);
+            self.calibrate_on_host(keys, values, energy.as_deref())?;
+        }
         if self.recent == 0 {
             self.encode_and_append(keys, values, new_positions)?;
             return self.attend(queries, new_positions, shape, out);
@@ -278,9 +287,6 @@ impl GpuKvCache {
         // chunk goes in: the CPU cache takes its mean and outlier channels from the batch.
         self.check_vectors(StreamKind::Keys, keys)?;
         self.check_vectors(StreamKind::Values, values)?;
-        if self.len == 0 {
-            self.calibrate_on_host(keys, values)?;
-        }
         let mut start = 0;
         while start < n {
             let end = (start + RECENT_CHUNK).min(n);
@@ -313,6 +319,32 @@ impl GpuKvCache {
             start = end;
         }
         Ok(())
+    }
+
+    /// The mean square of each query coordinate over the rows and the KV head's query heads,
+    /// per KV head, in `KvCache::append_with_queries`' order — `None` unless a plane basis is
+    /// about to be fitted.
+    fn query_energy(&self, queries: &[f32], q_heads: usize) -> Option<Vec<Vec<f64>>> {
+        if !self.host.as_ref().is_some_and(|h| h.needs_query_energy()) {
+            return None;
+        }
+        let (heads, d) = (self.kv_heads, self.head_dim);
+        let group = q_heads / heads;
+        let width = q_heads * d;
+        let rows = queries.len() / width;
+        let mut energy = vec![vec![0.0f64; d]; heads];
+        for row in queries.chunks_exact(width) {
+            for (q_head, head) in row.chunks_exact(d).enumerate() {
+                for (e, &v) in energy[q_head / group].iter_mut().zip(head) {
+                    *e += f64::from(v) * f64::from(v);
+                }
+            }
+        }
+        let count = (rows * group).max(1) as f64;
+        for e in energy.iter_mut().flatten() {
+            *e /= count;
+        }
+        Some(energy)
     }
 
     /// Uploads the queries and positions and returns the prepared-query buffer plus the

@@ -212,13 +212,12 @@ impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
     ///
-    /// Two-tier streams (TQ_mse tiers), mean-centered streams, attention sinks and recent
-    /// windows are scored and summed by the kernels and encoded on the host with `cache`'s
-    /// codecs, choosing their outlier channels and means from the first batch as the CPU cache
-    /// does and writing the binary16 copies.
+    /// Two-tier streams (TQ_mse tiers), data-aware bases, mean-centered streams, attention
+    /// sinks and recent windows are scored and summed by the kernels and encoded on the host
+    /// with `cache`'s codecs, calibrating from the first batch (means, outlier channels, bases)
+    /// as the CPU cache does and writing the binary16 copies.
     ///
-    /// Errors: sinks or windows with f32 copies or different counts per stream, a stream with
-    /// a data-aware basis, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// Errors: sinks or windows with f32 copies or different counts per stream, a two-tier codec with a QJL or debiased tier, heads of one stream with
     /// different codec kinds, a head dimension above 512, or a page of one token that does not
     /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -238,13 +237,6 @@ impl GpuKvCache {
                         "attention sinks or recent windows other than binary16 copies, the \
                          same counts in every stream"
                             .into(),
-                    ));
-                }
-                // Refused by policy, not only once fitted: a basis chosen by the first batch
-                // must not turn a cache that uploaded fine into one that cannot.
-                if l.basis.fits_basis() || l.basis_fit.is_some() {
-                    return Err(GpuError::Unsupported(
-                        "streams with a data-aware basis (`basis`)".into(),
                     ));
                 }
             }
@@ -269,7 +261,10 @@ impl GpuKvCache {
         let host = (sinks + recent > 0
             || (0..heads)
                 .flat_map(|h| [cache.keys(h), cache.values(h)])
-                .any(|s| s.layout().outliers.is_some() || s.layout().center.is_centered()))
+                .any(|s| {
+                    let l = s.layout();
+                    l.outliers.is_some() || l.center.is_centered() || l.basis.fits_basis()
+                }))
         .then(|| HostEncoder::new(cache));
         let (key, value, tables) = match &host {
             Some(host) => build_tables(

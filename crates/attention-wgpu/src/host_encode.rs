@@ -3,8 +3,9 @@
 //!
 //! A centered stream chooses its mean `μ` from its first appended batch
 //! (`tq_cache::center::first_chunk_mean`) and stores `x − μ`; a two-tier stream chooses its
-//! outlier channels from the same batch (centered first, if the stream is), per KV head
-//! (`tq_cache::two_tier::select_outlier_channels`); both choose again after a rewind to empty.
+//! outlier channels, and a basis stream its basis (a plane basis weighed by the batch's
+//! queries), from the same batch (centered first, if the stream is), per KV head; all choose
+//! again after a rewind to empty.
 //! The encoder keeps each head's stream layout and codec and does exactly that, so a GPU cache
 //! given the same vectors as a CPU cache stores the same records, bit for bit (tested). The
 //! records then go up like any CPU-encoded token (`GpuKvCache::append_encoded`): for one decode
@@ -26,40 +27,67 @@ struct HostStream {
 }
 
 impl HostStream {
-    /// Chooses the mean (centered stream) and then the outlier channels (two tiers, from the
-    /// centered batch) from `batch` (`[n, head_dim]`) where the stream has none yet, as
+    /// Chooses the mean (centered stream), then the outlier channels (two tiers) or the basis
+    /// (a basis stream; a plane basis needs `query_energy`, else it stays on the plain codec)
+    /// from the centered `batch` (`[n, head_dim]`) where the stream has none yet, as
     /// `Stream::calibrate` does; whether anything changed.
-    fn calibrate(&mut self, batch: &[f32], head_dim: usize) -> Result<bool, GpuError> {
+    fn calibrate(
+        &mut self,
+        batch: &[f32],
+        head_dim: usize,
+        query_energy: Option<&[f64]>,
+    ) -> Result<bool, GpuError> {
         let mut layout = self.layout.clone();
         let needs_mean = layout.center.is_centered() && layout.mean.is_none();
         if needs_mean {
             layout.mean = Some(tq_cache::center::first_chunk_mean(batch, head_dim)?);
         }
         let needs_channels = layout.outliers.is_some() && layout.channels.is_none();
+        let needs_basis = layout.basis.fits_basis() && layout.basis_fit.is_none();
+        let centered: Vec<f32>;
+        let stored = match &layout.mean {
+            Some(mean)
+                if (needs_channels || needs_basis)
+                    && head_dim > 0
+                    && batch.len().is_multiple_of(head_dim) =>
+            {
+                centered = batch
+                    .chunks_exact(head_dim)
+                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                    .collect();
+                &centered[..]
+            }
+            _ => batch,
+        };
         if let Some(plan) = layout.outliers.filter(|_| needs_channels) {
-            let centered: Vec<f32>;
-            let stored = match &layout.mean {
-                Some(mean) if head_dim > 0 && batch.len().is_multiple_of(head_dim) => {
-                    centered = batch
-                        .chunks_exact(head_dim)
-                        .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                        .collect();
-                    &centered[..]
-                }
-                _ => batch,
-            };
             let channels =
                 tq_cache::two_tier::select_outlier_channels(stored, head_dim, plan.channels)
                     .map_err(tq_cache::CacheError::from)?;
             layout.channels = Some(channels);
             self.codec = layout.build_codec()?;
         }
+        if needs_basis && let tq_cache::CodecSpec::Mse(spec) = layout.codec {
+            use tq_cache::basis::{BasisFit, BasisPolicy};
+            let fit = match (layout.basis, query_energy) {
+                (BasisPolicy::Planes, Some(query)) => tq_cache::basis::fit_planes(
+                    stored,
+                    head_dim,
+                    spec.bits,
+                    layout.rope_pairs,
+                    query,
+                )?,
+                (BasisPolicy::Planes, None) => BasisFit::Identity,
+                _ => tq_cache::basis::fit_basis(stored, head_dim, spec.bits)?,
+            };
+            layout.basis_fit = Some(fit);
+            self.codec = layout.build_codec()?;
+        }
         self.layout = layout;
-        Ok(needs_mean || needs_channels)
+        Ok(needs_mean || needs_channels || needs_basis)
     }
 
-    /// Forgets the chosen mean and outlier channels (as an emptied CPU stream does); whether
-    /// anything changed.
+    /// Forgets the chosen mean, outlier channels and basis (as an emptied CPU stream does);
+    /// whether anything changed.
     fn forget(&mut self) -> Result<bool, GpuError> {
         let mut changed = false;
         if self.layout.center.is_centered() && self.layout.mean.is_some() {
@@ -71,7 +99,17 @@ impl HostStream {
             self.codec = self.layout.build_codec()?;
             changed = true;
         }
+        if self.layout.basis_fit.is_some() {
+            self.layout.basis_fit = None;
+            self.codec = self.layout.build_codec()?;
+            changed = true;
+        }
         Ok(changed)
+    }
+
+    /// Whether calibrating now would fit a plane basis, which needs the queries' energy.
+    fn needs_query_energy(&self) -> bool {
+        self.layout.basis == tq_cache::basis::BasisPolicy::Planes && self.layout.basis_fit.is_none()
     }
 }
 
@@ -135,13 +173,22 @@ impl HostEncoder {
                 .all(|(h, s)| s.layout == *cache.values(h).layout())
     }
 
-    /// Chooses the means and outlier channels of every uncalibrated stream from the first batch
-    /// `keys`, `values` (`[n, kv_heads, head_dim]`), per head as `KvCache::append` does; whether
-    /// anything changed.
-    pub(crate) fn calibrate(&mut self, keys: &[f32], values: &[f32]) -> Result<bool, GpuError> {
+    /// Chooses the means, outlier channels and bases of every uncalibrated stream from the first
+    /// batch `keys`, `values` (`[n, kv_heads, head_dim]`), per head as `KvCache::append` does
+    /// (`query_energy`, per KV head, as `KvCache::append_with_queries` computes it, for a plane
+    /// basis); whether anything changed.
+    pub(crate) fn calibrate(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        query_energy: Option<&[Vec<f64>]>,
+    ) -> Result<bool, GpuError> {
         let (d, heads) = (self.head_dim, self.keys.len());
         let mut changed = false;
-        for (streams, data) in [(&mut self.keys, keys), (&mut self.values, values)] {
+        for (streams, data, is_key) in [
+            (&mut self.keys, keys, true),
+            (&mut self.values, values, false),
+        ] {
             for (h, stream) in streams.iter_mut().enumerate() {
                 let batch: Vec<f32> = data
                     .chunks_exact(d)
@@ -150,14 +197,25 @@ impl HostEncoder {
                     .flatten()
                     .copied()
                     .collect();
-                changed |= stream.calibrate(&batch, d)?;
+                // Queries score keys only (the allocation refuses planes on values).
+                let query = query_energy
+                    .filter(|_| is_key)
+                    .and_then(|e| e.get(h))
+                    .map(Vec::as_slice);
+                changed |= stream.calibrate(&batch, d, query)?;
             }
         }
         Ok(changed)
     }
 
-    /// Forgets every chosen mean and outlier channel (the cache was emptied); whether anything
-    /// changed.
+    /// Whether the next calibration fits a plane basis on some key stream (it then needs the
+    /// queries' energy).
+    pub(crate) fn needs_query_energy(&self) -> bool {
+        self.keys.iter().any(HostStream::needs_query_energy)
+    }
+
+    /// Forgets every chosen mean, outlier channel and basis (the cache was emptied); whether
+    /// anything changed.
     pub(crate) fn forget_calibration(&mut self) -> Result<bool, GpuError> {
         let mut changed = false;
         for stream in self.keys.iter_mut().chain(&mut self.values) {

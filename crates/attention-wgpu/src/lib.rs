@@ -18,20 +18,18 @@
 //! The model uses the crate through `tq_models::llama::WgpuAttention` (one [`GpuKvCache`] per
 //! layer behind the model's `AttentionBackend` seam; `tq generate --backend wgpu`).
 //!
-//! What the GPU supports: keys and values stored as f32, f16, TQ_mse (b = 1..8), debiased
-//! TQ_mse, TQ_prod (b = 2..9; Gaussian, Haar or Hadamard sketch), or two tiers of TQ_mse
-//! (outlier channels and the rest: `tq3.5`, `tq2.5`), one codec per stream (per-head rotation
-//! and sketch seeds, per-head outlier channels), mean-centered or not (`center =
-//! "first-chunk"`: `mse-k4v4-c`, `k5v3-c`), with or without attention sinks (`sink_tokens`:
-//! the first tokens read from binary16 copies; the `-global` presets) and full-precision
-//! recent windows (`recent_fp_tokens`: each query reads its newest tokens from copies, in a
-//! prefill as in decode), head dimension ≤ 512, growing or sliding layers. Two-tier, centered,
-//! sink- and window-keeping streams are encoded on the host, which chooses the outlier
-//! channels and means from the first batch as the CPU cache does and writes the copies. Not
-//! supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased tiers
-//! and streams with a data-aware basis (`basis = "pca"`, `"planes"`) — so the recommended
-//! `rec*` presets, whose keys use the plane basis, stay on the CPU. All arithmetic is f32 (no
-//! `SHADER_F16` path yet).
+//! What the GPU supports: every allocation the CPU cache stores on a KV layer — keys and
+//! values as f32, f16, TQ_mse (b = 1..8), debiased TQ_mse or TQ_prod (b = 2..9; Gaussian, Haar
+//! or Hadamard sketch), one codec per stream (per-head seeds); two tiers of TQ_mse (`tq3.5`,
+//! `tq2.5`); a data-aware basis (`basis = "planes"` or `"pca"`: several code groups of
+//! different widths, the scales folded into the query); mean-centering; attention sinks and
+//! full-precision recent windows (binary16 copies; a prefill gives every query its own window,
+//! as decoding does) — so every preset, the recommended `rec*` included; head dimension ≤ 512,
+//! growing or sliding layers. Streams with any of the levers after the first are encoded on the
+//! host, which calibrates them from the first batch (means, outlier channels, bases — a plane
+//! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
+//! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
+//! tiers. All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

@@ -12,8 +12,8 @@ use tq_rotation::{Rotation, RotationKind};
 
 use crate::error::GpuError;
 use crate::kernels::{
-    KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MAX_LEVELS, MODE_DENSE, MODE_DENSE_LANES,
-    MODE_FWHT, StreamDesc,
+    KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MODE_DENSE, MODE_DENSE_LANES, MODE_FWHT,
+    StreamDesc,
 };
 
 /// Which stream of a layer.
@@ -88,7 +88,7 @@ fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
         }
         TokenCodec::Basis(_) => {
             return Err(GpuError::Unsupported(
-                "streams with a data-aware basis (`basis`)".into(),
+                "KV heads of one stream with different codecs (a basis and another)".into(),
             ));
         }
     })
@@ -155,8 +155,11 @@ pub(crate) fn build_stream(
     codecs: &[&TokenCodec],
     data: &mut Vec<f32>,
 ) -> Result<StreamLayoutGpu, GpuError> {
-    if codecs.iter().any(|c| matches!(c, TokenCodec::TwoTier(_))) {
-        return build_two_tier_stream(codecs, data);
+    if codecs
+        .iter()
+        .any(|c| matches!(c, TokenCodec::TwoTier(_) | TokenCodec::Basis(_)))
+    {
+        return build_grouped_stream(codecs, data);
     }
     let heads: Vec<HeadCodec<'_>> = codecs
         .iter()
@@ -289,108 +292,220 @@ fn mse_tier(codec: &TokenCodec) -> Result<&tq_cache::codec::TqMse, GpuError> {
     }
 }
 
+/// Most code groups one head of a grouped stream may have (`MAX_GROUPS` in `common.wgsl`).
+pub(crate) const MAX_GROUPS: usize = 8;
+/// f32 per head in a grouped stream's group table: the count, then six per group.
+pub(crate) const GROUP_STRIDE: usize = 1 + 6 * MAX_GROUPS;
+
+/// One group of codes of a grouped record: rotated coordinates `start..start + len`, `bits`
+/// each from word `word`, looked up in `codebook`, scaled by the token's scale `scale`.
+struct CodeGroup<'a> {
+    start: usize,
+    len: usize,
+    bits: u8,
+    word: usize,
+    codebook: &'a [f32],
+    scale: usize,
+}
+
+/// A head whose record is several code groups (two tiers, a basis' equal-bit groups): `m`, the
+/// d×d row-major map from a vector to its rotated coordinates (rows past the coded ones zero),
+/// so that a score is `Σ_G norm_G·⟨(m·q)_G, c_G⟩` and a value is `mᵀ·(norm·c)`.
+struct GroupedHead<'a> {
+    m: Vec<f64>,
+    groups: Vec<CodeGroup<'a>>,
+}
+
 /// Π of a two-tier head as one d×d row-major matrix: rows `0..k` are the outlier tier's
 /// rotation on its channels, rows `k..d` the rest tier's on the others (zeros elsewhere), so
-/// the kernels rotate and rotate back both tiers with the one-tier code.
-fn two_tier_rotation(codec: &TwoTierCodec) -> Result<Vec<f64>, GpuError> {
+/// the kernels rotate and rotate back both tiers as one.
+fn two_tier_head(codec: &TwoTierCodec) -> Result<GroupedHead<'_>, GpuError> {
     let d = codec.head_dim();
-    let mut dense = vec![0.0f64; d * d];
-    let mut first_row = 0;
+    let mut m = vec![0.0f64; d * d];
+    let mut groups = Vec::new();
+    let (mut first_row, mut word, mut scale) = (0, 0, 0);
     for (tier, channels) in [
         (codec.outlier(), codec.channels()),
         (codec.rest(), codec.rest_channels()),
     ] {
-        let pi = mse_tier(tier)?.rotation().to_dense_f64();
+        let mse = mse_tier(tier)?;
+        let pi = mse.rotation().to_dense_f64();
         let k = channels.len();
         for r in 0..k {
             for (i, &c) in channels.iter().enumerate() {
-                dense[(first_row + r) * d + usize::from(c)] = pi[r * k + i];
+                m[(first_row + r) * d + usize::from(c)] = pi[r * k + i];
             }
         }
+        groups.push(CodeGroup {
+            start: first_row,
+            len: k,
+            bits: mse.spec().bits,
+            word,
+            codebook: mse.codebook().centroids_f32(),
+            scale,
+        });
         first_row += k;
+        word += tier.record_words();
+        scale += tier.scales_per_token();
     }
-    Ok(dense)
+    Ok(GroupedHead { m, groups })
 }
 
-/// [`build_stream`] for two-tier codecs (TQ_mse tiers): one descriptor whose `split` fields
-/// say where the second tier's coordinates, codes, norm and centroids start; Π combines the
-/// tiers' rotations (see [`two_tier_rotation`]). The encode kernel does not implement them: the
-/// cache encodes these streams on the host (`HostEncoder`), so no thresholds or Hadamard
-/// factors are stored.
-fn build_two_tier_stream(
+/// A basis head: `m = diag(a_G)·blockdiag(Π_G)·U` (rows past the rank zero), so `m·q` is the
+/// query the CPU kernel scores each group's codes against (the scales folded in) and
+/// `mᵀ·(norm·c)` the decoded vector (`BasisCodec::decode_into`).
+fn basis_head(codec: &tq_cache::basis::BasisCodec) -> GroupedHead<'_> {
+    let d = codec.dim();
+    let rows = codec.rows();
+    let mut m = vec![0.0f64; d * d];
+    let mut groups = Vec::new();
+    for group in codec.groups() {
+        let len = group.len();
+        let pi = group.rotation.to_dense_f64();
+        let a = f64::from(group.scale);
+        for r in 0..len {
+            for i in 0..len {
+                let p = pi[r * len + i] * a;
+                if p == 0.0 {
+                    continue;
+                }
+                let u = &rows[(group.start + i) * d..(group.start + i + 1) * d];
+                for (out, &x) in m[(group.start + r) * d..(group.start + r + 1) * d]
+                    .iter_mut()
+                    .zip(u)
+                {
+                    *out += p * f64::from(x);
+                }
+            }
+        }
+        groups.push(CodeGroup {
+            start: group.start,
+            len,
+            bits: group.bits,
+            word: group.word_offset,
+            codebook: group.codebook.centroids_f32(),
+            scale: 0,
+        });
+    }
+    GroupedHead { m, groups }
+}
+
+/// [`build_stream`] for streams whose records are several code groups — two-tier codecs (TQ_mse
+/// tiers) and data-aware bases: one matrix per head (see [`GroupedHead`]) in the Π slot, so
+/// prepare and finish need nothing new, and a group table per head (count, then start, length,
+/// bits, first word, first centroid, scale index per group; small integers held exactly as f32)
+/// that the score and value reads walk. The distinct codebooks of every head are concatenated.
+/// The encode kernel does not implement these streams: the cache encodes them on the host
+/// (`HostEncoder`), so no thresholds or Hadamard factors are stored.
+fn build_grouped_stream(
     codecs: &[&TokenCodec],
     data: &mut Vec<f32>,
 ) -> Result<StreamLayoutGpu, GpuError> {
-    let tiers: Vec<&TwoTierCodec> = codecs
+    let heads: Vec<GroupedHead<'_>> = codecs
         .iter()
         .map(|c| match c {
-            TokenCodec::TwoTier(t) => Ok(&**t),
+            TokenCodec::TwoTier(t) => two_tier_head(t),
+            TokenCodec::Basis(b) => Ok(basis_head(b)),
+            // A head still on the plain codec (a basis not fitted yet, or fitted to the
+            // identity) is one group.
+            TokenCodec::Mse(mse) => Ok(GroupedHead {
+                m: mse.rotation().to_dense_f64(),
+                groups: vec![CodeGroup {
+                    start: 0,
+                    len: mse.spec().dim,
+                    bits: mse.spec().bits,
+                    word: 0,
+                    codebook: mse.codebook().centroids_f32(),
+                    scale: 0,
+                }],
+            }),
             _ => Err(GpuError::Unsupported(
-                "KV heads of one stream with different codecs (two-tier and one-tier)".into(),
+                "KV heads of one stream with different codecs (grouped and plain)".into(),
             )),
         })
         .collect::<Result<_, _>>()?;
-    let first = tiers[0];
-    let d = first.head_dim();
+    let first = codecs[0];
+    let d = first.dim();
     if d == 0 || d > MAX_DIM {
         return Err(GpuError::Unsupported(format!(
             "head dimension {d} (the kernels take 1..={MAX_DIM})"
         )));
     }
-    let (o, r) = (mse_tier(first.outlier())?, mse_tier(first.rest())?);
-    let levels = o.codebook().centroids_f32().len() + r.codebook().centroids_f32().len();
-    if levels > MAX_LEVELS {
+    if codecs.iter().any(|c| {
+        c.dim() != d
+            || c.record_words() != first.record_words()
+            || c.scales_per_token() != first.scales_per_token()
+    }) {
+        return Err(GpuError::Unsupported(
+            "KV heads of one stream with different record sizes".into(),
+        ));
+    }
+    if let Some(h) = heads.iter().find(|h| h.groups.len() > MAX_GROUPS) {
         return Err(GpuError::Unsupported(format!(
-            "two tiers with {levels} centroids together (the kernels hold {MAX_LEVELS})"
+            "{} code groups in one record (the kernels take {MAX_GROUPS})",
+            h.groups.len()
         )));
     }
-    for t in &tiers[1..] {
-        let (to, tr) = (mse_tier(t.outlier())?, mse_tier(t.rest())?);
-        if t.head_dim() != d
-            || t.channels().len() != first.channels().len()
-            || to.spec().bits != o.spec().bits
-            || tr.spec().bits != r.spec().bits
-            || to.codebook().centroids_f32() != o.codebook().centroids_f32()
-            || tr.codebook().centroids_f32() != r.codebook().centroids_f32()
-        {
-            return Err(GpuError::Unsupported(
-                "KV heads of one stream with different two-tier codecs (channels and seeds may \
-                 differ, tier sizes and widths may not)"
-                    .into(),
-            ));
+    // The distinct codebooks, concatenated.
+    let mut books: Vec<&[f32]> = Vec::new();
+    for g in heads.iter().flat_map(|h| &h.groups) {
+        if !books.contains(&g.codebook) {
+            books.push(g.codebook);
         }
     }
+    // Past the first MAX_LEVELS (held in workgroup memory) the kernels read centroids from
+    // the table itself.
+    let levels: usize = books.iter().map(|b| b.len()).sum();
+    let book_start = |book: &[f32]| -> usize {
+        let i = books.iter().position(|b| *b == book).unwrap_or(0);
+        books[..i].iter().map(|b| b.len()).sum()
+    };
     let offset = |data: &Vec<f32>| data.len() as u32;
-    let k = first.channels().len();
     let mut desc = StreamDesc {
         kind: KIND_MSE,
         dim: d as u32,
-        bits: u32::from(o.spec().bits),
+        bits: heads[0].groups[0].bits.into(),
         record_words: first.record_words() as u32,
-        code_words: first.outlier().record_words() as u32,
+        code_words: first.record_words() as u32,
         scales: first.scales_per_token() as u32,
         levels: levels as u32,
         pi_mode: MODE_DENSE,
         s_mode: MODE_DENSE,
-        split: k as u32,
-        bits2: u32::from(r.spec().bits),
-        words2: first.outlier().record_words() as u32,
-        centroids2: o.codebook().centroids_f32().len() as u32,
-        scale2: first.outlier().scales_per_token() as u32,
+        groups: 1,
         ..StreamDesc::default()
     };
     desc.pi_offset = offset(data);
-    for t in &tiers {
-        data.extend(column_major(&two_tier_rotation(t)?, d));
+    for head in &heads {
+        data.extend(column_major(&head.m, d));
     }
     desc.centroid_offset = offset(data);
-    data.extend_from_slice(o.codebook().centroids_f32());
-    data.extend_from_slice(r.codebook().centroids_f32());
+    for book in &books {
+        data.extend_from_slice(book);
+    }
+    desc.group_offset = offset(data);
+    for head in &heads {
+        let mut table = [0.0f32; GROUP_STRIDE];
+        table[0] = head.groups.len() as f32;
+        for (g, group) in head.groups.iter().enumerate() {
+            let fields = [
+                group.start,
+                group.len,
+                usize::from(group.bits),
+                group.word,
+                book_start(group.codebook),
+                group.scale,
+            ];
+            for (slot, v) in table[1 + 6 * g..7 + 6 * g].iter_mut().zip(fields) {
+                *slot = v as f32;
+            }
+        }
+        data.extend_from_slice(&table);
+    }
     desc.threshold_offset = offset(data);
     desc.gain_offset = offset(data);
-    data.extend(tiers.iter().map(|_| 0.0f32));
+    data.extend(heads.iter().map(|_| 0.0f32));
     desc.correction_offset = offset(data);
-    data.extend(tiers.iter().map(|_| 1.0f32));
+    data.extend(heads.iter().map(|_| 1.0f32));
     Ok(StreamLayoutGpu {
         desc,
         dim: d,

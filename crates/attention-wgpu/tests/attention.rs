@@ -292,6 +292,91 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
     }
 }
 
+/// `KvCache::forward` (reference kernel) on `cpu` and `GpuKvCache::forward` on `gpu` with the
+/// same `n` new tokens at `start..` (two KV heads of d = 64, four query heads): the outputs
+/// agree within 1e-4 of the largest.
+fn forward_both(cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, seed: u64) {
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    let keys = vectors(n, 2 * 64, seed);
+    let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
+    let queries = vectors(n * 4, 64, seed ^ 7);
+    // The CPU call takes every position of the sequence, the GPU call the new ones.
+    let all: Vec<u32> = (0..start + n as u32).collect();
+    let positions = &all[start as usize..];
+    let mut expected = vec![0.0f32; queries.len()];
+    cpu.forward(
+        &queries,
+        &keys,
+        &values,
+        &all,
+        shape,
+        AttentionKernel::Reference,
+        &mut expected,
+    )
+    .unwrap();
+    let mut got = vec![0.0f32; queries.len()];
+    gpu.forward(&queries, &keys, &values, positions, shape, &mut got)
+        .unwrap();
+    let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * top,
+            "start {start}: output {i}: gpu {a} vs cpu {b} (top {top})"
+        );
+    }
+}
+
+/// The recommended presets (plane basis on the keys, sinks, a recent window, centering,
+/// norm-corrected values) and a principal-component basis: a GPU cache built empty fits the
+/// same bases from the first batch and its queries as the CPU cache (same records), attends
+/// alike through prefill and decode, and a copy uploaded from the fitted CPU cache attends
+/// alike too.
+#[test]
+fn fitted_bases_match_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    let pca = Allocation::from_toml_str(
+        "name = \"pca\"\nkey = { codec = \"mse\", bits = 4, basis = \"pca\" }\n\
+         value = { codec = \"mse\", bits = 3, basis = \"pca\" }\n",
+    )
+    .unwrap();
+    let cases = [
+        ("rec4.25", Allocation::preset("rec4.25").unwrap()),
+        ("rec2.5", Allocation::preset("rec2.5").unwrap()),
+        ("pca", pca),
+    ];
+    for (name, allocation) in cases {
+        let mut cpu = KvCache::with_allocation(growing(2, 64), &allocation, 3, 8).unwrap();
+        let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+        forward_both(&mut cpu, &mut gpu, 0, 100, 3);
+        assert!(
+            (0..2).all(|h| {
+                let fit = &cpu.keys(h).layout().basis_fit;
+                fit.as_ref().is_some_and(|f| f.fitted().is_some())
+            }),
+            "{name}: the keys' basis was fitted (not the identity)"
+        );
+        for t in 100..103u32 {
+            forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t));
+        }
+        let down = gpu.download().unwrap();
+        let (mut kr, mut vr) = (vec![], vec![]);
+        for t in 0..cpu.len() {
+            for h in 0..2 {
+                kr.extend_from_slice(body_record(cpu.keys(h), t));
+                vr.extend_from_slice(body_record(cpu.values(h), t));
+            }
+        }
+        assert_eq!(down.key_records, kr, "{name}");
+        assert_eq!(down.value_records, vr, "{name}");
+        compare(&mut gpu, &cpu, 4, &[102], 5);
+        let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        compare(&mut uploaded, &cpu, 4, &[102], 6);
+    }
+}
+
 /// A full-precision recent window (with sinks, centering and norm-corrected values, the
 /// levers of the recommended presets but the plane basis): `forward` gives every query of a
 /// prefill its own window, as `KvCache::forward` does (a prefill longer than one chunk of the
@@ -310,47 +395,14 @@ fn recent_windows_match_the_cpu_cache() {
     layout.max_rewind = 4;
     let mut cpu = KvCache::with_allocation(layout, &allocation, 3, 8).unwrap();
     let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
-    let shape = AttentionShape {
-        q_heads: 4,
-        scale: 0.125,
-    };
-    let step = |cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, seed: u64| {
-        let keys = vectors(n, 2 * 64, seed);
-        let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
-        let queries = vectors(n * 4, 64, seed ^ 7);
-        // The CPU call takes every position of the sequence, the GPU call the new ones.
-        let all: Vec<u32> = (0..start + n as u32).collect();
-        let positions = &all[start as usize..];
-        let mut expected = vec![0.0f32; queries.len()];
-        cpu.forward(
-            &queries,
-            &keys,
-            &values,
-            &all,
-            shape,
-            AttentionKernel::Reference,
-            &mut expected,
-        )
-        .unwrap();
-        let mut got = vec![0.0f32; queries.len()];
-        gpu.forward(&queries, &keys, &values, positions, shape, &mut got)
-            .unwrap();
-        let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-        for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-4 * top,
-                "start {start}: output {i}: gpu {a} vs cpu {b} (top {top})"
-            );
-        }
-    };
-    step(&mut cpu, &mut gpu, 0, 150, 1);
+    forward_both(&mut cpu, &mut gpu, 0, 150, 1);
     for t in 150..155u32 {
-        step(&mut cpu, &mut gpu, t, 1, u64::from(t));
+        forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t));
     }
     compare(&mut gpu, &cpu, 4, &[154], 9);
     cpu.truncate(151).unwrap();
     gpu.truncate(151).unwrap();
-    step(&mut cpu, &mut gpu, 151, 3, 77);
+    forward_both(&mut cpu, &mut gpu, 151, 3, 77);
     compare(&mut gpu, &cpu, 4, &[153], 10);
     assert!(cpu.truncate(100).is_err());
     assert!(matches!(gpu.truncate(100), Err(GpuError::Cache(_))));
@@ -460,18 +512,6 @@ fn errors_are_typed() {
     match GpuKvCache::new(&ctx, &prod_tiers) {
         Err(GpuError::Unsupported(what)) => assert!(what.contains("TQ_mse"), "{what}"),
         other => panic!("QJL tiers must be refused, got {other:?}"),
-    }
-    // A data-aware basis is not implemented: refused by policy, before it is fitted.
-    let planes = KvCache::with_allocation(
-        growing(1, 64),
-        &Allocation::preset("rec4.25").unwrap(),
-        3,
-        8,
-    );
-    let planes = planes.unwrap();
-    match GpuKvCache::new(&ctx, &planes) {
-        Err(GpuError::Unsupported(_)) => {}
-        other => panic!("a plane-basis cache must be refused, got {other:?}"),
     }
 }
 

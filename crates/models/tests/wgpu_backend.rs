@@ -1,7 +1,8 @@
 //! The wgpu attention backend in the real model (SmolLM2-135M: 30 layers, 9 query / 3 KV
 //! heads, d = 64) against the CPU backend with the same allocation: `mse-k4v4`, `k5v4`, `f16`,
-//! the two-tier `tq3.5`, the mean-centered `k5v3-c` and `rec4.25-global` (centered, 4 f16
-//! sinks; all three encoded on the host), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
+//! the two-tier `tq3.5`, the mean-centered `k5v3-c`, `rec4.25-global` (centered, 4 f16
+//! sinks) and the recommended `rec4.25` (plane basis, sinks, recent window, centering; these
+//! four encoded on the host), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
 //!
 //! # What is compared, and the tolerances
 //!
@@ -44,13 +45,14 @@ use tq_models::llama::{
 use tq_models::tokenizer::Tokenizer;
 use wgpu_common::context_or_skip;
 
-const PRESETS: [&str; 6] = [
+const PRESETS: [&str; 7] = [
     "mse-k4v4",
     "k5v4",
     "f16",
     "tq3.5",
     "k5v3-c",
     "rec4.25-global",
+    "rec4.25",
 ];
 
 /// Tokens per prefill chunk: the 23-token prompt runs as 8 + 8 + 7, so later chunks attend to

@@ -71,11 +71,14 @@ fn unsupported_configurations_are_typed_errors() {
     let Some(ctx) = context_or_skip() else {
         return;
     };
-    let what = unsupported(WgpuAttention::new(
-        &ctx,
-        &cache(&Allocation::preset("rec4.25").unwrap()),
-    ));
-    assert!(what.contains("basis"), "{what}");
+    let prod_tiers = Allocation::from_toml_str(
+        "name = \"prod-tiers\"\nkey = { codec = \"prod\", bits = 4 }\n\
+         value = { codec = \"mse\", bits = 3 }\n\
+         [outliers]\nfraction = 0.25\nkey = { bits = 5 }\nvalue = { bits = 4 }\n",
+    )
+    .unwrap();
+    let what = unsupported(WgpuAttention::new(&ctx, &cache(&prod_tiers)));
+    assert!(what.contains("TQ_mse"), "{what}");
 
     let shared = ModelCache::with_allocation(
         vec![
@@ -152,6 +155,7 @@ fn from_cache_continues_a_cpu_sequence() {
         "tq3.5",
         "mse-k4v4-c",
         "rec3.25-global",
+        "rec4.25",
     ] {
         let allocation = Allocation::preset(preset).unwrap();
         let mut cpu_cache = cache(&allocation);

@@ -37,10 +37,44 @@ fn value_scale(kvh: u32, local: u32, k: u32) -> f32 {
     return f16_value((w >> (16u * (i % 2u))) & 0xffffu);
 }
 
+/// Value centroid `i` (past MAX_LEVELS, as for the keys, from `tables`).
+fn value_centroid(i: u32) -> f32 {
+    if (i < MAX_LEVELS) {
+        return cv[i];
+    }
+    return tables[params.value.centroid_offset + i];
+}
+
+/// Where coordinate `c` (< dim) of a coded value lives in a record: `bits` from bit `bit` of
+/// the record, centroid table `centroid`, scale slot `scale` of `vscale`; `bits` 0 for a
+/// coordinate no group codes (a basis component past its rank: zero).
+struct CodeAt {
+    bits: u32,
+    bit: u32,
+    centroid: u32,
+    scale: u32,
+}
+
+fn code_at(kvh: u32, c: u32) -> CodeAt {
+    let value = params.value;
+    if (value.groups == 0u) {
+        return CodeAt(value.bits, c * value.bits, 0u, 0u);
+    }
+    let table = value.group_offset + kvh * GROUP_STRIDE;
+    let count = u32(tables[table]);
+    for (var i = 0u; i < count; i += 1u) {
+        let group = code_group(table, i);
+        if (c >= group.start && c < group.start + group.len) {
+            return CodeAt(group.bits, 32u * group.word + (c - group.start) * group.bits, group.centroid, group.scale);
+        }
+    }
+    return CodeAt(0u, 0u, 0u, 0u);
+}
+
 /// Coordinate `c` of the value at (`kvh`, `local`) in its accumulation domain, without the
-/// softmax weight: rotated-domain `norm·c[idx_c]` for c < dim (with its tier's norm and
-/// codebook for two tiers), sketch-domain `γ·z` beyond.
-fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32) -> f32 {
+/// softmax weight: rotated-domain `norm·c[idx_c]` for c < dim (`at`: where its code lives,
+/// with its group's norm and codebook), sketch-domain `γ·z` beyond.
+fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32, at: CodeAt) -> f32 {
     let value = params.value;
     let rb = (kvh * launch.page_tokens + local) * value.record_words;
     if (value.kind == KIND_F32) {
@@ -50,27 +84,16 @@ fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32) -> f32 {
         return f16_value((vpage[rb + c / 2u] >> (16u * (c % 2u))) & 0xffffu);
     }
     if (c < value.dim) {
-        // One tier, or the first of two: codes from word 0; the second tier's from words2.
-        var bits = value.bits;
-        var at = c;
-        var word0 = rb;
-        var centroids = 0u;
-        var norm = vscale[2u * k];
-        if (value.split != 0u && c >= value.split) {
-            bits = value.bits2;
-            at = c - value.split;
-            word0 = rb + value.words2;
-            centroids = value.centroids2;
-            norm = vscale[2u * k + 1u];
+        if (at.bits == 0u) {
+            return 0.0;
         }
-        let bit = at * bits;
-        let w = bit / 32u;
-        let shift = bit % 32u;
+        let w = at.bit / 32u;
+        let shift = at.bit % 32u;
         var hi = 0u;
-        if (shift + bits > 32u) {
-            hi = vpage[word0 + w + 1u];
+        if (shift + at.bits > 32u) {
+            hi = vpage[rb + w + 1u];
         }
-        return norm * cv[centroids + code_from(vpage[word0 + w], hi, shift, bits)];
+        return vscale[2u * k + at.scale] * value_centroid(at.centroid + code_from(vpage[rb + w], hi, shift, at.bits));
     }
     let i = c - value.dim;
     let z = select(-1.0, 1.0, ((vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u) == 1u);
@@ -112,7 +135,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     load_key_centroids(lid);
     if (coded_values) {
-        for (var i = lid; i < value.levels; i += WG) {
+        for (var i = lid; i < min(value.levels, MAX_LEVELS); i += WG) {
             cv[i] = tables[value.centroid_offset + i];
         }
     }
@@ -143,10 +166,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             if (coded_values) {
                 vscale[2u * k] = value_scale(kvh, local, 0u);
-                if (value.kind == KIND_PROD) {
+                if (value.scales > 1u) {
                     vscale[2u * k + 1u] = value_scale(kvh, local, 1u);
-                } else if (value.split != 0u) {
-                    vscale[2u * k + 1u] = value_scale(kvh, local, value.scale2);
                 }
             }
         }
@@ -213,13 +234,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             acc[g] = 0.0;
         }
         let from_fp = c >= coords;
+        var at = CodeAt(0u, 0u, 0u, 0u);
+        if (coded_values && c < value.dim) {
+            at = code_at(kvh, c);
+        }
         for (var k = 0u; k < bt; k += 1u) {
             if (live_sh[k] == select(1u, 2u, from_fp)) {
                 var x: f32;
                 if (from_fp) {
                     x = fp_coordinate(params.fp_values, kvh, launch.first_slot + blk * bt + k, c - coords);
                 } else {
-                    x = value_coordinate(kvh, blk * bt + k, k, c);
+                    x = value_coordinate(kvh, blk * bt + k, k, c, at);
                 }
                 for (var g = 0u; g < CHUNK; g += 1u) {
                     acc[g] += p_sh[g * MAX_BLOCK + k] * x;

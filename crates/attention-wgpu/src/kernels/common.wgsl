@@ -56,16 +56,13 @@ struct StreamDesc {
     gain_offset: u32,
     /// Score factor per head (1, or 1/(1 − D_mse) for debiased MSE keys), `[kv_heads]`.
     correction_offset: u32,
-    /// Two tiers (`tq_cache::two_tier`, TQ_mse each): rotated coordinates of the first
-    /// (outlier) tier, whose codes (`bits`), norm (scale 0) and centroids come first; 0 for one
-    /// tier. Π is then the two tiers' rotations on their channels, one d×d matrix, so
-    /// coordinates `split..dim` are the second tier's.
-    split: u32,
-    /// The second tier's bits per code, first record word, first centroid and scale index.
-    bits2: u32,
-    words2: u32,
-    centroids2: u32,
-    scale2: u32,
+    /// 1 for a record of several code groups (two tiers, a data-aware basis): Π is then the
+    /// d×d map to every group's coordinates (rotated coordinates past the coded ones are zero),
+    /// and each KV head has a group table of GROUP_STRIDE f32 at `group_offset + kvh·
+    /// GROUP_STRIDE`: the group count, then per group its first coordinate, length, bits,
+    /// first record word, first centroid and scale index (small integers, exact as f32).
+    groups: u32,
+    group_offset: u32,
     /// 1 for a mean-centered value stream: records hold `v − μ`, and the outputs of a row that
     /// saw a token get `μ` (per KV head, `[kv_heads, dim]` at `mean_offset`) added back. Keys
     /// need nothing: a common shift of a query's scores leaves its softmax unchanged.
@@ -73,7 +70,20 @@ struct StreamDesc {
     mean_offset: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
+}
+
+/// Most code groups per record, and f32 per head of a group table (`tables.rs`).
+const MAX_GROUPS: u32 = 8u;
+const GROUP_STRIDE: u32 = 49u;
+
+/// One code group of a grouped record (see `StreamDesc.groups`).
+struct CodeGroup {
+    start: u32,
+    len: u32,
+    bits: u32,
+    word: u32,
+    centroid: u32,
+    scale: u32,
 }
 
 /// IEEE binary16 bits of `x`, rounded to nearest even exactly as `half::f16::from_f32`

@@ -35,8 +35,8 @@ const SCORE: &str = include_str!("score.wgsl");
 pub const WORKGROUP_SIZE: u32 = 64;
 /// Largest head dimension the kernels accept (`MAX_DIM` in `common.wgsl`).
 pub const MAX_DIM: usize = 512;
-/// Largest codebook the kernels hold in workgroup memory (`MAX_LEVELS` in `common.wgsl`; both
-/// tiers' centroids together for a two-tier codec).
+/// Centroids the kernels hold in workgroup memory (`MAX_LEVELS` in `common.wgsl`); the
+/// codebooks of several code groups together may hold more, read from the tables past it.
 pub const MAX_LEVELS: usize = 256;
 /// Largest token block of attention pass 1 (`MAX_BLOCK` in `attn_params.wgsl`).
 pub const MAX_BLOCK_TOKENS: usize = 256;
@@ -170,7 +170,7 @@ impl Kernel {
     }
 }
 
-/// The stream descriptor of `common.wgsl` (`StreamDesc`), 112 bytes.
+/// The stream descriptor of `common.wgsl` (`StreamDesc`), 96 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct StreamDesc {
@@ -192,14 +192,11 @@ pub(crate) struct StreamDesc {
     pub threshold_offset: u32,
     pub gain_offset: u32,
     pub correction_offset: u32,
-    pub split: u32,
-    pub bits2: u32,
-    pub words2: u32,
-    pub centroids2: u32,
-    pub scale2: u32,
+    pub groups: u32,
+    pub group_offset: u32,
     pub centered: u32,
     pub mean_offset: u32,
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// `StreamDesc.kind` values.

@@ -14,7 +14,7 @@
 //                          fp_values (a 16-byte placeholder without sinks)
 //
 // A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
-// `norm₁·⟨q̃₁, c₁[idx]⟩ + norm₂·⟨q̃₂, c₂[idx]⟩` for two-tier keys (q̃ split at `split`),
+// `Σ_G norm_G·⟨q̃_G, c_G[idx]⟩` for keys of several code groups (two tiers, a basis),
 // `⟨scale·q, k⟩` for f32 / f16 keys.
 
 /// Query heads scored per workgroup (pipeline constant; divides the GQA group, ≤ MAX_GROUP).
@@ -27,16 +27,25 @@ override CHUNK: u32 = 8u;
 @group(0) @binding(4) var<storage, read> kpage: array<u32>;
 @group(0) @binding(7) var<storage, read> fp: array<u32>;
 
-/// Key centroids, loaded once per workgroup.
+/// Key centroids, loaded once per workgroup (the first MAX_LEVELS of them: the codebooks of
+/// several code groups together may hold more, read from `tables`).
 var<workgroup> ck: array<f32, MAX_LEVELS>;
 
 /// Loads the key centroids into `ck` (all threads; a barrier must follow).
 fn load_key_centroids(lid: u32) {
     if (params.key.kind == KIND_MSE || params.key.kind == KIND_PROD) {
-        for (var i = lid; i < params.key.levels; i += WG) {
+        for (var i = lid; i < min(params.key.levels, MAX_LEVELS); i += WG) {
             ck[i] = tables[params.key.centroid_offset + i];
         }
     }
+}
+
+/// Key centroid `i`.
+fn key_centroid(i: u32) -> f32 {
+    if (i < MAX_LEVELS) {
+        return ck[i];
+    }
+    return tables[params.key.centroid_offset + i];
 }
 
 /// Scale `k` (0: norm, 1: γ) of the key at (`kvh`, `local`) in the bound page.
@@ -73,7 +82,7 @@ fn slot_visible(slot: u32, local: u32, qpos: u32) -> bool {
     return true;
 }
 
-/// `Σ_j q̃[first + j]·ck[centroids + code_j]` for prepared rows `row0 .. row0 + CHUNK`, over
+/// `Σ_j q̃[first + j]·c[centroids + code_j]` for prepared rows `row0 .. row0 + CHUNK`, over
 /// the `count` `bits`-bit codes packed from word `rb` of the bound key page (read word by word).
 fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u32)
     -> array<f32, MAX_GROUP> {
@@ -100,12 +109,25 @@ fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u
                 next_word += 1u;
             }
         }
-        let c = ck[centroids + code];
+        let c = key_centroid(centroids + code);
         for (var g = 0u; g < CHUNK; g += 1u) {
             out[g] += prepared[(row0 + g) * qs + first + j] * c;
         }
     }
     return out;
+}
+
+/// Group `i` of the group table at `table` (see `StreamDesc.groups`).
+fn code_group(table: u32, i: u32) -> CodeGroup {
+    let e = table + 1u + 6u * i;
+    return CodeGroup(
+        u32(tables[e]),
+        u32(tables[e + 1u]),
+        u32(tables[e + 2u]),
+        u32(tables[e + 3u]),
+        u32(tables[e + 4u]),
+        u32(tables[e + 5u]),
+    );
 }
 
 /// Whether the token in slot `slot` is read from its full-precision copy rather than the
@@ -174,19 +196,24 @@ fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
         }
         return out;
     }
-    // One tier: coordinates 0..d; two tiers: 0..split, then split..d from word words2.
-    let split = select(d, key.split, key.split != 0u);
-    let first = coded_dot(row0, rb, 0u, split, key.bits, 0u);
+    if (key.groups != 0u) {
+        // Several code groups: each group's codes against its coordinates, times its scale.
+        let table = key.group_offset + kvh * GROUP_STRIDE;
+        let count = u32(tables[table]);
+        for (var i = 0u; i < count; i += 1u) {
+            let group = code_group(table, i);
+            let part = coded_dot(row0, rb + group.word, group.start, group.len, group.bits, group.centroid);
+            let norm = key_scale(kvh, local, group.scale);
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                out[g] += norm * part[g];
+            }
+        }
+        return out;
+    }
+    let first = coded_dot(row0, rb, 0u, d, key.bits, 0u);
     let norm = key_scale(kvh, local, 0u);
     for (var g = 0u; g < CHUNK; g += 1u) {
         out[g] = norm * first[g];
-    }
-    if (key.split != 0u) {
-        let second = coded_dot(row0, rb + key.words2, split, d - split, key.bits2, key.centroids2);
-        let norm2 = key_scale(kvh, local, key.scale2);
-        for (var g = 0u; g < CHUNK; g += 1u) {
-            out[g] += norm2 * second[g];
-        }
     }
     if (key.kind == KIND_PROD) {
         let gamma = key_scale(kvh, local, 1u);

@@ -4,14 +4,13 @@
 //! sketch seeds) that the CPU [`ModelCache`] of the same allocation uses for that layer, so
 //! the two backends store the same records and differ only by f32 rounding. Each
 //! [`attend`](AttentionBackend::attend) call encodes the chunk's new keys and values on the
-//! GPU (two-tier, mean-centered, sink- and window-keeping streams on the host, with the CPU
-//! codecs), appends them (one upload of the
+//! GPU (streams with two tiers, a basis, centering, sinks or a recent window on the host, with
+//! the CPU codecs), appends them (one upload of the
 //! chunk, never the whole cache) and runs decode attention on the device; only the attention
 //! output comes back.
 //!
 //! What the GPU kernels do not implement is a typed error when the backend is built
-//! ([`ModelError::Gpu`] wrapping [`GpuError::Unsupported`]): data-aware bases (so the
-//! `rec*` presets), two tiers with QJL tiers,
+//! ([`ModelError::Gpu`] wrapping [`GpuError::Unsupported`]): two tiers with QJL tiers,
 //! and shared-KV or fixed states.
 
 use std::sync::Arc;
