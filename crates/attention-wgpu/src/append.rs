@@ -9,10 +9,25 @@ use tq_cache::kv_cache::KvCache;
 
 use crate::cache::GpuKvCache;
 use crate::error::GpuError;
+use crate::host_encode::HostEncoder;
 use crate::kernels::encode::{self, EncodeParams};
 use crate::kernels::scatter::{self, ScatterParams};
 use crate::kernels::{KIND_F16, KIND_F32, Kernel};
 use crate::tables::{StreamKind, StreamLayoutGpu};
+
+/// A batch encoded on the host and not yet appended ([`GpuKvCache::encode_on_host`]): records
+/// and scales `[n, kv_heads, …]`, binary16 copies of its first `copied` tokens, and the encoder
+/// an empty cache calibrated on it.
+pub(crate) struct HostBatch {
+    key_records: Vec<u32>,
+    key_scales: Vec<f16>,
+    value_records: Vec<u32>,
+    value_scales: Vec<f16>,
+    key_copies: Vec<u32>,
+    value_copies: Vec<u32>,
+    copied: usize,
+    pub(crate) calibrated: Option<HostEncoder>,
+}
 
 /// Encoded tokens handed over from the CPU: `records` `[tokens, kv_heads, record_words]` and
 /// `scales` `[tokens, kv_heads, scales_per_token]`, in the layout of `tq_cache::TokenCodec`.
@@ -27,7 +42,7 @@ pub struct EncodedTokens<'a> {
 impl GpuKvCache {
     /// Checks the positions of `n` new tokens: non-decreasing from the last one plus one, as
     /// `KvCache::append` requires.
-    fn check_positions(&self, positions: &[u32]) -> Result<(), GpuError> {
+    pub(crate) fn check_positions(&self, positions: &[u32]) -> Result<(), GpuError> {
         let mut expected = self
             .len
             .checked_sub(1)
@@ -239,91 +254,133 @@ impl GpuKvCache {
         })
     }
 
-    /// Calibrates the host-encoded streams of an empty cache on a first batch (`keys`,
-    /// `values` `[n, kv_heads, head_dim]`) and rebuilds the tables if anything was chosen.
-    pub(crate) fn calibrate_on_host(
-        &mut self,
+    /// Encodes a checked batch (`keys`, `values` `[n, kv_heads, head_dim]`) on the host without
+    /// changing the cache: an empty cache calibrates on the batch first (with `query_energy`
+    /// for a plane basis), into an encoder returned for [`commit_calibration`]
+    /// (Self::commit_calibration); records and scales of every token, and the full-precision
+    /// copies this cache keeps (every token with a recent window, else the batch's sink
+    /// tokens). Every encoding error comes from here, before anything is appended.
+    pub(crate) fn encode_on_host(
+        &self,
         keys: &[f32],
         values: &[f32],
         query_energy: Option<&[Vec<f64>]>,
-    ) -> Result<(), GpuError> {
+    ) -> Result<HostBatch, GpuError> {
         let Some(host) = &self.host else {
-            return Ok(());
-        };
-        let mut fresh = host.clone();
-        if fresh.calibrate(keys, values, query_energy)? {
-            self.host = Some(fresh);
-            self.rebuild_tables()?;
-        }
-        Ok(())
-    }
-
-    /// [`encode_and_append`](Self::encode_and_append) for a cache with host-encoded streams
-    /// (checked input): an empty cache first chooses its outlier channels from this batch, as
-    /// the CPU cache does, and keeps them only if the batch encodes.
-    fn encode_on_host_and_append(
-        &mut self,
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-    ) -> Result<(), GpuError> {
-        let Some(host) = &self.host else {
-            return Ok(());
+            return Err(GpuError::Unsupported(
+                "host encoding on a cache whose streams the encode kernel takes".into(),
+            ));
         };
         let mut calibrated = None;
         if self.len == 0 {
             let mut fresh = host.clone();
-            // No queries here: a plane basis stays on the plain codec, as `KvCache::append`.
-            if fresh.calibrate(keys, values, None)? {
+            if fresh.calibrate(keys, values, query_energy)? {
                 calibrated = Some(fresh);
             }
         }
         let encoder = calibrated.as_ref().unwrap_or(host);
         let (key_records, key_scales) = encoder.encode(true, keys)?;
         let (value_records, value_scales) = encoder.encode(false, values)?;
-        let first = self.len;
-        // Full-precision copies: of the batch's sink tokens, or of the whole batch with a
-        // recent window (`write_copies` keeps what the ring holds).
+        let n = keys.len() / (self.kv_heads * self.head_dim).max(1);
         let copied = if self.recent > 0 {
-            positions.len()
+            n
         } else {
-            self.sinks.saturating_sub(first).min(positions.len())
+            self.sinks.saturating_sub(self.len).min(n)
         };
-        let copies = if copied > 0 {
-            Some((
+        let (key_copies, value_copies) = if copied > 0 {
+            (
                 encoder.encode_copies(true, keys, copied)?,
                 encoder.encode_copies(false, values, copied)?,
-            ))
+            )
         } else {
-            None
+            (Vec::new(), Vec::new())
         };
+        Ok(HostBatch {
+            key_records,
+            key_scales,
+            value_records,
+            value_scales,
+            key_copies,
+            value_copies,
+            copied,
+            calibrated,
+        })
+    }
+
+    /// Takes the encoder an empty cache calibrated on its first batch (if any), with tables
+    /// built before anything is replaced.
+    pub(crate) fn commit_calibration(
+        &mut self,
+        calibrated: Option<HostEncoder>,
+    ) -> Result<(), GpuError> {
         if let Some(fresh) = calibrated {
+            let (key, value, tables) = self.tables_for(&fresh)?;
+            (self.key, self.value, self.tables) = (key, value, tables);
             self.host = Some(fresh);
-            self.rebuild_tables()?;
         }
-        if let Some((k, v)) = copies {
-            self.write_copies(first, &k, &v);
+        Ok(())
+    }
+
+    /// Appends tokens `range` of a host-encoded batch (`positions`: theirs, checked) with
+    /// their full-precision copies.
+    pub(crate) fn append_host_batch(
+        &mut self,
+        batch: &HostBatch,
+        range: std::ops::Range<usize>,
+        positions: &[u32],
+    ) -> Result<(), GpuError> {
+        let heads = self.kv_heads;
+        let slice = |v: &[u32], per: usize| v[range.start * per..range.end * per].to_vec();
+        let (kw, vw) = (
+            heads * self.key.record_words,
+            heads * self.value.record_words,
+        );
+        let (ks, vs) = (heads * self.key.scales, heads * self.value.scales);
+        let copied = range.start..range.end.min(batch.copied);
+        if !copied.is_empty() {
+            let words = heads * self.head_dim.div_ceil(2);
+            self.write_copies(
+                self.len,
+                &batch.key_copies[copied.start * words..copied.end * words],
+                &batch.value_copies[copied.start * words..copied.end * words],
+            );
         }
         self.append_records(
             EncodedTokens {
-                records: &key_records,
-                scales: &key_scales,
+                records: &slice(&batch.key_records, kw),
+                scales: &batch.key_scales[range.start * ks..range.end * ks],
             },
             EncodedTokens {
-                records: &value_records,
-                scales: &value_scales,
+                records: &slice(&batch.value_records, vw),
+                scales: &batch.value_scales[range.start * vs..range.end * vs],
             },
             positions,
         )
+    }
+
+    /// [`encode_and_append`](Self::encode_and_append) for a cache with host-encoded streams
+    /// (checked input): an empty cache first calibrates on this batch, as the CPU cache does,
+    /// and keeps the calibration only if the batch encodes.
+    fn encode_on_host_and_append(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+    ) -> Result<(), GpuError> {
+        // No queries here: a plane basis stays on the plain codec, as `KvCache::append`.
+        let mut batch = self.encode_on_host(keys, values, None)?;
+        self.commit_calibration(batch.calibrated.take())?;
+        self.append_host_batch(&batch, 0..positions.len(), positions)
     }
 
     /// Appends `n` tokens encoded on the CPU (`tq_cache::TokenCodec::encode_into`), e.g. the
     /// newest records of the CPU cache: one token's records per decode step.
     ///
     /// Records alone cannot make the full-precision copies of attention sinks or of a recent
-    /// window: on a cache with a window, and for tokens that would be sinks, this is refused
-    /// (`Unsupported`); append them with [`encode_and_append`](Self::encode_and_append) or
-    /// [`sync_from`](Self::sync_from).
+    /// window, nor tell an uncalibrated copy the mean, outlier channels or basis they were
+    /// encoded with: on a cache with a window, for tokens that would be sinks, and on streams
+    /// not calibrated yet, this is refused (`Unsupported`); append them with
+    /// [`encode_and_append`](Self::encode_and_append) or [`sync_from`](Self::sync_from).
     pub fn append_encoded(
         &mut self,
         keys: EncodedTokens<'_>,
@@ -334,6 +391,20 @@ impl GpuKvCache {
             return Err(GpuError::Unsupported(
                 "records without the full-precision copies of attention sinks or a recent \
                  window"
+                    .into(),
+            ));
+        }
+        // Records of streams whose mean, outlier channels or basis this copy has not chosen
+        // would be read with the wrong tables.
+        if self
+            .host
+            .as_ref()
+            .is_some_and(HostEncoder::needs_calibration)
+            && !positions.is_empty()
+        {
+            return Err(GpuError::Unsupported(
+                "records of streams this copy has not calibrated yet (mean, outlier channels, \
+                 basis): append them with encode_and_append or sync_from"
                     .into(),
             ));
         }
@@ -425,10 +496,10 @@ impl GpuKvCache {
         let mut key_scales = Vec::new();
         let mut value_records = Vec::new();
         let mut value_scales = Vec::new();
-        if self.recent > 0 {
-            self.oldest_recent = self
-                .oldest_recent
-                .max(cache.len().saturating_sub(self.recent + self.max_rewind));
+        // The CPU stream shows the copies of its window only: tokens synced before it get none,
+        // so this copy cannot rewind into them.
+        if self.recent > 0 && self.len + self.recent < cache.len() {
+            self.oldest_recent = self.oldest_recent.max(cache.len() - self.recent);
         }
         self.upload_copies(cache, self.len)?;
         for &t in &tokens {

@@ -256,26 +256,16 @@ impl GpuKvCache {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), GpuError> {
-        // An empty cache calibrates on the whole batch, with the queries' energy for a plane
-        // basis, as `KvCache::forward` (through `append_with_queries`) does.
-        if self.len == 0 && self.host.is_some() && !new_positions.is_empty() {
-            self.check_attention(queries, new_positions, shape, out.len())?;
-            self.check_vectors(StreamKind::Keys, keys)?;
-            self.check_vectors(StreamKind::Values, values)?;
-            let energy = self.query_energy(queries, shape.q_heads);
-            self.calibrate_on_host(keys, values, energy.as_deref())?;
-        }
-        if self.recent == 0 {
+        if self.host.is_none() {
             self.encode_and_append(keys, values, new_positions)?;
             return self.attend(queries, new_positions, shape, out);
         }
-        // A full-precision window: each new query reads its own newest `recent` tokens from
-        // their copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of
-        // at most RECENT_CHUNK tokens give every query the same window as the whole batch would
-        // (a query's window ends at itself) and keep the copies it reads inside the ring.
+        // Host-encoded streams: the whole batch is checked and encoded before anything goes in
+        // (an empty cache calibrating on it, with the queries' energy for a plane basis, as
+        // `KvCache::forward` through `append_with_queries` does), so a bad batch changes nothing.
         self.check_attention(queries, new_positions, shape, out.len())?;
-        let (kv, q) = (self.kv_heads * self.head_dim, shape.q_heads * self.head_dim);
         let n = new_positions.len();
+        let (kv, q) = (self.kv_heads * self.head_dim, shape.q_heads * self.head_dim);
         if keys.len() != n * kv || values.len() != n * kv {
             return Err(GpuError::Shape {
                 what: "keys and values [tokens, kv_heads, head_dim]",
@@ -283,10 +273,27 @@ impl GpuKvCache {
                 actual: keys.len().min(values.len()),
             });
         }
-        // The whole batch is checked, and an empty cache calibrates on it, before the first
-        // chunk goes in: the CPU cache takes its mean and outlier channels from the batch.
         self.check_vectors(StreamKind::Keys, keys)?;
         self.check_vectors(StreamKind::Values, values)?;
+        self.check_positions(new_positions)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let energy = if self.len == 0 {
+            self.query_energy(queries, shape.q_heads)
+        } else {
+            None
+        };
+        let mut batch = self.encode_on_host(keys, values, energy.as_deref())?;
+        self.commit_calibration(batch.calibrated.take())?;
+        if self.recent == 0 {
+            self.append_host_batch(&batch, 0..n, new_positions)?;
+            return self.attend(queries, new_positions, shape, out);
+        }
+        // A full-precision window: each new query reads its own newest `recent` tokens from
+        // their copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of
+        // at most RECENT_CHUNK tokens give every query the same window as the whole batch would
+        // (a query's window ends at itself) and keep the copies it reads inside the ring.
         let mut start = 0;
         while start < n {
             let end = (start + RECENT_CHUNK).min(n);
@@ -294,11 +301,7 @@ impl GpuKvCache {
             let covered_from = (before + 1)
                 .saturating_sub(self.recent)
                 .max(self.oldest_recent);
-            self.encode_and_append(
-                &keys[start * kv..end * kv],
-                &values[start * kv..end * kv],
-                &new_positions[start..end],
-            )?;
+            self.append_host_batch(&batch, start..end, &new_positions[start..end])?;
             let recent = self.recent_start();
             let covered = covered_from.min(recent);
             let windows: Vec<u32> = (0..end - start)

@@ -344,18 +344,15 @@ impl GpuKvCache {
                 "records of a cache whose outlier channels differ from this copy's".into(),
             ));
         }
-        self.host = Some(HostEncoder::new(cache));
-        self.rebuild_tables()
+        self.replace_host(HostEncoder::new(cache))
     }
 
     /// Writes the CPU stream's full-precision copies of tokens `from..cache.len()` that this
-    /// cache keeps: the sinks, and with a recent window those its ring reaches (from the
-    /// oldest token the CPU still has a copy of).
+    /// cache keeps: the sinks, and with a recent window the window's.
     pub(crate) fn upload_copies(&self, cache: &KvCache, from: usize) -> Result<(), GpuError> {
-        let ring_from = cache
-            .len()
-            .saturating_sub(self.fp_ring)
-            .max(self.oldest_recent);
+        // The CPU stream shows its window's copies only (`full_precision` past its recent
+        // start), though its ring may hold `max_rewind` older ones.
+        let ring_from = cache.len().saturating_sub(self.recent);
         let copied = |t: usize| t < self.sinks || (self.recent > 0 && t >= ring_from);
         let mut run: Option<(usize, Vec<u32>, Vec<u32>)> = None;
         for t in from..cache.len() {
@@ -419,20 +416,27 @@ impl GpuKvCache {
         }
     }
 
-    /// Rebuilds the codec tables from the host encoder's codecs and means (after it chose or
-    /// forgot outlier channels, on which Π depends, or a mean; record sizes do not change).
-    pub(crate) fn rebuild_tables(&mut self) -> Result<(), GpuError> {
-        let Some(host) = &self.host else {
-            return Ok(());
-        };
-        let (key, value, tables) = build_tables(
+    /// Both streams' descriptors and tables for `host`'s codecs and means.
+    pub(crate) fn tables_for(
+        &self,
+        host: &HostEncoder,
+    ) -> Result<(StreamLayoutGpu, StreamLayoutGpu, wgpu::Buffer), GpuError> {
+        build_tables(
             &self.ctx,
             &host.key_codecs(),
             &host.value_codecs(),
             &host.value_means(),
             self.head_dim,
-        )?;
+        )
+    }
+
+    /// Takes `host` (calibrated or emptied: Π depends on outlier channels and bases, the
+    /// tables on means; record sizes do not change), its tables built before anything is
+    /// replaced.
+    pub(crate) fn replace_host(&mut self, host: HostEncoder) -> Result<(), GpuError> {
+        let (key, value, tables) = self.tables_for(&host)?;
         (self.key, self.value, self.tables) = (key, value, tables);
+        self.host = Some(host);
         Ok(())
     }
 
@@ -630,12 +634,10 @@ impl GpuKvCache {
             self.ctx.write(&page.keys, 0, bytemuck::cast_slice(&kw));
             self.ctx.write(&page.values, 0, bytemuck::cast_slice(&vw));
         }
-        // The copies the CPU stream holds: its sinks, and its recent ring (from the oldest
-        // token it still has a copy of, as far back as this ring reaches).
-        self.oldest_recent = cache.len().saturating_sub(self.recent + self.max_rewind);
-        if self.recent == 0 {
-            self.oldest_recent = 0;
-        }
+        // The copies the CPU stream shows: its sinks and its window. Older ones it may keep for
+        // rewinds are not readable, so this copy cannot rewind past its window (a typed
+        // `RewindTooFar`, where the CPU cache might still rewind).
+        self.oldest_recent = cache.len().saturating_sub(self.recent);
         self.upload_copies(cache, 0)?;
         self.ctx.submit("upload", |_| Ok(()))
     }
@@ -663,12 +665,14 @@ impl GpuKvCache {
             .into());
         }
         self.oldest_recent = self.oldest_recent.min(new_len);
-        // An emptied CPU stream chooses its outlier channels again from its next first batch.
+        // An emptied CPU stream calibrates again on its next first batch.
         if new_len == 0
-            && let Some(host) = &mut self.host
-            && host.forget_calibration()?
+            && let Some(host) = &self.host
         {
-            self.rebuild_tables()?;
+            let mut fresh = host.clone();
+            if fresh.forget_calibration()? {
+                self.replace_host(fresh)?;
+            }
         }
         self.len = new_len;
         self.first_stored = self.first_stored.min(new_len);

@@ -107,6 +107,14 @@ impl HostStream {
         Ok(changed)
     }
 
+    /// Whether the stream has yet to choose its mean, outlier channels or basis.
+    fn needs_calibration(&self) -> bool {
+        let l = &self.layout;
+        (l.center.is_centered() && l.mean.is_none())
+            || (l.outliers.is_some() && l.channels.is_none())
+            || (l.basis.fits_basis() && l.basis_fit.is_none())
+    }
+
     /// Whether calibrating now would fit a plane basis, which needs the queries' energy.
     fn needs_query_energy(&self) -> bool {
         self.layout.basis == tq_cache::basis::BasisPolicy::Planes && self.layout.basis_fit.is_none()
@@ -206,6 +214,15 @@ impl HostEncoder {
             }
         }
         Ok(changed)
+    }
+
+    /// Whether some stream has yet to calibrate (its records would be encoded with a mean,
+    /// outlier channels or basis this encoder does not know).
+    pub(crate) fn needs_calibration(&self) -> bool {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .any(HostStream::needs_calibration)
     }
 
     /// Whether the next calibration fits a plane basis on some key stream (it then needs the

@@ -407,6 +407,66 @@ fn recent_windows_match_the_cpu_cache() {
     assert!(cpu.truncate(100).is_err());
     assert!(matches!(gpu.truncate(100), Err(GpuError::Cache(_))));
     assert_eq!(gpu.len(), cpu.len());
+    // A copy uploaded from the CPU cache, and one that follows it from far behind, read the
+    // window's copies the CPU shows; older ones are not readable, so they refuse to rewind
+    // into them (typed) where the CPU cache still could.
+    let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    compare(&mut uploaded, &cpu, 4, &[153], 11);
+    let mut follower = GpuKvCache::new(&ctx, &cpu).unwrap();
+    follower.sync_from(&cpu).unwrap();
+    compare(&mut follower, &cpu, 4, &[153], 12);
+    for copy in [&mut uploaded, &mut follower] {
+        assert!(matches!(copy.truncate(152), Err(GpuError::Cache(_))));
+        assert_eq!(copy.len(), 154);
+    }
+}
+
+/// A batch that fails (a position gap, a non-finite value) changes nothing, calibration
+/// included, on a host-encoded cache: the next good batch calibrates as the CPU cache's first
+/// batch does. Records from the CPU cannot go into a copy that has not calibrated.
+#[test]
+fn failed_batches_leave_no_calibration() {
+    let Some(ctx) = context() else { return };
+    for name in ["k5v3-c", "tq3.5", "rec4.25"] {
+        let mut cpu = preset_cache(name, growing(2, 64));
+        let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+        let shape = AttentionShape {
+            q_heads: 4,
+            scale: 0.125,
+        };
+        let keys = vectors(70, 2 * 64, 90);
+        let queries = vectors(70 * 4, 64, 91);
+        let mut out = vec![0.0f32; queries.len()];
+        let mut gap: Vec<u32> = (0..70).collect();
+        gap[40] = 3;
+        assert!(
+            gpu.forward(&queries, &keys, &keys, &gap, shape, &mut out)
+                .is_err()
+        );
+        let mut bad = keys.clone();
+        bad[5000] = f32::NAN;
+        let positions: Vec<u32> = (0..70).collect();
+        assert!(
+            gpu.forward(&queries, &bad, &keys, &positions, shape, &mut out)
+                .is_err()
+        );
+        assert_eq!(gpu.len(), 0, "{name}");
+        forward_both(&mut cpu, &mut gpu, 0, 70, 5);
+        forward_both(&mut cpu, &mut gpu, 70, 1, 6);
+        let (records, scales) = (vec![0u32; 2 * cpu.keys(0).codec().record_words()], vec![]);
+        let mut fresh = GpuKvCache::new(&ctx, &preset_cache(name, growing(2, 64))).unwrap();
+        let tokens = tq_attention_wgpu::EncodedTokens {
+            records: &records,
+            scales: &scales,
+        };
+        assert!(
+            matches!(
+                fresh.append_encoded(tokens, tokens, &[0]),
+                Err(GpuError::Unsupported(_))
+            ),
+            "{name}"
+        );
+    }
 }
 
 /// Sliding layers: a ring that wrapped, the window mask, a prefill chunk, and a rewind.

@@ -23,7 +23,7 @@ pub(crate) const BINDINGS: [Binding; 6] = [
     b(7, "fp", Access::Read),
 ];
 
-/// `AttnParams` of `attn_params.wgsl` (320 bytes).
+/// `AttnParams` of `attn_params.wgsl` (288 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct AttnParams {
