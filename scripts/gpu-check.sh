@@ -9,7 +9,7 @@
 #   4. time one decode step (one query token, 32 query heads / 8 KV heads, d = 128) against
 #      caches of 1K..128K tokens for the f16 baseline and the mse-k4v4 and k5v4 presets, and
 #      print time per step, bytes of cache read per step and effective GB/s;
-#   5. the same through `tq bench attention --backend wgpu` with the two-tier tq3.5 added (the CPU benchmark's table, plus
+#   5. the same through `tq bench attention --backend wgpu` with tq3.5 and rec4.25 added (the CPU benchmark's table, plus
 #      each output's difference from the CPU kernel on the same records).
 #
 # Usage: scripts/gpu-check.sh [PEAK_GB_PER_S] [TOKENS]
@@ -77,7 +77,7 @@ fi
 timeout 240 cargo run --release --quiet -p tq-attention-wgpu --example decode_timing -- "${args[@]}"
 
 echo "== tq bench attention --backend wgpu (d = 128)"
-bench=(bench attention --backend wgpu --shapes d128 --configs f16,mse-k4v4,k5v4,tq3.5 --tokens "$TOKENS" --repeats 11)
+bench=(bench attention --backend wgpu --shapes d128 --configs f16,mse-k4v4,k5v4,tq3.5,rec4.25 --tokens "$TOKENS" --repeats 11)
 if [[ -n "$PEAK" ]]; then
     bench+=(--bandwidth-gbs "$PEAK")
 fi
