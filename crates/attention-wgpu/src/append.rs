@@ -42,7 +42,7 @@ pub struct EncodedTokens<'a> {
 impl GpuKvCache {
     /// Checks the positions of `n` new tokens: non-decreasing from the last one plus one, as
     /// `KvCache::append` requires.
-    pub(crate) fn check_positions(&self, positions: &[u32]) -> Result<(), GpuError> {
+    fn check_positions(&self, positions: &[u32]) -> Result<(), GpuError> {
         let mut expected = self
             .len
             .checked_sub(1)
@@ -72,7 +72,7 @@ impl GpuKvCache {
 
     /// Rejects what the CPU codec would reject: wrong length, non-finite values, a norm (or,
     /// for f16, a value) beyond the largest f16.
-    pub(crate) fn check_vectors(&self, which: StreamKind, x: &[f32]) -> Result<usize, GpuError> {
+    fn check_vectors(&self, which: StreamKind, x: &[f32]) -> Result<usize, GpuError> {
         let d = self.head_dim;
         let width = self.kv_heads * d;
         if !x.len().is_multiple_of(width) {
@@ -117,6 +117,28 @@ impl GpuKvCache {
             }
         }
         Ok(x.len() / width)
+    }
+
+    /// Checks a batch of new tokens — `keys` and `values` `[n, kv_heads, head_dim]` as
+    /// [`check_vectors`](Self::check_vectors) wants them, `n` positions continuing the
+    /// cache's — and returns `n`.
+    pub(crate) fn check_batch(
+        &self,
+        keys: &[f32],
+        values: &[f32],
+        positions: &[u32],
+    ) -> Result<usize, GpuError> {
+        let n = self.check_vectors(StreamKind::Keys, keys)?;
+        let nv = self.check_vectors(StreamKind::Values, values)?;
+        if n != positions.len() || nv != n {
+            return Err(GpuError::Shape {
+                what: "tokens (positions, keys, values)",
+                expected: positions.len(),
+                actual: n.min(nv),
+            });
+        }
+        self.check_positions(positions)?;
+        Ok(n)
     }
 
     /// Records the encode dispatch of `n·kv_heads` vectors already in `input`.
@@ -208,16 +230,7 @@ impl GpuKvCache {
         values: &[f32],
         positions: &[u32],
     ) -> Result<(), GpuError> {
-        let n = self.check_vectors(StreamKind::Keys, keys)?;
-        let nv = self.check_vectors(StreamKind::Values, values)?;
-        if n != positions.len() || nv != n {
-            return Err(GpuError::Shape {
-                what: "tokens (positions, keys, values)",
-                expected: positions.len(),
-                actual: n.min(nv),
-            });
-        }
-        self.check_positions(positions)?;
+        let n = self.check_batch(keys, values, positions)?;
         if n == 0 {
             return Ok(());
         }
@@ -330,7 +343,6 @@ impl GpuKvCache {
         positions: &[u32],
     ) -> Result<(), GpuError> {
         let heads = self.kv_heads;
-        let slice = |v: &[u32], per: usize| v[range.start * per..range.end * per].to_vec();
         let (kw, vw) = (
             heads * self.key.record_words,
             heads * self.value.record_words,
@@ -347,11 +359,11 @@ impl GpuKvCache {
         }
         self.append_records(
             EncodedTokens {
-                records: &slice(&batch.key_records, kw),
+                records: &batch.key_records[range.start * kw..range.end * kw],
                 scales: &batch.key_scales[range.start * ks..range.end * ks],
             },
             EncodedTokens {
-                records: &slice(&batch.value_records, vw),
+                records: &batch.value_records[range.start * vw..range.end * vw],
                 scales: &batch.value_scales[range.start * vs..range.end * vs],
             },
             positions,

@@ -17,7 +17,6 @@ use crate::kernels::attend::{self, AttnParams, LaunchParams};
 use crate::kernels::{
     Grid, KIND_F16, KIND_F32, KIND_PROD, Kernel, MAX_GROUP, finish, merge, prepare, scores,
 };
-use crate::tables::StreamKind;
 
 /// Partials of one call never exceed this many bytes (nor the device's largest buffer).
 const PARTIALS_BUDGET: u64 = 256 << 20;
@@ -264,18 +263,8 @@ impl GpuKvCache {
         // (an empty cache calibrating on it, with the queries' energy for a plane basis, as
         // `KvCache::forward` through `append_with_queries` does), so a bad batch changes nothing.
         self.check_attention(queries, new_positions, shape, out.len())?;
-        let n = new_positions.len();
-        let (kv, q) = (self.kv_heads * self.head_dim, shape.q_heads * self.head_dim);
-        if keys.len() != n * kv || values.len() != n * kv {
-            return Err(GpuError::Shape {
-                what: "keys and values [tokens, kv_heads, head_dim]",
-                expected: n * kv,
-                actual: keys.len().min(values.len()),
-            });
-        }
-        self.check_vectors(StreamKind::Keys, keys)?;
-        self.check_vectors(StreamKind::Values, values)?;
-        self.check_positions(new_positions)?;
+        let n = self.check_batch(keys, values, new_positions)?;
+        let q = shape.q_heads * self.head_dim;
         if n == 0 {
             return Ok(());
         }
@@ -324,30 +313,14 @@ impl GpuKvCache {
         Ok(())
     }
 
-    /// The mean square of each query coordinate over the rows and the KV head's query heads,
-    /// per KV head, in `KvCache::append_with_queries`' order — `None` unless a plane basis is
-    /// about to be fitted.
+    /// The queries' energy a plane basis is fitted with (`tq_cache::kv_cache::query_energy`,
+    /// as `KvCache::append_with_queries` computes it) — `None` unless one is about to be.
     fn query_energy(&self, queries: &[f32], q_heads: usize) -> Option<Vec<Vec<f64>>> {
         if !self.host.as_ref().is_some_and(|h| h.needs_query_energy()) {
             return None;
         }
-        let (heads, d) = (self.kv_heads, self.head_dim);
-        let group = q_heads / heads;
-        let width = q_heads * d;
-        let rows = queries.len() / width;
-        let mut energy = vec![vec![0.0f64; d]; heads];
-        for row in queries.chunks_exact(width) {
-            for (q_head, head) in row.chunks_exact(d).enumerate() {
-                for (e, &v) in energy[q_head / group].iter_mut().zip(head) {
-                    *e += f64::from(v) * f64::from(v);
-                }
-            }
-        }
-        let count = (rows * group).max(1) as f64;
-        for e in energy.iter_mut().flatten() {
-            *e /= count;
-        }
-        Some(energy)
+        // The shapes were checked with the call (`check_attention`).
+        tq_cache::kv_cache::query_energy(queries, q_heads, self.kv_heads, self.head_dim).ok()
     }
 
     /// Uploads the queries and positions and returns the prepared-query buffer plus the

@@ -1,12 +1,13 @@
 //! [`HostEncoder`]: encoding on the CPU for the streams the encode kernel does not implement
-//! (two-tier codecs, mean-centered streams), with the CPU cache's calibration.
+//! (two tiers, data-aware bases, centering, full-precision copies), with the CPU cache's
+//! calibration.
 //!
-//! A centered stream chooses its mean `μ` from its first appended batch
-//! (`tq_cache::center::first_chunk_mean`) and stores `x − μ`; a two-tier stream chooses its
-//! outlier channels, and a basis stream its basis (a plane basis weighed by the batch's
-//! queries), from the same batch (centered first, if the stream is), per KV head; all choose
-//! again after a rewind to empty.
-//! The encoder keeps each head's stream layout and codec and does exactly that, so a GPU cache
+//! A centered stream chooses its mean `μ` from its first appended batch and stores `x − μ`; a
+//! two-tier stream chooses its outlier channels, and a basis stream its basis (a plane basis
+//! weighed by the batch's queries), from the same batch (centered first), per KV head; all
+//! choose again after a rewind to empty. The encoder keeps each head's stream layout and codec
+//! and calibrates through `StreamLayout::calibrated` and `uncalibrated` — what the CPU stream
+//! calibrates and forgets with — on the batch `tq_cache::kv_cache::head_rows` gives it, so a GPU cache
 //! given the same vectors as a CPU cache stores the same records, bit for bit (tested). The
 //! records then go up like any CPU-encoded token (`GpuKvCache::append_encoded`): for one decode
 //! step that is a few hundred bytes per layer.
@@ -27,97 +28,30 @@ struct HostStream {
 }
 
 impl HostStream {
-    /// Chooses the mean (centered stream), then the outlier channels (two tiers) or the basis
-    /// (a basis stream; a plane basis needs `query_energy`, else it stays on the plain codec)
-    /// from the centered `batch` (`[n, head_dim]`) where the stream has none yet, as
-    /// `Stream::calibrate` does; whether anything changed.
-    fn calibrate(
-        &mut self,
-        batch: &[f32],
-        head_dim: usize,
-        query_energy: Option<&[f64]>,
-    ) -> Result<bool, GpuError> {
-        let mut layout = self.layout.clone();
-        let needs_mean = layout.center.is_centered() && layout.mean.is_none();
-        if needs_mean {
-            layout.mean = Some(tq_cache::center::first_chunk_mean(batch, head_dim)?);
-        }
-        let needs_channels = layout.outliers.is_some() && layout.channels.is_none();
-        let needs_basis = layout.basis.fits_basis() && layout.basis_fit.is_none();
-        let centered: Vec<f32>;
-        let stored = match &layout.mean {
-            Some(mean)
-                if (needs_channels || needs_basis)
-                    && head_dim > 0
-                    && batch.len().is_multiple_of(head_dim) =>
-            {
-                centered = batch
-                    .chunks_exact(head_dim)
-                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                    .collect();
-                &centered[..]
-            }
-            _ => batch,
-        };
-        if let Some(plan) = layout.outliers.filter(|_| needs_channels) {
-            let channels =
-                tq_cache::two_tier::select_outlier_channels(stored, head_dim, plan.channels)
-                    .map_err(tq_cache::CacheError::from)?;
-            layout.channels = Some(channels);
-            self.codec = layout.build_codec()?;
-        }
-        if needs_basis && let tq_cache::CodecSpec::Mse(spec) = layout.codec {
-            use tq_cache::basis::{BasisFit, BasisPolicy};
-            let fit = match (layout.basis, query_energy) {
-                (BasisPolicy::Planes, Some(query)) => tq_cache::basis::fit_planes(
-                    stored,
-                    head_dim,
-                    spec.bits,
-                    layout.rope_pairs,
-                    query,
-                )?,
-                (BasisPolicy::Planes, None) => BasisFit::Identity,
-                _ => tq_cache::basis::fit_basis(stored, head_dim, spec.bits)?,
-            };
-            layout.basis_fit = Some(fit);
-            self.codec = layout.build_codec()?;
-        }
-        self.layout = layout;
-        Ok(needs_mean || needs_channels || needs_basis)
+    /// Calibrates on `batch` (`[n, head_dim]`) where the stream has not chosen yet
+    /// ([`StreamLayout::calibrated`], as the CPU stream does), rebuilding the codec if the
+    /// outlier channels or the basis changed; whether anything changed.
+    fn calibrate(&mut self, batch: &[f32], query_energy: Option<&[f64]>) -> Result<bool, GpuError> {
+        let layout = self.layout.calibrated(batch, query_energy)?;
+        self.replace_layout(layout)
     }
 
     /// Forgets the chosen mean, outlier channels and basis (as an emptied CPU stream does);
     /// whether anything changed.
     fn forget(&mut self) -> Result<bool, GpuError> {
-        let mut changed = false;
-        if self.layout.center.is_centered() && self.layout.mean.is_some() {
-            self.layout.mean = None;
-            changed = true;
-        }
-        if self.layout.outliers.is_some() && self.layout.channels.is_some() {
-            self.layout.channels = None;
-            self.codec = self.layout.build_codec()?;
-            changed = true;
-        }
-        if self.layout.basis_fit.is_some() {
-            self.layout.basis_fit = None;
-            self.codec = self.layout.build_codec()?;
-            changed = true;
-        }
-        Ok(changed)
+        self.replace_layout(self.layout.uncalibrated())
     }
 
-    /// Whether the stream has yet to choose its mean, outlier channels or basis.
-    fn needs_calibration(&self) -> bool {
-        let l = &self.layout;
-        (l.center.is_centered() && l.mean.is_none())
-            || (l.outliers.is_some() && l.channels.is_none())
-            || (l.basis.fits_basis() && l.basis_fit.is_none())
-    }
-
-    /// Whether calibrating now would fit a plane basis, which needs the queries' energy.
-    fn needs_query_energy(&self) -> bool {
-        self.layout.basis == tq_cache::basis::BasisPolicy::Planes && self.layout.basis_fit.is_none()
+    /// Takes `layout` and its codec; whether it differs from the current one.
+    fn replace_layout(&mut self, layout: StreamLayout) -> Result<bool, GpuError> {
+        if layout == self.layout {
+            return Ok(false);
+        }
+        if layout.channels != self.layout.channels || layout.basis_fit != self.layout.basis_fit {
+            self.codec = layout.build_codec()?;
+        }
+        self.layout = layout;
+        Ok(true)
     }
 }
 
@@ -198,19 +132,13 @@ impl HostEncoder {
             (&mut self.values, values, false),
         ] {
             for (h, stream) in streams.iter_mut().enumerate() {
-                let batch: Vec<f32> = data
-                    .chunks_exact(d)
-                    .skip(h)
-                    .step_by(heads)
-                    .flatten()
-                    .copied()
-                    .collect();
+                let batch = tq_cache::kv_cache::head_rows(data, heads, d, h);
                 // Queries score keys only (the allocation refuses planes on values).
                 let query = query_energy
                     .filter(|_| is_key)
                     .and_then(|e| e.get(h))
                     .map(Vec::as_slice);
-                changed |= stream.calibrate(&batch, d, query)?;
+                changed |= stream.calibrate(&batch, query)?;
             }
         }
         Ok(changed)
@@ -222,13 +150,13 @@ impl HostEncoder {
         self.keys
             .iter()
             .chain(&self.values)
-            .any(HostStream::needs_calibration)
+            .any(|s| s.layout.needs_calibration())
     }
 
     /// Whether the next calibration fits a plane basis on some key stream (it then needs the
     /// queries' energy).
     pub(crate) fn needs_query_energy(&self) -> bool {
-        self.keys.iter().any(HostStream::needs_query_energy)
+        self.keys.iter().any(|s| s.layout.needs_query_energy())
     }
 
     /// Forgets every chosen mean, outlier channel and basis (the cache was emptied); whether

@@ -344,31 +344,7 @@ impl KvCache {
         if !self.keys.iter().any(Stream::needs_query_energy) {
             return self.append_calibrated(keys, values, positions, None);
         }
-        let (heads, d) = (self.layout.kv_heads, self.layout.head_dim);
-        let width = q_heads * d;
-        if q_heads == 0 || !q_heads.is_multiple_of(heads) || !queries.len().is_multiple_of(width) {
-            return Err(CacheError::ShapeMismatch {
-                what: "queries of a plane-basis fit",
-                expected: queries.len().next_multiple_of(width.max(1)),
-                actual: queries.len(),
-            });
-        }
-        let group = q_heads / heads;
-        let rows = queries.len() / width;
-        // Mean square per coordinate over the batch's rows and the KV head's query heads, in
-        // a fixed order (the fit, and so the codes, must not depend on the thread count).
-        let mut energy = vec![vec![0.0f64; d]; heads];
-        for row in queries.chunks_exact(width) {
-            for (q_head, head) in row.chunks_exact(d).enumerate() {
-                for (e, &v) in energy[q_head / group].iter_mut().zip(head) {
-                    *e += f64::from(v) * f64::from(v);
-                }
-            }
-        }
-        let count = (rows * group).max(1) as f64;
-        for e in energy.iter_mut().flatten() {
-            *e /= count;
-        }
+        let energy = query_energy(queries, q_heads, self.layout.kv_heads, self.layout.head_dim)?;
         self.append_calibrated(keys, values, positions, Some(&energy))
     }
 
@@ -434,13 +410,7 @@ impl KvCache {
             .try_for_each(|(h, ((ks, vs), [key_scratch, value_scratch]))| {
                 for (stream, data, is_key) in [(&mut *ks, keys, true), (&mut *vs, values, false)] {
                     if stream.needs_calibration() {
-                        let head: Vec<f32> = (0..n)
-                            .flat_map(|i| {
-                                data[(i * heads + h) * dim..(i * heads + h + 1) * dim]
-                                    .iter()
-                                    .copied()
-                            })
-                            .collect();
+                        let head = head_rows(data, heads, dim, h);
                         // Queries score keys only (the allocation refuses planes on values).
                         let query = query_energy
                             .filter(|_| is_key)
@@ -577,4 +547,52 @@ impl KvCache {
         }
         Ok(())
     }
+}
+
+/// The rows of KV head `h` in `data` (`[n, kv_heads, head_dim]`): `[n, head_dim]`, the batch a
+/// stream of that head calibrates on.
+pub fn head_rows(data: &[f32], kv_heads: usize, head_dim: usize, h: usize) -> Vec<f32> {
+    data.chunks_exact(head_dim)
+        .skip(h)
+        .step_by(kv_heads.max(1))
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// The energy a plane basis is fitted with ([`fit_planes`](crate::basis::fit_planes)): per KV
+/// head, the mean square of each query coordinate over the rows of `queries`
+/// (`[n_q, q_heads·head_dim]`) and the KV head's query heads, summed in a fixed order (the fit,
+/// and so the codes, must not depend on the thread count).
+///
+/// Errors: `q_heads` zero or not a multiple of `kv_heads`, or `queries` not whole rows.
+pub fn query_energy(
+    queries: &[f32],
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Vec<Vec<f64>>, CacheError> {
+    let width = q_heads * head_dim;
+    if q_heads == 0 || !q_heads.is_multiple_of(kv_heads) || !queries.len().is_multiple_of(width) {
+        return Err(CacheError::ShapeMismatch {
+            what: "queries of a plane-basis fit",
+            expected: queries.len().next_multiple_of(width.max(1)),
+            actual: queries.len(),
+        });
+    }
+    let group = q_heads / kv_heads;
+    let rows = queries.len() / width;
+    let mut energy = vec![vec![0.0f64; head_dim]; kv_heads];
+    for row in queries.chunks_exact(width) {
+        for (q_head, head) in row.chunks_exact(head_dim).enumerate() {
+            for (e, &v) in energy[q_head / group].iter_mut().zip(head) {
+                *e += f64::from(v) * f64::from(v);
+            }
+        }
+    }
+    let count = (rows * group).max(1) as f64;
+    for e in energy.iter_mut().flatten() {
+        *e /= count;
+    }
+    Ok(energy)
 }

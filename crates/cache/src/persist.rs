@@ -312,12 +312,6 @@ pub fn check_matches(cache: &ModelCache, expected: &ModelCache) -> Result<(), Pe
             "the states (layers, head counts, head dimensions or windows) differ".into(),
         ));
     }
-    let uncalibrated = |l: &StreamLayout| StreamLayout {
-        channels: None,
-        mean: None,
-        basis_fit: None,
-        ..l.clone()
-    };
     for (state, (found, wanted)) in cache
         .kv_stream_layouts()
         .iter()
@@ -329,7 +323,7 @@ pub fn check_matches(cache: &ModelCache, expected: &ModelCache) -> Result<(), Pe
         };
         for (kind, found, wanted) in [("key", fk, wk), ("value", fv, wv)] {
             for (head, (f, w)) in found.iter().zip(&wanted).enumerate() {
-                if uncalibrated(f) != uncalibrated(w) {
+                if f.uncalibrated() != w.uncalibrated() {
                     return Err(PersistError::Mismatch(format!(
                         "state `{}`, {kind} stream of KV head {head}: the file's layout \
                          {:?} is not the expected {:?} (another allocation?)",

@@ -161,6 +161,100 @@ impl StepCopies {
 }
 
 impl StreamLayout {
+    /// Whether a stream of this layout must calibrate on its first batch: choose the mean of a
+    /// centered stream, the outlier channels of a two-tier one or the basis of a basis one.
+    pub fn needs_calibration(&self) -> bool {
+        self.needs_mean() || self.needs_channels() || self.needs_basis()
+    }
+
+    /// Whether calibrating would fit a plane basis, which needs the energy of the queries the
+    /// first batch comes with.
+    pub fn needs_query_energy(&self) -> bool {
+        self.basis == BasisPolicy::Planes && self.needs_basis()
+    }
+
+    fn needs_mean(&self) -> bool {
+        self.center.is_centered() && self.mean.is_none()
+    }
+
+    fn needs_channels(&self) -> bool {
+        self.outliers.is_some() && self.channels.is_none()
+    }
+
+    fn needs_basis(&self) -> bool {
+        self.basis.fits_basis() && self.basis_fit.is_none()
+    }
+
+    /// This layout with what calibration chose forgotten (mean, outlier channels, basis): the
+    /// layout of a stream that has not seen its first batch.
+    pub fn uncalibrated(&self) -> StreamLayout {
+        StreamLayout {
+            channels: None,
+            mean: None,
+            basis_fit: None,
+            ..self.clone()
+        }
+    }
+
+    /// This layout calibrated on `tokens` (`[n, head_dim]`, a stream's first batch) where it
+    /// has not chosen yet: the mean of a centered stream, then the outlier channels of a
+    /// two-tier stream or the basis of a basis stream — from the centered tokens, since those
+    /// are what its codec will store. Every stream of a cache (CPU or GPU copy) calibrates
+    /// through this.
+    ///
+    /// A plane basis ([`BasisPolicy::Planes`]) is fitted with `query_energy` (the mean square
+    /// of each query coordinate over the batch and the KV head's query heads); without it (an
+    /// append that brings no queries) the stream stays on the plain codec
+    /// ([`BasisFit::Identity`]) until its next first batch.
+    pub fn calibrated(
+        &self,
+        tokens: &[f32],
+        query_energy: Option<&[f64]>,
+    ) -> Result<StreamLayout, CacheError> {
+        let head_dim = self.head_dim();
+        let mut layout = self.clone();
+        if self.needs_mean() {
+            layout.mean = Some(crate::center::first_chunk_mean(tokens, head_dim)?);
+        }
+        // The batch as the codec will store it (centered on μ), for the channel choice or the
+        // basis fit. A ragged batch goes on as it is, so each of them refuses it with its own
+        // shape error.
+        let stored: std::borrow::Cow<'_, [f32]> = match &layout.mean {
+            Some(mean)
+                if (self.needs_channels() || self.needs_basis())
+                    && head_dim > 0
+                    && tokens.len().is_multiple_of(head_dim) =>
+            {
+                tokens
+                    .chunks_exact(head_dim)
+                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
+                    .collect()
+            }
+            _ => tokens.into(),
+        };
+        if self.needs_channels()
+            && let Some(plan) = self.outliers
+        {
+            layout.channels = Some(crate::two_tier::select_outlier_channels(
+                &stored,
+                head_dim,
+                plan.channels,
+            )?);
+        }
+        if self.needs_basis()
+            && let CodecSpec::Mse(spec) = self.codec
+        {
+            layout.basis_fit = Some(match (self.basis, query_energy) {
+                (BasisPolicy::Planes, Some(query)) => {
+                    crate::basis::fit_planes(&stored, head_dim, spec.bits, self.rope_pairs, query)?
+                }
+                (BasisPolicy::Planes, None) => BasisFit::Identity,
+                _ => crate::basis::fit_basis(&stored, head_dim, spec.bits)?,
+            });
+        }
+        Ok(layout)
+    }
+
     /// The head dimension the stream stores.
     pub fn head_dim(&self) -> usize {
         self.outliers
@@ -620,97 +714,36 @@ impl Stream {
     /// Whether the next append must calibrate first: choose the outlier channels of a two-tier
     /// stream, the mean of a centered one or the basis of a basis stream, from its first batch.
     pub fn needs_calibration(&self) -> bool {
-        self.len == 0 && (self.needs_channels() || self.needs_mean() || self.needs_basis())
+        self.len == 0 && self.layout.needs_calibration()
     }
 
     fn needs_basis(&self) -> bool {
-        self.layout.basis.fits_basis() && self.layout.basis_fit.is_none()
+        self.layout.needs_basis()
     }
 
     /// Whether the next append fits a plane basis, which needs the energy of the queries the
     /// first batch comes with (see [`KvCache::append_with_queries`](crate::kv_cache::KvCache::append_with_queries)).
     pub fn needs_query_energy(&self) -> bool {
-        self.len == 0 && self.layout.basis == BasisPolicy::Planes && self.needs_basis()
-    }
-
-    fn needs_channels(&self) -> bool {
-        self.layout.outliers.is_some() && self.layout.channels.is_none()
+        self.len == 0 && self.layout.needs_query_energy()
     }
 
     fn needs_mean(&self) -> bool {
-        self.layout.center.is_centered() && self.layout.mean.is_none()
+        self.layout.needs_mean()
     }
 
-    /// Calibrates from `tokens` (`[n, head_dim]`, the first appended batch): chooses the mean
-    /// of a centered stream, then the outlier channels of a two-tier stream or the basis of a
-    /// basis stream — from the centered tokens, since those are what its codec will store —
-    /// and rebuilds the codec with them (the record size does not change). On error nothing
-    /// changes.
-    ///
-    /// A plane basis ([`BasisPolicy::Planes`]) is fitted with `query_energy` (the mean square
-    /// of each query coordinate over the batch and the KV head's query heads); without it (an
-    /// append that brings no queries) the stream stays on the plain codec
-    /// ([`BasisFit::Identity`]) until its next first batch.
+    /// Calibrates from `tokens` (`[n, head_dim]`, the first appended batch) as
+    /// [`StreamLayout::calibrated`] chooses, and rebuilds the codec if the outlier channels or
+    /// the basis changed (the record size does not change). On error nothing changes.
     pub(crate) fn calibrate(
         &mut self,
         tokens: &[f32],
         query_energy: Option<&[f64]>,
     ) -> Result<(), CacheError> {
-        let head_dim = self.layout.head_dim();
-        let mean = if self.needs_mean() {
-            Some(crate::center::first_chunk_mean(tokens, head_dim)?)
-        } else {
-            None
-        };
-        // The batch as the codec will store it (centered on μ), for the channel choice or the
-        // basis fit. A ragged batch goes on as it is, so each of them refuses it with its own
-        // shape error.
-        let stored: std::borrow::Cow<'_, [f32]> = match mean.as_ref().or(self.layout.mean.as_ref())
-        {
-            Some(mean)
-                if (self.needs_channels() || self.needs_basis())
-                    && head_dim > 0
-                    && tokens.len().is_multiple_of(head_dim) =>
-            {
-                tokens
-                    .chunks_exact(head_dim)
-                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                    .collect()
-            }
-            _ => tokens.into(),
-        };
-        if self.needs_channels()
-            && let Some(plan) = self.layout.outliers
-        {
-            let channels =
-                crate::two_tier::select_outlier_channels(&stored, head_dim, plan.channels)?;
-            let mut layout = self.layout.clone();
-            layout.channels = Some(channels);
+        let layout = self.layout.calibrated(tokens, query_energy)?;
+        if layout.channels != self.layout.channels || layout.basis_fit != self.layout.basis_fit {
             self.codec = layout.build_codec()?;
-            self.layout.channels = layout.channels;
         }
-        if self.needs_basis()
-            && let CodecSpec::Mse(spec) = self.layout.codec
-        {
-            let fit = match (self.layout.basis, query_energy) {
-                (BasisPolicy::Planes, Some(query)) => crate::basis::fit_planes(
-                    &stored,
-                    head_dim,
-                    spec.bits,
-                    self.layout.rope_pairs,
-                    query,
-                )?,
-                (BasisPolicy::Planes, None) => BasisFit::Identity,
-                _ => crate::basis::fit_basis(&stored, head_dim, spec.bits)?,
-            };
-            let mut layout = self.layout.clone();
-            layout.basis_fit = Some(fit);
-            self.codec = layout.build_codec()?;
-            self.layout.basis_fit = layout.basis_fit;
-        }
-        if mean.is_some() {
-            self.layout.mean = mean;
-        }
+        self.layout = layout;
         Ok(())
     }
 
@@ -778,23 +811,15 @@ impl Stream {
         }
     }
 
-    /// An empty stream chooses its mean and outlier channels again from its next first batch,
-    /// exactly as a stream that never saw the dropped tokens would.
+    /// An empty stream chooses its mean, outlier channels and basis again from its next first
+    /// batch, exactly as a stream that never saw the dropped tokens would.
     fn forget_calibration(&mut self) {
-        if self.layout.center.is_centered() {
-            self.layout.mean = None;
-        }
-        if self.layout.outliers.is_some() && self.layout.channels.is_some() {
-            self.layout.channels = None;
-            if let Ok(codec) = self.layout.build_codec() {
-                self.codec = codec;
-            }
-        }
-        if self.layout.basis_fit.is_some() {
-            self.layout.basis_fit = None;
-            if let Ok(codec) = self.layout.build_codec() {
-                self.codec = codec;
-            }
+        let layout = self.layout.uncalibrated();
+        let rebuild =
+            layout.channels != self.layout.channels || layout.basis_fit != self.layout.basis_fit;
+        self.layout = layout;
+        if rebuild && let Ok(codec) = self.layout.build_codec() {
+            self.codec = codec;
         }
     }
 
