@@ -13,6 +13,7 @@ use serde_json::Value;
 use tq_cache::allocation::Allocation;
 use tq_models::llama::generate::generate;
 use tq_models::llama::{GenerationOptions, Llama, Sampler};
+use tq_models::quant::Q8Order;
 use tq_models::tokenizer::Tokenizer;
 
 fn reference() -> Value {
@@ -56,7 +57,9 @@ fn f16_greedy_continuations_match_llama_cpp() {
     let Some(path) = reference_model_or_skip() else {
         return;
     };
-    let model = Llama::load(&path).expect("the reference model loads");
+    let mut model = Llama::load(&path).expect("the reference model loads");
+    // The weight products in ggml's AVX2 order (the default sums Q4_1 blocks in block lanes).
+    model.q8_order = Q8Order::LlamaCppAvx2;
     let tokenizer = Tokenizer::from_gguf(model.file()).expect("tokenizer");
     let allocation = Allocation::preset("f16").unwrap();
     let reference = reference();

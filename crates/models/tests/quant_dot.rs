@@ -26,10 +26,11 @@ use half::f16;
 use proptest::prelude::*;
 use quant_common::{Rng, config, random_activation, random_matrix};
 use tq_models::quant::{
-    Isa, Q8Activation, Q8Row, QuantError, QuantKind, dequantize_row, dot_f32, dot_q8,
+    Isa, Q8Activation, Q8Order, Q8Row, QuantError, QuantKind, dequantize_row, dot_f32, dot_q8,
 };
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
+const ORDERS: [Q8Order; 2] = [Q8Order::BlockLanes, Q8Order::LlamaCppAvx2];
 const Q8_KINDS: [QuantKind; 4] = [
     QuantKind::Q4_0,
     QuantKind::Q4_1,
@@ -118,13 +119,25 @@ fn dot_errors() {
     let act = quantize(&[1.0; 64]);
     let row = act.row(0).unwrap();
     assert_eq!(
-        dot_q8(QuantKind::Q4K, &[0; 144], &row, Isa::Scalar),
+        dot_q8(
+            QuantKind::Q4K,
+            &[0; 144],
+            &row,
+            Q8Order::default(),
+            Isa::Scalar
+        ),
         Err(QuantError::NoQ8Dot {
             kind: QuantKind::Q4K
         })
     );
     assert!(matches!(
-        dot_q8(QuantKind::Q4_1, &[0; 39], &row, Isa::best()),
+        dot_q8(
+            QuantKind::Q4_1,
+            &[0; 39],
+            &row,
+            Q8Order::default(),
+            Isa::best()
+        ),
         Err(QuantError::ByteLength {
             expected: 40,
             actual: 39,
@@ -243,10 +256,12 @@ proptest! {
         let x = random_activation(cols, &mut rng);
         let act = quantize(&x);
         let a = act.row(0).unwrap();
-        let scalar = dot_q8(kind, &row, &a, Isa::Scalar).unwrap();
-        for isa in isas() {
-            let v = dot_q8(kind, &row, &a, isa).unwrap();
-            prop_assert_eq!(v.to_bits(), scalar.to_bits(), "{} on {}: {} vs {}", kind, isa.name(), v, scalar);
+        for order in ORDERS {
+            let scalar = dot_q8(kind, &row, &a, order, Isa::Scalar).unwrap();
+            for isa in isas() {
+                let v = dot_q8(kind, &row, &a, order, isa).unwrap();
+                prop_assert_eq!(v.to_bits(), scalar.to_bits(), "{} {:?} on {}: {} vs {}", kind, order, isa.name(), v, scalar);
+            }
         }
     }
 
@@ -275,15 +290,17 @@ proptest! {
         let act = quantize(&x);
         let a = act.row(0).unwrap();
         prop_assert!(a.quants().iter().all(|q| q.abs() == 127));
-        let scalar = dot_q8(kind, &row, &a, Isa::Scalar).unwrap();
-        // The integer sums are exact, so the scalar result also matches an f64 evaluation of
-        // Σ d_w·d_x·isum (+ m·s) within the integer path's rounding bound (module docs).
-        let (exact_int, abs) = exact_dot_quantized(kind, &row, &a);
-        let rounding = (blocks as f64 + 8.0) * U * abs + 1e-30;
-        prop_assert!((scalar as f64 - exact_int).abs() <= rounding);
-        for isa in isas() {
-            let v = dot_q8(kind, &row, &a, isa).unwrap();
-            prop_assert_eq!(v.to_bits(), scalar.to_bits(), "{} on {}", kind, isa.name());
+        for order in ORDERS {
+            let scalar = dot_q8(kind, &row, &a, order, Isa::Scalar).unwrap();
+            // The integer sums are exact, so the scalar result also matches an f64 evaluation
+            // of Σ d_w·d_x·isum (+ m·s) within the integer path's rounding bound (module docs).
+            let (exact_int, abs) = exact_dot_quantized(kind, &row, &a);
+            let rounding = (blocks as f64 + 8.0) * U * abs + 1e-30;
+            prop_assert!((scalar as f64 - exact_int).abs() <= rounding);
+            for isa in isas() {
+                let v = dot_q8(kind, &row, &a, order, isa).unwrap();
+                prop_assert_eq!(v.to_bits(), scalar.to_bits(), "{} {:?} on {}", kind, order, isa.name());
+            }
         }
     }
 
@@ -299,12 +316,14 @@ proptest! {
         let act = quantize(&x);
         let (t, abs) = exact_dot(kind, &row, &x);
         let a = dot_f32(kind, &row, &x).unwrap() as f64;
-        let b = dot_q8(kind, &row, &act.row(0).unwrap(), Isa::Scalar).unwrap() as f64;
         let bound_a = (cols.div_ceil(8) as f64 + 4.0) * U * abs + 1e-30;
         let bound_b = q8_bound(kind, &row, &x, &act);
         prop_assert!((a - t).abs() <= bound_a, "f32 path {} vs {} (bound {})", a, t, bound_a);
-        prop_assert!((b - t).abs() <= bound_b, "q8 path {} vs {} (bound {})", b, t, bound_b);
-        prop_assert!((a - b).abs() <= bound_a + bound_b);
+        for order in ORDERS {
+            let b = dot_q8(kind, &row, &act.row(0).unwrap(), order, Isa::Scalar).unwrap() as f64;
+            prop_assert!((b - t).abs() <= bound_b, "q8 path {:?} {} vs {} (bound {})", order, b, t, bound_b);
+            prop_assert!((a - b).abs() <= bound_a + bound_b);
+        }
         // The bound is informative: a fraction of Σ|w x| even with outlier blocks.
         prop_assert!(bound_b <= 0.25 * abs + 1e-6, "bound {} vs Σ|wx| {}", bound_b, abs);
     }
@@ -421,7 +440,53 @@ proptest! {
         let a = act.row(0).unwrap();
         let expected = llama_cpp_avx2(kind, &row, &a);
         for isa in isas() {
-            let v = dot_q8(kind, &row, &a, isa).unwrap();
+            let v = dot_q8(kind, &row, &a, Q8Order::LlamaCppAvx2, isa).unwrap();
+            prop_assert_eq!(v.to_bits(), expected.to_bits(), "{} on {}", kind, isa.name());
+        }
+    }
+}
+
+/// The block-lanes order as its documentation states it, in scalar f32: per block the exact
+/// integer sum `isum`, `dd = d_x·d_y`, the term `dd·isum` (Q4_1: `fma(dd, isum, m·s)`), added
+/// to running sum `b mod 8`; then `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+fn block_lanes(kind: QuantKind, row: &[u8], a: &Q8Row<'_>) -> f32 {
+    let bb = kind.block_bytes();
+    let mut acc = [0.0f32; 8];
+    for b in 0..a.blocks() {
+        let block = &row[b * bb..(b + 1) * bb];
+        let (_, qw, _) = block_ints(kind, block);
+        let dw = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let qx = &a.quants()[32 * b..32 * (b + 1)];
+        let isum: i32 = (0..32).map(|j| qw[j] as i32 * qx[j] as i32).sum();
+        let dd = dw * a.scales()[b];
+        let t = if kind == QuantKind::Q4_1 {
+            let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+            dd.mul_add(isum as f32, m * a.sums()[b])
+        } else {
+            dd * isum as f32
+        };
+        acc[b % 8] += t;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+proptest! {
+    #![proptest_config(config(200, 0x51AD_0004))]
+
+    /// The default order is the one its documentation states, bit for bit, on every
+    /// instruction set (so the order itself, not just agreement between kernels, is pinned).
+    #[test]
+    fn block_lanes_order_is_as_documented(kind_index in 0usize..4, blocks in 1usize..=48, seed: u64) {
+        let kind = Q8_KINDS[kind_index];
+        let mut rng = Rng::new(seed);
+        let cols = 32 * blocks;
+        let row = random_matrix(kind, 1, cols, &mut rng);
+        let x = random_activation(cols, &mut rng);
+        let act = quantize(&x);
+        let a = act.row(0).unwrap();
+        let expected = block_lanes(kind, &row, &a);
+        for isa in isas() {
+            let v = dot_q8(kind, &row, &a, Q8Order::BlockLanes, isa).unwrap();
             prop_assert_eq!(v.to_bits(), expected.to_bits(), "{} on {}", kind, isa.name());
         }
     }

@@ -7,9 +7,18 @@ mod quant_common;
 use proptest::prelude::*;
 use quant_common::{Rng, config, random_activation, random_matrix};
 use tq_models::quant::{
-    Isa, KQuantOrder, MatvecScratch, Q8Activation, Q8KActivation, QuantError, QuantKind,
+    Isa, KQuantOrder, MatvecScratch, Q8Activation, Q8KActivation, Q8Order, QuantError, QuantKind,
     QuantMatrix, dequantize_row, dot_f32, dot_q8, dot_q8k,
 };
+
+const Q8_ORDERS: [Q8Order; 2] = [Q8Order::BlockLanes, Q8Order::LlamaCppAvx2];
+
+/// A scratch on `isa` summing the Q8 formats in `order`.
+fn scratch_in(isa: Isa, order: Q8Order) -> MatvecScratch {
+    let mut scratch = MatvecScratch::with_isa(isa);
+    scratch.set_q8_order(order);
+    scratch
+}
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -24,7 +33,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// `y = W·x` row by row through the public row kernels (the K formats in the default
 /// `vec_dot` order, which does not depend on the batch).
-fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
+fn reference_matvec(m: &QuantMatrix, x: &[f32], order: Q8Order, isa: Isa) -> Vec<f32> {
     let kind = m.kind();
     let k_format = matches!(kind, QuantKind::Q4K | QuantKind::Q6K);
     let mut act = Q8Activation::new();
@@ -38,7 +47,7 @@ fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
         .map(|r| {
             let row = m.row(r).unwrap();
             if kind.has_q8_dot() {
-                dot_q8(kind, row, &act.row(0).unwrap(), isa).unwrap()
+                dot_q8(kind, row, &act.row(0).unwrap(), order, isa).unwrap()
             } else if k_format {
                 let a = act_k.row(0).unwrap();
                 dot_q8k(kind, row, &a, KQuantOrder::VecDot, 0, 1, isa).unwrap()
@@ -52,28 +61,31 @@ fn reference_matvec(m: &QuantMatrix, x: &[f32], isa: Isa) -> Vec<f32> {
 proptest! {
     #![proptest_config(config(60, 0x51AD_0002))]
 
-    /// matvec is the row kernel on every row, on every instruction set; matmul of n rows is n
-    /// matvecs; 1 and 2 threads give the same bits.
+    /// matvec is the row kernel on every row, on every instruction set and in both Q8
+    /// orders; matmul of n rows is n matvecs (n up to three token groups of the matrix-product
+    /// kernel, with a partial last group); 1 and 2 threads give the same bits.
     #[test]
     fn matvec_matmul_and_threads(
         kind_index in 0usize..8,
         rows in 1usize..=300,
-        blocks in 1usize..=4,
-        n in 1usize..=11,
+        blocks in 1usize..=10,
+        n in 1usize..=40,
+        order_index in 0usize..2,
         seed: u64,
     ) {
+        let order = Q8_ORDERS[order_index];
         let kind = QuantKind::ALL[kind_index];
         let mut rng = Rng::new(seed);
         let cols = blocks * kind.block_size().max(32);
         let m = QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
         let x = random_activation(n * cols, &mut rng);
         for isa in Isa::available() {
-            let mut scratch = MatvecScratch::with_isa(isa);
+            let mut scratch = scratch_in(isa, order);
             prop_assert_eq!(scratch.isa(), isa);
             // matvec == per-row kernels.
             let mut y = vec![0.0f32; rows];
             m.matvec(&x[..cols], &mut y, &mut scratch).unwrap();
-            prop_assert_eq!(bits(&y), bits(&reference_matvec(&m, &x[..cols], isa)));
+            prop_assert_eq!(bits(&y), bits(&reference_matvec(&m, &x[..cols], order, isa)));
             // matmul == repeated matvec, in 1- and 2-thread pools.
             let mut expected = vec![0.0f32; n * rows];
             for i in 0..n {
@@ -109,26 +121,28 @@ fn large_matrix_is_deterministic() {
     ] {
         let m =
             QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
-        let n = 11;
+        let n = 19;
         let x = random_activation(n * cols, &mut rng);
-        let mut reference = vec![0.0f32; n * rows];
-        let mut scratch = MatvecScratch::with_isa(Isa::Scalar);
-        pool(1)
-            .install(|| m.matmul(&x, n, &mut reference, &mut scratch))
-            .unwrap();
-        for isa in Isa::available() {
-            let mut scratch = MatvecScratch::with_isa(isa);
-            for threads in [1, 2, 3, 8] {
-                let mut y = vec![0.0f32; n * rows];
-                pool(threads)
-                    .install(|| m.matmul(&x, n, &mut y, &mut scratch))
-                    .unwrap();
-                assert_eq!(
-                    bits(&y),
-                    bits(&reference),
-                    "{kind} {} {threads}",
-                    isa.name()
-                );
+        for order in Q8_ORDERS {
+            let mut reference = vec![0.0f32; n * rows];
+            let mut scratch = scratch_in(Isa::Scalar, order);
+            pool(1)
+                .install(|| m.matmul(&x, n, &mut reference, &mut scratch))
+                .unwrap();
+            for isa in Isa::available() {
+                let mut scratch = scratch_in(isa, order);
+                for threads in [1, 2, 3, 8] {
+                    let mut y = vec![0.0f32; n * rows];
+                    pool(threads)
+                        .install(|| m.matmul(&x, n, &mut y, &mut scratch))
+                        .unwrap();
+                    assert_eq!(
+                        bits(&y),
+                        bits(&reference),
+                        "{kind} {order:?} {} {threads}",
+                        isa.name()
+                    );
+                }
             }
         }
     }
@@ -145,8 +159,11 @@ fn matmul_of_many_rows_is_repeated_matvec() {
         let m =
             QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
         let x = random_activation(n * cols, &mut rng);
-        for isa in Isa::available() {
-            let mut scratch = MatvecScratch::with_isa(isa);
+        for (isa, order) in Isa::available()
+            .into_iter()
+            .flat_map(|i| Q8_ORDERS.map(|o| (i, o)))
+        {
+            let mut scratch = scratch_in(isa, order);
             let mut expected = vec![0.0f32; n * rows];
             for i in 0..n {
                 let (xi, yi) = (
@@ -160,7 +177,12 @@ fn matmul_of_many_rows_is_repeated_matvec() {
                 pool(threads)
                     .install(|| m.matmul(&x, n, &mut y, &mut scratch))
                     .unwrap();
-                assert_eq!(bits(&y), bits(&expected), "{kind} {} {threads}", isa.name());
+                assert_eq!(
+                    bits(&y),
+                    bits(&expected),
+                    "{kind} {order:?} {} {threads}",
+                    isa.name()
+                );
             }
         }
     }
@@ -193,11 +215,15 @@ fn products_sharing_an_input_equal_separate_products() {
             QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap()
         })
         .collect();
-    for order in [KQuantOrder::VecDot, KQuantOrder::LlamaCppX86] {
-        for n in [1, 6] {
+    for (order, q8_order) in [
+        (KQuantOrder::VecDot, Q8Order::BlockLanes),
+        (KQuantOrder::LlamaCppX86, Q8Order::LlamaCppAvx2),
+    ] {
+        for n in [1, 6, 21] {
             let x = random_activation(n * cols, &mut rng);
             let mut scratch = MatvecScratch::new();
             scratch.set_k_order(order);
+            scratch.set_q8_order(q8_order);
             let expected: Vec<Vec<f32>> = matrices
                 .iter()
                 .map(|m| {
@@ -219,6 +245,7 @@ fn products_sharing_an_input_equal_separate_products() {
             // an activation `matmul_each` failed to quantize.
             let mut fresh = MatvecScratch::new();
             fresh.set_k_order(order);
+            fresh.set_q8_order(q8_order);
             QuantMatrix::matmul_each(&x, n, &mut products, &mut fresh).unwrap();
             for ((kind, got), want) in kinds.iter().zip(&outputs).zip(&expected) {
                 assert_eq!(bits(got), bits(want), "{kind} {order:?} n={n}");
@@ -380,4 +407,57 @@ fn shrinking_storage_is_an_error() {
             ..
         })
     ));
+}
+
+/// Extreme weight bytes (every nibble 0 or 15, every Q5_0 fifth bit 0 or 1, every Q8 byte −128
+/// or 127) against extreme activations (all ±amax, so every quantized value is ±127): the
+/// matrix-product kernels' 16-bit pair sums (AVX2) and 32-bit sums (VNNI) stay exact, so a
+/// product of many tokens still equals the token-by-token products, in both orders.
+#[test]
+fn extreme_products_do_not_saturate() {
+    let mut rng = Rng::new(31);
+    let (rows, cols, n) = (9, 32 * 11, 19);
+    for kind in [
+        QuantKind::Q4_0,
+        QuantKind::Q4_1,
+        QuantKind::Q5_0,
+        QuantKind::Q8_0,
+    ] {
+        let mut bytes = random_matrix(kind, rows, cols, &mut rng);
+        let start = if kind == QuantKind::Q4_1 { 4 } else { 2 };
+        for block in bytes.chunks_mut(kind.block_bytes()) {
+            for byte in &mut block[start..] {
+                *byte = match (kind, rng.byte() & 1) {
+                    (QuantKind::Q8_0, 0) => 0x80,
+                    (QuantKind::Q8_0, _) => 0x7F,
+                    (_, 0) => 0x00,
+                    _ => 0xFF,
+                };
+            }
+        }
+        let m = QuantMatrix::new(kind, rows, cols, bytes).unwrap();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|_| if rng.byte() & 1 == 0 { 3.0 } else { -3.0 })
+            .collect();
+        for (isa, order) in Isa::available()
+            .into_iter()
+            .flat_map(|i| Q8_ORDERS.map(|o| (i, o)))
+        {
+            let mut scratch = scratch_in(isa, order);
+            let mut expected = vec![0.0f32; n * rows];
+            for i in 0..n {
+                let (xi, yi) = (&x[i * cols..][..cols], &mut expected[i * rows..][..rows]);
+                m.matvec(xi, yi, &mut scratch).unwrap();
+            }
+            let reference = reference_matvec(&m, &x[..cols], order, Isa::Scalar);
+            assert_eq!(
+                bits(&expected[..rows]),
+                bits(&reference),
+                "{kind} {order:?}"
+            );
+            let mut y = vec![f32::NAN; n * rows];
+            m.matmul(&x, n, &mut y, &mut scratch).unwrap();
+            assert_eq!(bits(&y), bits(&expected), "{kind} {order:?} {}", isa.name());
+        }
+    }
 }

@@ -26,7 +26,7 @@ use crate::forward_scratch::{ForwardScratch, Logits, resize};
 use crate::gguf::{Gguf, WeightMemory};
 use crate::llama::ops::rms_norm;
 use crate::llama::{AttentionBackend, ModelError};
-use crate::quant::{KQuantOrder, QuantMatrix};
+use crate::quant::{KQuantOrder, Q8Order, QuantMatrix};
 
 /// The prefill chunk a Gemma 3 cache is sized for unless told otherwise: the reference
 /// engine's default micro-batch.
@@ -43,6 +43,8 @@ pub struct Gemma3 {
     pub gelu: Gelu,
     /// The summation order of the K-format weight products.
     pub k_order: KQuantOrder,
+    /// The summation order of the Q4_0/Q4_1/Q5_0/Q8_0 weight products.
+    pub q8_order: Q8Order,
     /// RoPE's rotation with the first product of each output fused into the addition, as
     /// the reference engine's compiler contracts it (see [`rope_neox_with`]).
     pub fused_rope: bool,
@@ -69,6 +71,7 @@ impl Gemma3 {
             weights,
             gelu: Gelu::default(),
             k_order: KQuantOrder::default(),
+            q8_order: Q8Order::default(),
             fused_rope: false,
             max_chunk: DEFAULT_MAX_CHUNK,
             file,
@@ -151,10 +154,15 @@ impl CausalLm for Gemma3 {
     }
 
     fn set_llamacpp_numerics(&mut self, on: bool) {
-        (self.gelu, self.k_order, self.fused_rope) = if on {
-            (Gelu::F16Table, KQuantOrder::LlamaCppX86, true)
+        (self.gelu, self.k_order, self.q8_order, self.fused_rope) = if on {
+            (
+                Gelu::F16Table,
+                KQuantOrder::LlamaCppX86,
+                Q8Order::LlamaCppAvx2,
+                true,
+            )
         } else {
-            (Gelu::Exact, KQuantOrder::VecDot, false)
+            (Gelu::Exact, KQuantOrder::VecDot, Q8Order::BlockLanes, false)
         };
     }
 
@@ -195,6 +203,7 @@ impl CausalLm for Gemma3 {
         let (qd, kvd) = (c.heads * d, c.kv_heads * d);
         let s = scratch;
         s.matvec.set_k_order(self.k_order);
+        s.matvec.set_q8_order(self.q8_order);
         for (buffer, width) in [
             (&mut s.x, e),
             (&mut s.h, e.max(d)),

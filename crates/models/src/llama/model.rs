@@ -17,7 +17,7 @@ use crate::causal_lm::{CausalLm, ModelDims};
 use crate::forward_scratch::resize;
 pub use crate::forward_scratch::{ForwardScratch, Logits};
 use crate::gguf::{Gguf, WeightMemory};
-use crate::quant::{KQuantOrder, QuantMatrix};
+use crate::quant::{KQuantOrder, Q8Order, QuantMatrix};
 
 /// A Llama model over a memory-mapped GGUF file.
 #[derive(Clone, Debug)]
@@ -28,6 +28,8 @@ pub struct Llama {
     pub weights: LlamaWeights,
     /// The summation order of the K-format weight products (SmolLM2 has none).
     pub k_order: KQuantOrder,
+    /// The summation order of the Q4_0/Q4_1/Q5_0/Q8_0 weight products.
+    pub q8_order: Q8Order,
     file: Arc<Gguf>,
 }
 
@@ -49,6 +51,7 @@ impl Llama {
             config,
             weights,
             k_order: KQuantOrder::default(),
+            q8_order: Q8Order::default(),
             file,
         })
     }
@@ -144,6 +147,7 @@ impl Llama {
         );
         let s = scratch;
         s.matvec.set_k_order(self.k_order);
+        s.matvec.set_q8_order(self.q8_order);
         for (buffer, width) in [
             (&mut s.x, e),
             (&mut s.h, e),
@@ -273,10 +277,10 @@ impl CausalLm for Llama {
     }
 
     fn set_llamacpp_numerics(&mut self, on: bool) {
-        self.k_order = if on {
-            KQuantOrder::LlamaCppX86
+        (self.k_order, self.q8_order) = if on {
+            (KQuantOrder::LlamaCppX86, Q8Order::LlamaCppAvx2)
         } else {
-            KQuantOrder::VecDot
+            (KQuantOrder::VecDot, Q8Order::BlockLanes)
         };
     }
 }

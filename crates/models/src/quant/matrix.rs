@@ -7,8 +7,9 @@ use super::activation::{Q8Activation, Q8Row};
 use super::activation_k::{Q8KActivation, Q8KRow};
 use super::dequant::dequantize_unchecked;
 use super::dot::{
-    KQuantOrder, Q8KKernel, Q8Kernel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_kernel,
-    q8_rows_kernel, q8_tile_kernel, q8k_kernel, scalar, usable,
+    GemmBufs, KQuantOrder, Q8GemmKernel, Q8KKernel, Q8Kernel, Q8Order, Q8Panel, Q8RowsKernel,
+    Q8TileKernel, ROWS, TILE, TileBuf, q8_gemm_kernel, q8_kernel, q8_rows_kernel, q8_tile_kernel,
+    q8k_kernel, scalar, usable,
 };
 use super::error::QuantError;
 use super::kind::QuantKind;
@@ -43,7 +44,10 @@ pub struct MatvecScratch {
     isa: Isa,
     act: Q8Activation,
     act_k: Q8KActivation,
+    /// The Q8 activation rows regrouped for the matrix-product kernels (built when one runs).
+    panel: Q8Panel,
     k_order: KQuantOrder,
+    q8_order: Q8Order,
     out: Vec<f32>,
 }
 
@@ -65,7 +69,9 @@ impl MatvecScratch {
             isa: usable(isa),
             act: Q8Activation::new(),
             act_k: Q8KActivation::new(),
+            panel: Q8Panel::default(),
             k_order: KQuantOrder::default(),
+            q8_order: Q8Order::default(),
             out: Vec::new(),
         }
     }
@@ -75,6 +81,16 @@ impl MatvecScratch {
         self.k_order = order;
     }
 
+    /// Sums the Q8 formats' products in `order` (see [`Q8Order`]).
+    pub fn set_q8_order(&mut self, order: Q8Order) {
+        self.q8_order = order;
+    }
+
+    /// The Q8 formats' summation order.
+    pub fn q8_order(&self) -> Q8Order {
+        self.q8_order
+    }
+
     /// The instruction set the products run on.
     pub fn isa(&self) -> Isa {
         self.isa
@@ -82,7 +98,10 @@ impl MatvecScratch {
 
     /// Bytes the buffers hold (their capacities).
     pub fn allocated_bytes(&self) -> usize {
-        self.act.allocated_bytes() + self.act_k.allocated_bytes() + 4 * self.out.capacity()
+        self.act.allocated_bytes()
+            + self.act_k.allocated_bytes()
+            + self.panel.allocated_bytes()
+            + 4 * self.out.capacity()
     }
 
     /// The activation rows the last integer-path product quantized.
@@ -264,7 +283,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         k_order: KQuantOrder,
     ) -> ActivationForm {
         match (q8, q8k) {
-            (true, _) => ActivationForm::Q8,
+            (true, _) => ActivationForm::Q8 { panel: false },
             // The repacked Q4_K kernels read rows in whole groups of four, quantized by their
             // own routine (see `Q8KActivation::quantize_grouped`).
             (false, true) => ActivationForm::Q8K {
@@ -298,17 +317,29 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         check_len("matmul input", x_len, x.len())?;
         check_len("matmul output", y_len, y.len())?;
         let data = self.data()?;
-        let kernel = q8_kernel(self.kind, scratch.isa);
+        let kernel = q8_kernel(self.kind, scratch.q8_order, scratch.isa);
+        let gemm = match n {
+            2.. => q8_gemm_kernel(self.kind, scratch.q8_order, scratch.isa),
+            _ => None,
+        };
         let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa);
-        let form = self.activation_form(n, kernel.is_some(), kernel_k.is_some(), scratch.k_order);
-        if prepared != Some(form) {
-            match form {
-                ActivationForm::Q8 => scratch.act.quantize(x, n, self.cols)?,
-                ActivationForm::Q8K { grouped } => {
-                    scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
-                }
-                ActivationForm::F32 => check_finite(x)?,
+        let mut form =
+            self.activation_form(n, kernel.is_some(), kernel_k.is_some(), scratch.k_order);
+        match (form, prepared) {
+            // Quantized by the previous product; regrouped too if that one needed it.
+            (ActivationForm::Q8 { .. }, Some(ActivationForm::Q8 { panel })) => {
+                form = ActivationForm::Q8 { panel };
             }
+            (ActivationForm::Q8 { .. }, _) => scratch.act.quantize(x, n, self.cols)?,
+            (ActivationForm::Q8K { grouped }, _) if prepared != Some(form) => {
+                scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
+            }
+            (ActivationForm::F32, _) if prepared != Some(form) => check_finite(x)?,
+            _ => {}
+        }
+        if gemm.is_some() && form == (ActivationForm::Q8 { panel: false }) {
+            scratch.panel.build(&scratch.act);
+            form = ActivationForm::Q8 { panel: true };
         }
         if n == 0 || self.rows == 0 {
             return Ok(form);
@@ -325,12 +356,14 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         let dot = RowDot {
             kind: self.kind,
             kernel,
-            tile: q8_tile_kernel(self.kind, scratch.isa),
-            rows: q8_rows_kernel(self.kind, scratch.isa),
+            gemm,
+            tile: q8_tile_kernel(self.kind, scratch.q8_order, scratch.isa),
+            rows: q8_rows_kernel(self.kind, scratch.q8_order, scratch.isa),
             kernel_k,
             k_order: scratch.k_order,
             isa: scratch.isa,
             act: &scratch.act,
+            panel: &scratch.panel,
             act_k: &scratch.act_k,
             x,
             cols: self.cols,
@@ -354,8 +387,9 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
 /// prepares in the scratch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ActivationForm {
-    /// Q8 blocks of 32 ([`Q8Activation`]): Q4_0, Q4_1, Q5_0 and Q8_0.
-    Q8,
+    /// Q8 blocks of 32 ([`Q8Activation`]): Q4_0, Q4_1, Q5_0 and Q8_0; `panel`: also
+    /// regrouped token-parallel ([`Q8Panel`]) for the matrix-product kernels.
+    Q8 { panel: bool },
     /// Q8_K super-blocks ([`Q8KActivation`]), the first `grouped` rows quantized in groups
     /// of four: Q4_K and Q6_K.
     Q8K { grouped: usize },
@@ -391,12 +425,14 @@ impl Rows<'_> {
 struct RowDot<'a> {
     kind: QuantKind,
     kernel: Option<Q8Kernel>,
+    gemm: Option<Q8GemmKernel>,
     tile: Option<Q8TileKernel>,
     rows: Option<Q8RowsKernel>,
     kernel_k: Option<Q8KKernel>,
     k_order: KQuantOrder,
     isa: Isa,
     act: &'a Q8Activation,
+    panel: &'a Q8Panel,
     act_k: &'a Q8KActivation,
     x: &'a [f32],
     cols: usize,
@@ -405,6 +441,13 @@ struct RowDot<'a> {
 impl RowDot<'_> {
     /// `out[r·n + i]` = row `r` of `w` (rows of `rb` bytes) against activation row `i`.
     fn eval_chunk(&self, w: &[u8], rb: usize, out: &mut [f32], n: usize) {
+        if let (Some(gemm), 2..) = (self.gemm, n) {
+            // Several activations, tokens in the vector lanes: every row of the task against
+            // the whole panel.
+            let rows: Vec<&[u8]> = w.chunks_exact(rb).collect();
+            gemm(&rows, self.panel, n, out, &mut GemmBufs::default());
+            return;
+        }
         let (mut w, mut out) = (w, out);
         if let (Some(rows), 1) = (self.rows, n) {
             // One activation: ROWS weight rows at a time, the rest one by one.

@@ -56,7 +56,7 @@ mod matrix;
 pub use activation::{Q8_BLOCK, Q8Activation, Q8Row};
 pub use activation_k::{Q8KActivation, Q8KRow, QK_K};
 pub use dequant::{dequantize_row, unpack_q4k_scales};
-pub use dot::{KQuantOrder, dot_f32, dot_q8, dot_q8k};
+pub use dot::{KQuantOrder, Q8Order, dot_f32, dot_q8, dot_q8k};
 pub use error::QuantError;
 pub use kind::QuantKind;
 pub use matrix::{MatvecScratch, QuantMatrix};

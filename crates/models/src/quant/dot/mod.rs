@@ -4,15 +4,20 @@
 //!
 //! - **Q8 activations, integer sums** ([`dot_q8`]; Q4_0, Q4_1, Q5_0, Q8_0): the activation is
 //!   quantized once per matvec to Q8 blocks ([`Q8Activation`](super::Q8Activation)), each
-//!   block's products are summed exactly in eight integer lanes, and the lanes are combined in
-//!   f32 in one fixed order ([`scalar::combine`]). This is what llama.cpp does
-//!   (`vec_dot_q4_1_q8_1`, `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`, `vec_dot_q5_0_q8_0`),
-//!   with the same
-//!   combination as its AVX2 kernels, so a forward pass sees the same numerics as the engine
-//!   behind the reference outputs; it also reads a quarter of the bytes an f32 activation
-//!   would and multiplies 32 byte pairs per two instructions. The AVX2, NEON and scalar kernels
-//!   produce the same integer sums and the same f32 result bit for bit. (Q5_0 has no NEON
-//!   kernel: on aarch64 it runs the scalar kernel, which gives the same bits.)
+//!   block's products are summed exactly in integers, and the sums are combined in f32 in one
+//!   of two fixed orders ([`Q8Order`]). This is what llama.cpp does (`vec_dot_q4_1_q8_1`,
+//!   `vec_dot_q8_0_q8_0`, `vec_dot_q4_0_q8_0`, `vec_dot_q5_0_q8_0`); its AVX2 kernels'
+//!   combination ([`Q8Order::LlamaCppAvx2`], [`scalar::combine`]) gives a forward pass the
+//!   numerics of the engine behind the reference outputs. The default,
+//!   [`Q8Order::BlockLanes`] ([`scalar::combine_block_lanes`]), makes one f32 term per block
+//!   and sums the terms by block index mod 8, so a product of many tokens can keep tokens in
+//!   the vector lanes: on AVX-512 VNNI (`x86_vnni`), sixteen tokens per instruction over
+//!   activations regrouped once per product ([`Q8Panel`]) — about twice the prefill speed of
+//!   the AVX2 tile kernel in llama.cpp's order (docs/results.md). Either way the activation
+//!   reads a quarter of the bytes an f32 activation would. For a given order, the VNNI, AVX2,
+//!   NEON and scalar kernels produce the same integer sums and the same f32 result bit for
+//!   bit. (Q5_0 has no NEON kernel: on aarch64 it runs the scalar kernel, which gives the same
+//!   bits.)
 //! - **Q8_K activations, integer sums** ([`dot_q8k`]; Q4_K, Q6_K): 256-value super-blocks,
 //!   exact integer products scaled by the integer sub-block scales, combined in f32 in the
 //!   order [`KQuantOrder`] selects (see `kquant`). The [`KQuantOrder::VecDot`] order has AVX2
@@ -24,6 +29,7 @@
 //!   quantization error, `|Σ_j w_j (x_j − x̂_j)| ≤ Σ_j |w_j|·d_x/2` per block, plus rounding.
 
 mod kquant;
+mod panel;
 pub(crate) mod scalar;
 mod tile_buf;
 
@@ -33,6 +39,10 @@ mod neon;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_kquant;
+#[cfg(target_arch = "x86_64")]
+mod x86_panel_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni;
 
 use tq_cache::attention::simd::Isa;
 
@@ -41,6 +51,7 @@ use super::activation_k::Q8KRow;
 use super::error::QuantError;
 use super::kind::QuantKind;
 pub(crate) use kquant::Q8KKernel;
+pub(crate) use panel::{GemmBufs, Q8Panel};
 pub(crate) use tile_buf::{TILE, TileBuf};
 
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
@@ -57,35 +68,117 @@ pub(crate) type Q8RowsKernel = fn(&[&[u8]; ROWS], &Q8Row<'_>) -> [f32; ROWS];
 /// Weight rows a multi-row kernel takes at once.
 pub(crate) const ROWS: usize = 4;
 
-/// The multi-row kernel for `kind` on `isa`, where one exists (AVX2); elsewhere a matrix–vector
-/// product calls the row kernel per row.
-pub(crate) fn q8_rows_kernel(kind: QuantKind, isa: Isa) -> Option<Q8RowsKernel> {
-    match (kind, usable(isa)) {
+/// A matrix-product kernel of the integer path: weight rows against every token of a
+/// [`Q8Panel`] (`n` tokens), `out[r·n + i]` bit-identical to the row kernel of the same order
+/// on row `r` and token `i`; `bufs` is its unpacking space.
+pub(crate) type Q8GemmKernel = fn(&[&[u8]], &Q8Panel, usize, &mut [f32], &mut GemmBufs);
+
+/// The summation order of the Q8 formats' products (Q4_0, Q4_1, Q5_0, Q8_0). Both compute the
+/// same exact integer sums per block; they differ in how the f32 combination is grouped,
+/// which moves results by a few ulps — enough to flip greedy decoding at near-ties, so parity
+/// with the reference engine needs its order. Every instruction set gives the same bits for a
+/// given order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Q8Order {
+    /// One term per block, `d_w·d_x·isum` (Q4_1: `+ m_w·s_x` in the same FMA), summed in eight
+    /// running sums by block index mod 8 ([`scalar::combine_block_lanes`]). Products of
+    /// several tokens keep tokens in the vector lanes (AVX-512 VNNI: sixteen per `vpdpbusd`),
+    /// which llama.cpp's order, eight position lanes per block and token, does not allow.
+    #[default]
+    BlockLanes,
+    /// llama.cpp's x86 AVX2 `ggml_vec_dot_*_q8_*` ([`scalar::combine`]): eight lanes per block,
+    /// one FMA per lane and block, the Q4_1 minimum in its own chain. For parity runs
+    /// (`--kernel llamacpp`).
+    LlamaCppAvx2,
+}
+
+/// The multi-row kernel for `kind` in `order` on `isa`, where one exists (AVX2); elsewhere a
+/// matrix–vector product calls the row kernel per row.
+pub(crate) fn q8_rows_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Option<Q8RowsKernel> {
+    match (kind, order, usable(isa)) {
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_rows),
+        (QuantKind::Q8_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_rows),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_rows),
+        (QuantKind::Q4_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_rows),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows),
+        (QuantKind::Q4_1, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_rows),
+        (QuantKind::Q5_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_rows),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_rows_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_rows_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_rows_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_rows_bl),
         _ => None,
     }
 }
 
-/// The tile kernel for `kind` on `isa`, where one exists (AVX2); elsewhere products of several
-/// activation rows call the row kernel per row.
-pub(crate) fn q8_tile_kernel(kind: QuantKind, isa: Isa) -> Option<Q8TileKernel> {
-    match (kind, usable(isa)) {
+/// The tile kernel for `kind` in `order` on `isa`, where one exists (AVX2); elsewhere products
+/// of several activation rows call the row kernel per row.
+pub(crate) fn q8_tile_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Option<Q8TileKernel> {
+    match (kind, order, usable(isa)) {
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_tile),
+        (QuantKind::Q8_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_tile),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_tile),
+        (QuantKind::Q4_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_tile),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_tile),
+        (QuantKind::Q4_1, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_tile),
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_tile),
+        (QuantKind::Q5_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_tile),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q8_0_tile_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_0_tile_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q4_1_tile_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => Some(avx2::q5_0_tile_bl),
         _ => None,
+    }
+}
+
+/// The matrix-product kernel for `kind` in `order` on `isa`, where one exists: the
+/// block-lanes order on [`Isa::Avx512`] where the CPU also has VNNI (every format), on AVX2
+/// otherwise (Q4_0, Q4_1, Q5_0: Q8_0's weights would saturate its 16-bit pair sums). Elsewhere
+/// products of several activation rows take the tile or row kernels.
+pub(crate) fn q8_gemm_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Option<Q8GemmKernel> {
+    if order != Q8Order::BlockLanes {
+        return None;
+    }
+    let vnni = usable(isa) == Isa::Avx512 && vnni_available();
+    match (kind, usable(isa), vnni) {
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, _, true) => Some(vnni::q8_0),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, _, true) => Some(vnni::q4_0),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, _, true) => Some(vnni::q4_1),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, _, true) => Some(vnni::q5_0),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q4_0),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q4_1),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q5_0),
+        _ => None,
+    }
+}
+
+/// Whether this CPU runs the VNNI matrix products (AVX-512 F, BW and VNNI).
+fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -95,29 +188,47 @@ pub(crate) fn usable(isa: Isa) -> Isa {
     if isa.is_available() { isa } else { Isa::Scalar }
 }
 
-/// The integer-path kernel for `kind` on `isa` (scalar if `isa` is unavailable), or `None` for
-/// formats without one.
-pub(crate) fn q8_kernel(kind: QuantKind, isa: Isa) -> Option<Q8Kernel> {
+/// The integer-path row kernel for `kind` in `order` on `isa` (scalar if `isa` is
+/// unavailable), or `None` for formats without one.
+pub(crate) fn q8_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Option<Q8Kernel> {
     let isa = usable(isa);
-    let kernel: Q8Kernel = match (kind, isa) {
+    let kernel: Q8Kernel = match (kind, order, isa) {
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q8_0, Isa::Avx2 | Isa::Avx512) => avx2::q8_0,
+        (QuantKind::Q8_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => avx2::q8_0,
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_0, Isa::Avx2 | Isa::Avx512) => avx2::q4_0,
+        (QuantKind::Q4_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => avx2::q4_0,
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4_1, Isa::Avx2 | Isa::Avx512) => avx2::q4_1,
+        (QuantKind::Q4_1, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => avx2::q4_1,
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512) => avx2::q5_0,
+        (QuantKind::Q5_0, Q8Order::LlamaCppAvx2, Isa::Avx2 | Isa::Avx512) => avx2::q5_0,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q8_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => avx2::q8_0_bl,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => avx2::q4_0_bl,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4_1, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => avx2::q4_1_bl,
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q5_0, Q8Order::BlockLanes, Isa::Avx2 | Isa::Avx512) => avx2::q5_0_bl,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q8_0, Isa::Neon) => neon_rows::q8_0,
+        (QuantKind::Q8_0, Q8Order::LlamaCppAvx2, Isa::Neon) => neon_rows::q8_0,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q4_0, Isa::Neon) => neon_rows::q4_0,
+        (QuantKind::Q4_0, Q8Order::LlamaCppAvx2, Isa::Neon) => neon_rows::q4_0,
         #[cfg(target_arch = "aarch64")]
-        (QuantKind::Q4_1, Isa::Neon) => neon_rows::q4_1,
-        (QuantKind::Q8_0, _) => scalar::dot_q8_0,
-        (QuantKind::Q4_0, _) => scalar::dot_q4_0,
-        (QuantKind::Q4_1, _) => scalar::dot_q4_1,
-        (QuantKind::Q5_0, _) => scalar::dot_q5_0,
+        (QuantKind::Q4_1, Q8Order::LlamaCppAvx2, Isa::Neon) => neon_rows::q4_1,
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q8_0, Q8Order::BlockLanes, Isa::Neon) => neon_rows::q8_0_bl,
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q4_0, Q8Order::BlockLanes, Isa::Neon) => neon_rows::q4_0_bl,
+        #[cfg(target_arch = "aarch64")]
+        (QuantKind::Q4_1, Q8Order::BlockLanes, Isa::Neon) => neon_rows::q4_1_bl,
+        (QuantKind::Q8_0, Q8Order::LlamaCppAvx2, _) => scalar::dot_q8_0,
+        (QuantKind::Q4_0, Q8Order::LlamaCppAvx2, _) => scalar::dot_q4_0,
+        (QuantKind::Q4_1, Q8Order::LlamaCppAvx2, _) => scalar::dot_q4_1,
+        (QuantKind::Q5_0, Q8Order::LlamaCppAvx2, _) => scalar::dot_q5_0,
+        (QuantKind::Q8_0, Q8Order::BlockLanes, _) => scalar::dot_q8_0_block_lanes,
+        (QuantKind::Q4_0, Q8Order::BlockLanes, _) => scalar::dot_q4_0_block_lanes,
+        (QuantKind::Q4_1, Q8Order::BlockLanes, _) => scalar::dot_q4_1_block_lanes,
+        (QuantKind::Q5_0, Q8Order::BlockLanes, _) => scalar::dot_q5_0_block_lanes,
         _ => return None,
     };
     Some(kernel)
@@ -213,6 +324,46 @@ mod avx2 {
         unsafe { x86::dot_rows::<Q5_0, ROWS>(rows, act) }
     }
 
+    pub(super) fn q8_0_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q8_0, 1>(&[row], act)[0] }
+    }
+
+    pub(super) fn q4_0_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q4_0, 1>(&[row], act)[0] }
+    }
+
+    pub(super) fn q4_1_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q4_1, 1>(&[row], act)[0] }
+    }
+
+    pub(super) fn q5_0_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q5_0, 1>(&[row], act)[0] }
+    }
+
+    pub(super) fn q8_0_rows_bl(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q8_0, ROWS>(rows, act) }
+    }
+
+    pub(super) fn q4_0_rows_bl(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q4_0, ROWS>(rows, act) }
+    }
+
+    pub(super) fn q4_1_rows_bl(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q4_1, ROWS>(rows, act) }
+    }
+
+    pub(super) fn q5_0_rows_bl(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_rows_block_lanes::<Q5_0, ROWS>(rows, act) }
+    }
+
     pub(super) fn q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
         // SAFETY: selected only after `Isa::Avx2` or `Isa::Avx512` was found available (both
         // detect AVX2, FMA and F16C at run time).
@@ -253,6 +404,79 @@ mod avx2 {
         // SAFETY: as `q8_0`.
         unsafe { x86::dot_tile::<Q4_1>(row, acts, out, buf) }
     }
+
+    pub(super) fn q8_0_tile_bl(row: &[u8], a: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile_block_lanes::<Q8_0>(row, a, out, buf) }
+    }
+
+    pub(super) fn q4_0_tile_bl(row: &[u8], a: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile_block_lanes::<Q4_0>(row, a, out, buf) }
+    }
+
+    pub(super) fn q4_1_tile_bl(row: &[u8], a: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile_block_lanes::<Q4_1>(row, a, out, buf) }
+    }
+
+    pub(super) fn q5_0_tile_bl(row: &[u8], a: &[Q8Row<'_>], out: &mut [f32], buf: &mut TileBuf) {
+        // SAFETY: as `q8_0`.
+        unsafe { x86::dot_tile_block_lanes::<Q5_0>(row, a, out, buf) }
+    }
+}
+
+/// Safe entry points to the VNNI matrix products, reachable only through [`q8_gemm_kernel`],
+/// which hands them out only when AVX-512 F, BW and VNNI (and so AVX2, FMA, F16C: every CPU
+/// with AVX-512 has them, and [`Isa::Avx512`] checks them) were found at run time.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::x86::{Q4_0, Q4_1, Q5_0, Q8_0};
+    use super::{GemmBufs, Q8Panel, x86_vnni};
+
+    pub(super) fn q8_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni::gemm::<Q8_0>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni::gemm::<Q4_0>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4_1(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni::gemm::<Q4_1>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q5_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni::gemm::<Q5_0>(rows, p, n, out, b) }
+    }
+}
+
+/// Safe entry points to the AVX2 matrix products, reachable only through [`q8_gemm_kernel`],
+/// which hands them out only for [`Isa::Avx2`] or [`Isa::Avx512`] found available (both detect
+/// AVX2, FMA and F16C at run time), and only for Q4_0, Q4_1 and Q5_0.
+#[cfg(target_arch = "x86_64")]
+mod avx2_panel {
+    use super::x86::{Q4_0, Q4_1, Q5_0};
+    use super::{GemmBufs, Q8Panel, x86_panel_avx2};
+
+    pub(super) fn q4_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_panel_avx2::gemm::<Q4_0>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4_1(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_panel_avx2::gemm::<Q4_1>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q5_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_panel_avx2::gemm::<Q5_0>(rows, p, n, out, b) }
+    }
 }
 
 /// The NEON row kernels: NEON block sums in the scalar combination.
@@ -276,6 +500,27 @@ mod neon_rows {
 
     pub(super) fn q4_1(row: &[u8], act: &Q8Row<'_>) -> f32 {
         scalar::combine::<20, true>(row, act, |w, y| {
+            // SAFETY: as `q8_0`.
+            unsafe { neon::lanes_q4_1(w, y) }
+        })
+    }
+
+    pub(super) fn q8_0_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine_block_lanes::<34, false>(row, act, |w, y| {
+            // SAFETY: as `q8_0`.
+            unsafe { neon::lanes_q8_0(w, y) }
+        })
+    }
+
+    pub(super) fn q4_0_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine_block_lanes::<18, false>(row, act, |w, y| {
+            // SAFETY: as `q8_0`.
+            unsafe { neon::lanes_q4_0(w, y) }
+        })
+    }
+
+    pub(super) fn q4_1_bl(row: &[u8], act: &Q8Row<'_>) -> f32 {
+        scalar::combine_block_lanes::<20, true>(row, act, |w, y| {
             // SAFETY: as `q8_0`.
             unsafe { neon::lanes_q4_1(w, y) }
         })
@@ -325,11 +570,17 @@ pub fn dot_q8k(
     Ok(kernel(row, act))
 }
 
-/// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1, Q5_0 or Q8_0) and a Q8-quantized activation
-/// row `x̂`, with integer block sums, on `isa` (scalar if unavailable). Every instruction set
-/// returns the same bits.
-pub fn dot_q8(kind: QuantKind, row: &[u8], act: &Q8Row<'_>, isa: Isa) -> Result<f32, QuantError> {
-    let kernel = q8_kernel(kind, isa).ok_or(QuantError::NoQ8Dot { kind })?;
+/// `Σ_j w_j·x̂_j` of a weight row of `kind` (Q4_0, Q4_1, Q5_0 or Q8_0) and a Q8-quantized
+/// activation row `x̂`, with exact integer block sums combined in f32 in `order`, on `isa`
+/// (scalar if unavailable). Every instruction set returns the same bits for a given order.
+pub fn dot_q8(
+    kind: QuantKind,
+    row: &[u8],
+    act: &Q8Row<'_>,
+    order: Q8Order,
+    isa: Isa,
+) -> Result<f32, QuantError> {
+    let kernel = q8_kernel(kind, order, isa).ok_or(QuantError::NoQ8Dot { kind })?;
     check_row(kind, row, act.len())?;
     Ok(kernel(row, act))
 }

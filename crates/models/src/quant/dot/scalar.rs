@@ -99,6 +99,66 @@ pub(crate) fn combine<const BB: usize, const MIN: bool>(
     }
 }
 
+/// The default combination ([`Q8Order::BlockLanes`](super::Q8Order::BlockLanes)): each
+/// block's products become one exact integer and one f32 term, and the terms are summed in
+/// eight running sums by block index:
+///
+/// ```text
+/// for each block b, in order:
+///     isum = Σ_l lane_l[b]                                  (exact integer)
+///     dd   = d_w[b] · d_x[b]                                (one rounding)
+///     t    = dd · isum                                      (one rounding)
+///            fma(dd, isum, m_w[b] · s_x[b])                 (Q4_1: two roundings)
+///     acc[b mod 8] += t                                     (one rounding)
+/// result = hsum8(acc)
+/// ```
+///
+/// One term per block (not eight lanes per block, as llama.cpp's order) is what lets a matrix
+/// product keep tokens, not positions, in its vector lanes; the running sums by `b mod 8` let a
+/// one-row kernel add eight blocks' terms with one vector addition. The accumulators start at
+/// `+0` and so never hold `−0`: adding a `±0` term for a block past the row's end (as vector
+/// kernels do for a row's last, partial group of eight blocks) changes nothing.
+#[inline]
+pub(crate) fn combine_block_lanes<const BB: usize, const MIN: bool>(
+    row: &[u8],
+    act: &Q8Row<'_>,
+    lanes: impl Fn(&[u8], &[i8]) -> Lanes,
+) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let blocks = row.chunks_exact(BB).zip(act.qs.chunks_exact(Q8_BLOCK));
+    for (b, (w, y)) in blocks.enumerate() {
+        let dd = f16_at(w, 0) * act.d[b];
+        let isum = lanes(w, y).iter().sum::<i32>() as f32;
+        let t = if MIN {
+            dd.mul_add(isum, f16_at(w, 2) * act.s[b])
+        } else {
+            dd * isum
+        };
+        acc[b % 8] += t;
+    }
+    hsum8(&acc)
+}
+
+/// Scalar Q8_0 · Q8 activation in the block-lanes order.
+pub(crate) fn dot_q8_0_block_lanes(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    combine_block_lanes::<34, false>(row, act, lanes_q8_0)
+}
+
+/// Scalar Q4_0 · Q8 activation in the block-lanes order.
+pub(crate) fn dot_q4_0_block_lanes(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    combine_block_lanes::<18, false>(row, act, lanes_q4_0)
+}
+
+/// Scalar Q5_0 · Q8 activation in the block-lanes order.
+pub(crate) fn dot_q5_0_block_lanes(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    combine_block_lanes::<22, false>(row, act, lanes_q5_0)
+}
+
+/// Scalar Q4_1 · Q8 activation in the block-lanes order.
+pub(crate) fn dot_q4_1_block_lanes(row: &[u8], act: &Q8Row<'_>) -> f32 {
+    combine_block_lanes::<20, true>(row, act, lanes_q4_1)
+}
+
 /// Scalar Q8_0 · Q8 activation.
 pub(crate) fn dot_q8_0(row: &[u8], act: &Q8Row<'_>) -> f32 {
     combine::<34, false>(row, act, lanes_q8_0)

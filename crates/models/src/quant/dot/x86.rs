@@ -31,6 +31,7 @@
 use core::arch::x86_64::*;
 
 use super::super::activation::{Q8_BLOCK, Q8Row, SCALE_LANES};
+use super::panel::UnpackedRow;
 use super::tile_buf::SEG_BLOCKS;
 use super::{TILE, TileBuf};
 
@@ -44,7 +45,7 @@ pub(crate) const Q4_1: u8 = 2;
 pub(crate) const Q5_0: u8 = 3;
 
 /// Bytes per block of format `K`.
-const fn block_bytes(k: u8) -> usize {
+pub(super) const fn block_bytes(k: u8) -> usize {
     match k {
         Q8_0 => 34,
         Q4_0 => 18,
@@ -117,7 +118,7 @@ fn bytes_from_bits(bits: u32) -> __m256i {
 /// F16C; two readable bytes at `w`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(w: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(w: *const u8) -> f32 {
     // SAFETY: two readable bytes (caller).
     let bits = unsafe { u16::from_le_bytes([*w, *w.add(1)]) };
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
@@ -130,7 +131,7 @@ unsafe fn f16_at(w: *const u8) -> f32 {
 /// AVX2; `w` points to a whole block of format `K`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
+pub(super) unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
     if K == Q4_1 {
         // SAFETY: a Q4_1 block is 20 bytes; its nibbles are bytes 4..20.
         let raw = unsafe { _mm_loadu_si128(w.add(4).cast()) };
@@ -165,12 +166,37 @@ unsafe fn weights<const K: u8>(w: *const u8) -> (__m256i, __m256i) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn lane_sums<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(lane_ints::<K>(mag, sign, qy))
+}
+
+/// The eight exact lane sums of a block's products, as integers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lane_ints<const K: u8>(mag: __m256i, sign: __m256i, qy: __m256i) -> __m256i {
     let products = if K == Q4_1 {
         _mm256_maddubs_epi16(mag, qy)
     } else {
         _mm256_maddubs_epi16(mag, _mm256_sign_epi8(qy, sign))
     };
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)))
+    _mm256_madd_epi16(products, _mm256_set1_epi16(1))
+}
+
+/// `[Σ v[0], Σ v[1], …, Σ v[7]]`: the lane totals of eight vectors, in one vector (integer
+/// sums, exact in any order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn totals8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [Σ₄ v0, Σ₄ v1, Σ₄ v2, Σ₄ v3] of that half's lanes.
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+        _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+    )
 }
 
 /// The f16 scales (bytes 0..2) and, for Q4_1, minima (bytes 2..4) of blocks `g .. g + count`
@@ -295,6 +321,74 @@ pub(crate) unsafe fn dot_rows<const K: u8, const R: usize>(
     })
 }
 
+/// [`dot_rows`] in the block-lanes order ([`combine_block_lanes`](super::scalar::combine_block_lanes)):
+/// per group of eight blocks, the blocks' exact integer sums are gathered into one vector
+/// (lane `k` ↔ block `g + k`), turned into the eight terms with one multiply (Q4_1: and one
+/// FMA), and added to the row's accumulator, whose lane `k` is then the running sum of blocks
+/// `≡ k mod 8`. Row `r` of the result has the scalar kernel's bits.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_rows_block_lanes<const K: u8, const R: usize>(
+    rows: &[&[u8]; R],
+    act: &Q8Row<'_>,
+) -> [f32; R] {
+    let bb = block_bytes(K);
+    // Clamp to what every buffer holds, so no read below can leave them.
+    let mut nb = act
+        .blocks()
+        .min(act.qs.len() / Q8_BLOCK)
+        .min(act.d.len() / SCALE_LANES * SCALE_LANES)
+        .min(act.s.len() / SCALE_LANES * SCALE_LANES);
+    for row in rows {
+        nb = nb.min(row.len() / bb);
+    }
+    let w0: [*const u8; R] = core::array::from_fn(|r| rows[r].as_ptr());
+    let y0 = act.qs.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut g = 0;
+    while g < nb {
+        let count = (nb - g).min(8);
+        // SAFETY: g + 8 ≤ d.len() and ≤ s.len(): g < nb, both lengths were rounded down to a
+        // multiple of 8 in nb's clamp and g is a multiple of 8.
+        let (dx, sx) = unsafe {
+            (
+                _mm256_loadu_ps(act.d.as_ptr().add(g)),
+                _mm256_loadu_ps(act.s.as_ptr().add(g)),
+            )
+        };
+        let mut qy = [_mm256_setzero_si256(); 8];
+        for (k, qy) in qy.iter_mut().enumerate().take(count) {
+            // SAFETY: g + k < nb: block g + k of the activation is in bounds.
+            *qy = unsafe { _mm256_loadu_si256(y0.add((g + k) * Q8_BLOCK).cast()) };
+        }
+        for r in 0..R {
+            prefetch_ahead(w0[r].wrapping_add(g * bb), 8 * bb);
+            // SAFETY: blocks g .. g + count are below nb, within row r.
+            let (dw, m) = unsafe { scales::<K>(w0[r], g, count) };
+            let mut ints = [_mm256_setzero_si256(); 8];
+            for k in 0..count {
+                // SAFETY: as above.
+                let (mag, sign) = unsafe { weights::<K>(w0[r].add((g + k) * bb)) };
+                ints[k] = lane_ints::<K>(mag, sign, qy[k]);
+            }
+            // Lanes k ≥ count: isum 0 and dw 0, so their term is ±0, which leaves a running
+            // sum unchanged.
+            let isum = _mm256_cvtepi32_ps(totals8(&ints));
+            let dd = _mm256_mul_ps(dw, dx);
+            let t = if K == Q4_1 {
+                _mm256_fmadd_ps(dd, isum, _mm256_mul_ps(m, sx))
+            } else {
+                _mm256_mul_ps(dd, isum)
+            };
+            acc[r] = _mm256_add_ps(acc[r], t);
+        }
+        g += 8;
+    }
+    core::array::from_fn(|r| hsum(acc[r]))
+}
+
 /// `out[a] = dot::<K>(row, &acts[a])` for up to [`TILE`] activation rows at once (products of
 /// several activation rows).
 ///
@@ -360,6 +454,89 @@ pub(crate) unsafe fn dot_tile<const K: u8>(
         } else {
             hsum(acc[a])
         };
+    }
+}
+
+/// [`dot_tile`] in the block-lanes order: `out[a]` has the bits of
+/// [`dot_rows_block_lanes`] on `acts[a]`. The row is unpacked once per segment as in
+/// [`dot_tile`]; then, token by token, each group of eight unpacked blocks gives eight lane
+/// vectors, gathered into one vector of the blocks' integer sums and turned into their eight
+/// terms as the one-row kernel does. A segment is a whole number of groups, so block `b`'s
+/// term lands in lane `b mod 8` of the token's accumulator in every segment.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_tile_block_lanes<const K: u8>(
+    row: &[u8],
+    acts: &[Q8Row<'_>],
+    out: &mut [f32],
+    buf: &mut TileBuf,
+) {
+    let bb = block_bytes(K);
+    let tile = acts.len().min(out.len()).min(TILE);
+    let acts = &acts[..tile];
+    // Clamp to what every buffer holds, so no read below can leave them.
+    let mut nb = row.len() / bb;
+    for act in acts {
+        nb = nb
+            .min(act.blocks())
+            .min(act.qs.len() / Q8_BLOCK)
+            .min(act.d.len() / SCALE_LANES * SCALE_LANES)
+            .min(act.s.len() / SCALE_LANES * SCALE_LANES);
+    }
+    let mut acc = [_mm256_setzero_ps(); TILE];
+    let mut s0 = 0;
+    while s0 < nb {
+        let sn = (nb - s0).min(SEG_BLOCKS);
+        unpack::<K>(&row[s0 * bb..(s0 + sn) * bb], buf);
+        // The last group's blocks past the row: scale and minimum 0, so their terms are ±0.
+        for k in sn..sn.next_multiple_of(8) {
+            (buf.d[k], buf.m[k]) = (0.0, 0.0);
+        }
+        for (act, acc) in acts.iter().zip(&mut acc) {
+            let y = act.qs.as_ptr();
+            let mut g = 0;
+            while g < sn {
+                let count = (sn - g).min(8);
+                let mut ints = [_mm256_setzero_si256(); 8];
+                for (k, ints) in ints.iter_mut().enumerate().take(count) {
+                    let b = s0 + g + k;
+                    // SAFETY: b < nb: block b is within the activation; g + k < sn ≤
+                    // SEG_BLOCKS, and the buffer's blocks are 32-byte aligned.
+                    unsafe {
+                        let qy = _mm256_loadu_si256(y.add(b * Q8_BLOCK).cast());
+                        let mag = _mm256_load_si256(buf.mag[g + k].0.as_ptr().cast());
+                        let sign = _mm256_load_si256(buf.sign[g + k].0.as_ptr().cast());
+                        *ints = lane_ints::<K>(mag, sign, qy);
+                    }
+                }
+                // SAFETY: g + 8 ≤ SEG_BLOCKS (g is a multiple of 8 below sn ≤ SEG_BLOCKS, a
+                // multiple of 8); s0 + g + 8 ≤ d.len() and ≤ s.len(): s0 + g < nb, both
+                // lengths rounded down to multiples of 8 in nb's clamp.
+                let (dw, mw, dx, sx) = unsafe {
+                    (
+                        _mm256_loadu_ps(buf.d.as_ptr().add(g)),
+                        _mm256_loadu_ps(buf.m.as_ptr().add(g)),
+                        _mm256_loadu_ps(act.d.as_ptr().add(s0 + g)),
+                        _mm256_loadu_ps(act.s.as_ptr().add(s0 + g)),
+                    )
+                };
+                let isum = _mm256_cvtepi32_ps(totals8(&ints));
+                let dd = _mm256_mul_ps(dw, dx);
+                let t = if K == Q4_1 {
+                    _mm256_fmadd_ps(dd, isum, _mm256_mul_ps(mw, sx))
+                } else {
+                    _mm256_mul_ps(dd, isum)
+                };
+                *acc = _mm256_add_ps(*acc, t);
+                g += 8;
+            }
+        }
+        s0 += sn;
+    }
+    for (o, acc) in out[..tile].iter_mut().zip(&acc) {
+        *o = hsum(*acc);
     }
 }
 
@@ -441,5 +618,37 @@ fn unpack<const K: u8>(blocks: &[u8], buf: &mut TileBuf) {
             _mm256_store_si256(buf.mag[k].0.as_mut_ptr().cast(), mag);
             _mm256_store_si256(buf.sign[k].0.as_mut_ptr().cast(), sign);
         }
+    }
+}
+
+/// Unpacks the first `blocks` blocks of `row` (format `K`) for the matrix-product kernels:
+/// signed values, `128·Σw`, scale and minimum per block.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `row` holds at least `blocks` blocks of `K`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn unpack_row<const K: u8>(buf: &mut UnpackedRow, row: &[u8], blocks: usize) {
+    let bb = block_bytes(K);
+    buf.values.resize(blocks * 32, 0);
+    buf.correction.resize(blocks, 0);
+    buf.d.resize(blocks, 0.0);
+    buf.m.resize(blocks, 0.0);
+    for b in 0..blocks {
+        let w = row[b * bb..(b + 1) * bb].as_ptr();
+        // SAFETY: `w` is a whole block of K (caller); `values` holds 32 bytes at 32·b.
+        unsafe {
+            let (mag, sign) = weights::<K>(w);
+            let signed = if K == Q4_1 { mag } else { sign };
+            _mm256_storeu_si256(buf.values.as_mut_ptr().add(32 * b).cast(), signed);
+            buf.d[b] = f16_at(w);
+            if K == Q4_1 {
+                buf.m[b] = f16_at(w.add(2));
+            }
+        }
+        let sum: i32 = buf.values[32 * b..32 * (b + 1)]
+            .iter()
+            .map(|&v| v as i32)
+            .sum();
+        buf.correction[b] = 128 * sum;
     }
 }

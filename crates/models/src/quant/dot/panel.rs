@@ -1,0 +1,105 @@
+//! Quantized activations regrouped token-parallel for the matrix-product kernels.
+
+use super::super::activation::{Q8_BLOCK, Q8Activation};
+
+/// Tokens per group of a [`Q8Panel`]: the lanes of one 512-bit vector of i32 sums.
+pub(crate) const PANEL_TOKENS: usize = 16;
+
+/// Bytes of one block of one token group: 32 values × 16 tokens.
+pub(crate) const PANEL_BLOCK_BYTES: usize = Q8_BLOCK * PANEL_TOKENS;
+
+/// The rows of a [`Q8Activation`] in groups of [`PANEL_TOKENS`] tokens, laid out so that one
+/// vector load gives four consecutive values of one block for each of sixteen tokens — the
+/// operand of `vpdpbusd`, which then adds one weight word's four products into each token's
+/// lane. Per group `g` and block `b`:
+///
+/// - `qs[((g·blocks + b)·8 + c)·64 + 4t + i]` = value `4c + i` of token `16g + t`'s block `b`,
+///   plus 128 (unsigned: `vpdpbusd` multiplies unsigned by signed bytes; the kernels take
+///   `128·Σw` back off each block's sum);
+/// - `d[(g·blocks + b)·16 + t]` and `s[…]`: that block's scale and Q8_1 sum.
+///
+/// Tokens past the last row (the last group's padding) hold value 0 and scale 0.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Q8Panel {
+    groups: usize,
+    blocks: usize,
+    qs: Vec<u8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl Q8Panel {
+    /// Regroups every row of `act` (replacing the previous contents; the buffers only grow).
+    pub(crate) fn build(&mut self, act: &Q8Activation) {
+        let (rows, blocks) = (act.rows(), act.cols() / Q8_BLOCK);
+        let groups = rows.div_ceil(PANEL_TOKENS);
+        self.groups = groups;
+        self.blocks = blocks;
+        let cells = groups * blocks;
+        self.qs.clear();
+        self.qs.resize(cells * PANEL_BLOCK_BYTES, 0x80);
+        self.d.clear();
+        self.d.resize(cells * PANEL_TOKENS, 0.0);
+        self.s.clear();
+        self.s.resize(cells * PANEL_TOKENS, 0.0);
+        for i in 0..rows {
+            let (g, t) = (i / PANEL_TOKENS, i % PANEL_TOKENS);
+            let row = act.row_unchecked(i);
+            for b in 0..blocks {
+                let cell = g * blocks + b;
+                let values = &row.qs[b * Q8_BLOCK..(b + 1) * Q8_BLOCK];
+                let dst = &mut self.qs[cell * PANEL_BLOCK_BYTES..(cell + 1) * PANEL_BLOCK_BYTES];
+                for (c, quad) in values.chunks_exact(4).enumerate() {
+                    for (i, &v) in quad.iter().enumerate() {
+                        dst[c * 64 + 4 * t + i] = (v as u8) ^ 0x80;
+                    }
+                }
+                self.d[cell * PANEL_TOKENS + t] = row.d[b];
+                self.s[cell * PANEL_TOKENS + t] = row.s[b];
+            }
+        }
+    }
+
+    /// Token groups held.
+    pub(crate) fn groups(&self) -> usize {
+        self.groups
+    }
+
+    /// Blocks per token.
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Group `g`'s values, scales and sums (`g < groups`).
+    pub(crate) fn group(&self, g: usize) -> (&[u8], &[f32], &[f32]) {
+        let cells = g * self.blocks..(g + 1) * self.blocks;
+        (
+            &self.qs[cells.start * PANEL_BLOCK_BYTES..cells.end * PANEL_BLOCK_BYTES],
+            &self.d[cells.start * PANEL_TOKENS..cells.end * PANEL_TOKENS],
+            &self.s[cells.start * PANEL_TOKENS..cells.end * PANEL_TOKENS],
+        )
+    }
+
+    /// Bytes the buffers hold (their capacities).
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        self.qs.capacity() + 4 * (self.d.capacity() + self.s.capacity())
+    }
+}
+
+/// One weight row unpacked for the matrix-product kernels: its values as signed bytes, and per
+/// block `128·Σw` (what the panel's +128 adds to each token's sum), the scale and the minimum.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct UnpackedRow {
+    pub(crate) values: Vec<i8>,
+    pub(crate) correction: Vec<i32>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) m: Vec<f32>,
+}
+
+/// Unpacking space of a matrix-product kernel: the weight rows it multiplies at once. Made
+/// once per parallel task; only the x86 kernels read it.
+#[derive(Clone, Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct GemmBufs {
+    pub(crate) rows: [UnpackedRow; 2],
+}
