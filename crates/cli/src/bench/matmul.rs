@@ -6,11 +6,12 @@
 //! (`read`) as the memory-bandwidth yardstick.
 //!
 //! Every instruction set gives the same bits (the quantized-matrix tests check it), so the rows
-//! differ in time only. `avx2` and `avx512` run the same 256-bit weight kernels today, so their
-//! rows differ by the machine's noise alone — a check of the bench itself. It is the bench to
-//! show what a new kernel buys: an
-//! AVX-512 VNNI tile (`vpdpbusd` for `vpmaddubsw` + `vpmaddwd`) measured 0.99× and 1.11× the
-//! AVX2 tile here (docs/results.md) and was not kept. One block fits in the caches, the whole
+//! differ in time only. The products run in the default summation order (`Q8Order::BlockLanes`):
+//! at one token `avx2` and `avx512` run the same 256-bit matrix–vector kernels, so their rows
+//! differ by the machine's noise alone — a check of the bench itself; at several tokens
+//! `avx512` runs the VNNI matrix products where the CPU has VNNI, `avx2` the AVX2 ones
+//! (docs/results.md, "Prefill as matrix products"). It is the bench to show what a new kernel
+//! buys. One block fits in the caches, the whole
 //! model does not: a kernel change that shows on one block may not show on `--layer all`, and
 //! a memory-side change (the kernels' software prefetch) shows only there.
 
@@ -97,10 +98,11 @@ struct MatmulRow {
     tokens_per_s: Option<f64>,
     /// Multiply-adds per second (weights × tokens / time), in billions.
     gmacs: f64,
-    /// Weight bytes read per second (bytes × ⌈tokens / 8⌉ / time: the products of several
-    /// activation rows read each weight row once per tile of 8), in GB/s.
+    /// Weight bytes per second as a tile of 8 activation rows reads them (bytes × ⌈tokens / 8⌉
+    /// / time), in GB/s: what the llama.cpp-order tile streams; the default order's matrix
+    /// products read each weight row once per product, so for them it is an upper bound.
     weight_gbs: f64,
-    /// This row's speed over the AVX2 row's (the kernels llama.cpp's numerics follow).
+    /// This row's speed over the AVX2 row's.
     vs_avx2: Option<f64>,
 }
 

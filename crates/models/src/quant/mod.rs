@@ -28,13 +28,16 @@
 //! strategy (dequantize, multiply by f32 activations) serves F32 and F16 and is the reference
 //! the integer paths are tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
 //!
-//! **Instruction sets.** AVX2+FMA+F16C (runtime-detected; also used under [`Isa::Avx512`]) and
-//! NEON (aarch64) kernels compute the integer path; the scalar kernels are the reference and
-//! the fallback. All of them produce the same bits: each block's eight lane sums (four
-//! products each) are exact integers, and the f32 combination is fixed — per block
-//! `acc[l] = fma(d_w·d_x, lane_l, acc[l])`, the Q4_1 minimum term in one FMA chain, then a fixed
-//! horizontal order — and is exactly that of llama.cpp's x86 AVX2 `ggml_vec_dot_*` kernels, so
-//! a row product equals llama.cpp's bit for bit given the same quantized activation. The
+//! **Instruction sets.** AVX2+FMA+F16C (runtime-detected; also used under [`Isa::Avx512`]),
+//! AVX-512 VNNI (the matrix products of several tokens, under [`Isa::Avx512`] where the CPU has
+//! it) and NEON (aarch64) kernels compute the integer path; the scalar kernels are the
+//! reference and the fallback. All of them produce the same bits for a given [`Q8Order`]: each
+//! block's products are exact integers, and the f32 combination is fixed — by default one term
+//! `d_w·d_x·isum` per block (Q4_1: with `m_w·s_x` in one FMA) summed in eight running sums by
+//! block index; with [`Q8Order::LlamaCppAvx2`] per block `acc[l] = fma(d_w·d_x, lane_l,
+//! acc[l])`, the Q4_1 minimum term in one FMA chain, then a fixed horizontal order, exactly
+//! that of llama.cpp's x86 AVX2 `ggml_vec_dot_*` kernels, so a row product equals llama.cpp's
+//! bit for bit given the same quantized activation. The
 //! instruction set is [`Isa`] (shared with `tq-cache`, so `TQ_SIMD=scalar|avx2|avx512|neon`
 //! selects it process-wide). The scalar path's FMAs are software calls on x86 CPUs without
 //! FMA, so it is slow there; it exists as the reference.

@@ -81,12 +81,12 @@ pub(crate) type Q8GemmKernel = fn(&[&[u8]], &Q8Panel, usize, &mut [f32], &mut Ge
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Q8Order {
     /// One term per block, `d_w·d_x·isum` (Q4_1: `+ m_w·s_x` in the same FMA), summed in eight
-    /// running sums by block index mod 8 ([`scalar::combine_block_lanes`]). Products of
+    /// running sums by block index mod 8 (`combine_block_lanes` in `quant/dot/scalar.rs`). Products of
     /// several tokens keep tokens in the vector lanes (AVX-512 VNNI: sixteen per `vpdpbusd`),
     /// which llama.cpp's order, eight position lanes per block and token, does not allow.
     #[default]
     BlockLanes,
-    /// llama.cpp's x86 AVX2 `ggml_vec_dot_*_q8_*` ([`scalar::combine`]): eight lanes per block,
+    /// llama.cpp's x86 AVX2 `ggml_vec_dot_*_q8_*` (`combine` in `quant/dot/scalar.rs`): eight lanes per block,
     /// one FMA per lane and block, the Q4_1 minimum in its own chain. For parity runs
     /// (`--kernel llamacpp`).
     LlamaCppAvx2,

@@ -9,8 +9,9 @@
 //! No step saturates: a pair is at most `2·128·127 = 32512 < 2¹⁵` because activations lie in
 //! −127..=127, so the lane sums are exact — the scalar [`Lanes`](super::scalar::Lanes).
 //!
-//! The lanes are converted to f32 (exact) and accumulated as llama.cpp's AVX2 kernels do and
-//! as the scalar [`combine`](super::scalar::combine) specifies:
+//! In [`Q8Order::LlamaCppAvx2`](super::Q8Order::LlamaCppAvx2) the lanes are converted to f32
+//! (exact) and accumulated as llama.cpp's AVX2 kernels do and as the scalar
+//! [`combine`](super::scalar::combine) specifies:
 //! `acc = fma(broadcast(d_w·d_x), lanes, acc)` per block, the Q4_1 minimum term
 //! `summs = fma(m_w, s_x, summs)` in block order, then `hsum(acc) (+ summs)`. Same operations,
 //! same order: the result is bit-identical to the scalar kernel.
@@ -373,8 +374,9 @@ pub(crate) unsafe fn dot_rows_block_lanes<const K: u8, const R: usize>(
                 let (mag, sign) = unsafe { weights::<K>(w0[r].add((g + k) * bb)) };
                 ints[k] = lane_ints::<K>(mag, sign, qy[k]);
             }
-            // Lanes k ≥ count: isum 0 and dw 0, so their term is ±0, which leaves a running
-            // sum unchanged.
+            // Lanes k ≥ count: isum 0, dw 0 and the activation's scale and sum padding 0
+            // (`Q8Activation` fills it with zeros), so their term is ±0, which leaves a
+            // running sum unchanged.
             let isum = _mm256_cvtepi32_ps(totals8(&ints));
             let dd = _mm256_mul_ps(dw, dx);
             let t = if K == Q4_1 {
