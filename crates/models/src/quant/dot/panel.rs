@@ -60,14 +60,21 @@ impl Q8Panel {
         }
     }
 
-    /// Token groups held.
-    pub(crate) fn groups(&self) -> usize {
-        self.groups
-    }
-
-    /// Blocks per token.
-    pub(crate) fn blocks(&self) -> usize {
-        self.blocks
+    /// What a matrix product over this panel may read and write: the blocks every row and
+    /// the panel hold, the tokens (`n` at most, within the groups held), and the rows whose
+    /// `n` results fit in an output of `out_len` values. The kernels' bounds, in one place.
+    pub(crate) fn clamp<'r, 'a>(
+        &self,
+        rows: &'r [&'a [u8]],
+        block_bytes: usize,
+        n: usize,
+        out_len: usize,
+    ) -> (usize, usize, &'r [&'a [u8]]) {
+        let nb = rows
+            .iter()
+            .fold(self.blocks, |nb, row| nb.min(row.len() / block_bytes));
+        let n = n.min(self.groups * PANEL_TOKENS);
+        (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
     }
 
     /// Group `g`'s values, scales and sums (`g < groups`).

@@ -33,21 +33,15 @@ pub(crate) unsafe fn gemm<const K: u8>(
     out: &mut [f32],
     bufs: &mut GemmBufs,
 ) {
-    let bb = block_bytes(K);
-    let mut nb = panel.blocks();
-    for row in rows {
-        nb = nb.min(row.len() / bb);
-    }
-    let n = n.min(panel.groups() * PANEL_TOKENS);
-    let rows = &rows[..rows.len().min(out.len() / n.max(1))];
+    let (nb, n, rows) = panel.clamp(rows, block_bytes(K), n, out.len());
     let buf = &mut bufs.rows[0];
     for (r, row) in rows.iter().enumerate() {
-        // SAFETY: the row holds nb blocks (clamped above).
+        // SAFETY: the row holds nb blocks (`Q8Panel::clamp`).
         unsafe { unpack_row::<K>(buf, row, nb) };
         for h in 0..n.div_ceil(HALF) {
             let (g, half) = (h / 2, h % 2);
             let (qs, d, s) = panel.group(g);
-            // SAFETY: the group holds nb blocks (nb ≤ panel.blocks()), the row nb blocks.
+            // SAFETY: the group holds nb blocks (`Q8Panel::clamp`: nb is at most the panel's blocks), the row nb blocks.
             let sums = unsafe { half_sums::<K>(buf, nb, qs, d, s, half) };
             let at = h * HALF;
             let valid = (n - at).min(HALF);

@@ -34,17 +34,11 @@ pub(crate) unsafe fn gemm<const K: u8>(
     bufs: &mut GemmBufs,
 ) {
     let bufs = &mut bufs.rows;
-    let bb = block_bytes(K);
-    let mut nb = panel.blocks();
-    for row in rows {
-        nb = nb.min(row.len() / bb);
-    }
-    let n = n.min(panel.groups() * PANEL_TOKENS);
-    let rows = &rows[..rows.len().min(out.len() / n.max(1))];
+    let (nb, n, rows) = panel.clamp(rows, block_bytes(K), n, out.len());
     let mut r0 = 0;
     while r0 < rows.len() {
         let pair = rows.len() - r0 >= 2;
-        // SAFETY: every row holds nb blocks (clamped above).
+        // SAFETY: every row holds nb blocks (`Q8Panel::clamp`).
         unsafe {
             unpack_row::<K>(&mut bufs[0], rows[r0], nb);
             if pair {
@@ -55,7 +49,7 @@ pub(crate) unsafe fn gemm<const K: u8>(
             let (qs, d, s) = panel.group(g);
             let valid = (n - g * PANEL_TOKENS).min(PANEL_TOKENS);
             let at = g * PANEL_TOKENS;
-            // SAFETY: the group holds nb blocks (nb ≤ panel.blocks()); each unpacked row holds
+            // SAFETY: the group holds nb blocks (`Q8Panel::clamp`: nb is at most the panel's blocks); each unpacked row holds
             // nb blocks; out holds rows·n values, and row r's tokens at..at + valid are below n.
             unsafe {
                 if pair {
