@@ -4,10 +4,16 @@
 //! quantizer keeps every value within half a step.
 //!
 //! The bound is deterministic (no statistics): with `u = 2⁻²⁴`, a result combines at most
-//! `3·blocks + 12` f32 roundings (the integer-to-float conversion of a lane, the scale
-//! product and the accumulation per super-block, then the lane sums), each of relative size
-//! `u` on partial sums bounded by `T = Σ_j (|d·sc·q_j| + |dmin·m|)·|x̂_j|`. A wrong lane, scale,
-//! minimum or offset moves the result by a whole term, far outside it.
+//! `3·blocks + 12` f32 roundings in the llama.cpp orders (the integer-to-float conversion of a
+//! lane, the scale product and the accumulation per super-block, then the lane sums), each of
+//! relative size `u` on partial sums bounded by `T = Σ_j (|d·sc·q_j| + |dmin·m|)·|x̂_j|`. The
+//! block-lanes order rounds at most three times on the `d·I` part of a super-block's term
+//! (`d_w·d_x`, `I` to f32, the FMA) and four on the minimum part (`dmin_w·d_x`, `M`, `mm·M`,
+//! the FMA), each relative to that part, the parts' magnitudes adding up to at most `T`; then
+//! at most one running-sum addition per super-block and three in the tree, each at most `u·T`:
+//! within `(blocks + 7)·u·T` (and one `u·T` for the f32 dequantized activation the exact
+//! sum is taken on), so `blocks + 12` bounds it too. A wrong lane, scale, minimum or offset moves the result by a whole term,
+//! far outside it.
 
 mod quant_common;
 
@@ -85,8 +91,10 @@ proptest! {
         a.dequantize(&mut xd).unwrap();
         let xd: Vec<f64> = xd.into_iter().map(f64::from).collect();
         let (want, mag) = exact(kind, &row, &xd);
-        let bound = (3 * blocks + 12) as f64 * 2f64.powi(-24) * mag + f64::from(f32::MIN_POSITIVE);
-        for order in [KQuantOrder::VecDot, KQuantOrder::LlamaCppX86] {
+        for order in [KQuantOrder::BlockLanes, KQuantOrder::VecDot, KQuantOrder::LlamaCppX86] {
+            let per_block = if order == KQuantOrder::BlockLanes { 1 } else { 3 };
+            let bound = (per_block * blocks + 12) as f64 * 2f64.powi(-24) * mag
+                + f64::from(f32::MIN_POSITIVE);
             for batch_row in 0..batch_rows {
                 let got = dot_q8k(kind, &row, &a, order, batch_row, batch_rows, Isa::Scalar).unwrap();
                 prop_assert!(
@@ -175,4 +183,74 @@ fn formats_without_a_q8k_product_are_refused() {
         )
         .is_err()
     );
+}
+
+/// The block-lanes order written out from the documented block layouts, not through the
+/// library's kernels: per super-block the exact integers `I` and `M`, one f32 term, eight
+/// running sums by super-block index, the fixed tree.
+fn block_lanes(kind: QuantKind, row: &[u8], a: &tq_models::quant::Q8KRow<'_>) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b, w) in row.chunks_exact(kind.block_bytes()).enumerate() {
+        let y = &a.quants()[b * QK_K..(b + 1) * QK_K];
+        let dx = a.scales()[b];
+        let f16 = |at: usize| half::f16::from_le_bytes([w[at], w[at + 1]]).to_f32();
+        let t = match kind {
+            QuantKind::Q4K => {
+                let packed: [u8; 12] = w[4..16].try_into().unwrap();
+                let (sc, mn) = unpack_q4k_scales(&packed);
+                let (mut i, mut m) = (0i64, 0i64);
+                for (j, &yj) in y.iter().enumerate() {
+                    let byte = w[16 + 32 * (j / 64) + j % 32];
+                    let q = if (j / 32) % 2 == 0 {
+                        byte & 0xF
+                    } else {
+                        byte >> 4
+                    };
+                    i += i64::from(sc[j / 32]) * i64::from(q) * i64::from(yj);
+                    m += i64::from(mn[j / 32]) * i64::from(yj);
+                }
+                let (dd, mm) = (f16(0) * dx, f16(2) * dx);
+                dd.mul_add(i as f32, -(mm * m as f32))
+            }
+            QuantKind::Q6K => {
+                let mut i = 0i64;
+                for (j, &yj) in y.iter().enumerate() {
+                    let (half, k, l) = (j / 128, (j % 128) / 32, j % 32);
+                    let ql = w[64 * half + 32 * (k % 2) + l];
+                    let low = if k < 2 { ql & 0xF } else { ql >> 4 };
+                    let high = (w[128 + 32 * half + l] >> (2 * k)) & 3;
+                    let q = i64::from(low | (high << 4)) - 32;
+                    let sc = i64::from(w[192 + 8 * half + l / 16 + 2 * k] as i8);
+                    i += sc * q * i64::from(yj);
+                }
+                (f16(208) * dx) * i as f32
+            }
+            _ => unreachable!(),
+        };
+        acc[b % 8] += t;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+proptest! {
+    #![proptest_config(config(96, 0x4b51_616f))]
+
+    /// The default K order is the one its documentation states, bit for bit, on every
+    /// instruction set (up to 18 super-blocks: the running sums wrap twice).
+    #[test]
+    fn block_lanes_order_is_as_documented(seed in any::<u64>(), blocks in 1usize..=18, q6 in any::<bool>()) {
+        let kind = if q6 { QuantKind::Q6K } else { QuantKind::Q4K };
+        let mut rng = Rng::new(seed);
+        let cols = blocks * QK_K;
+        let row = random_matrix(kind, 1, cols, &mut rng);
+        let x = random_activation(cols, &mut rng);
+        let mut act = Q8KActivation::new();
+        act.quantize(&x, 1, cols).unwrap();
+        let a = act.row(0).unwrap();
+        let expected = block_lanes(kind, &row, &a);
+        for isa in Isa::available() {
+            let got = dot_q8k(kind, &row, &a, KQuantOrder::BlockLanes, 0, 1, isa).unwrap();
+            prop_assert_eq!(got.to_bits(), expected.to_bits(), "{:?} on {:?}", kind, isa);
+        }
+    }
 }

@@ -13,10 +13,21 @@ use tq_models::quant::{
 
 const Q8_ORDERS: [Q8Order; 2] = [Q8Order::BlockLanes, Q8Order::LlamaCppAvx2];
 
-/// A scratch on `isa` summing the Q8 formats in `order`.
+/// The K formats' order tested together with a Q8 order: block lanes with block lanes (the
+/// defaults, with matrix-product kernels), `vec_dot` with llama.cpp's (row kernels only).
+fn k_order_for(order: Q8Order) -> KQuantOrder {
+    match order {
+        Q8Order::BlockLanes => KQuantOrder::BlockLanes,
+        Q8Order::LlamaCppAvx2 => KQuantOrder::VecDot,
+    }
+}
+
+/// A scratch on `isa` summing the Q8 formats in `order` (and the K formats in
+/// [`k_order_for`] it).
 fn scratch_in(isa: Isa, order: Q8Order) -> MatvecScratch {
     let mut scratch = MatvecScratch::with_isa(isa);
     scratch.set_q8_order(order);
+    scratch.set_k_order(k_order_for(order));
     scratch
 }
 
@@ -31,8 +42,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|v| v.to_bits()).collect()
 }
 
-/// `y = W·x` row by row through the public row kernels (the K formats in the default
-/// `vec_dot` order, which does not depend on the batch).
+/// `y = W·x` row by row through the public row kernels (the K formats in
+/// [`k_order_for`]`(order)`, neither of which depends on the batch).
 fn reference_matvec(m: &QuantMatrix, x: &[f32], order: Q8Order, isa: Isa) -> Vec<f32> {
     let kind = m.kind();
     let k_format = matches!(kind, QuantKind::Q4K | QuantKind::Q6K);
@@ -50,7 +61,7 @@ fn reference_matvec(m: &QuantMatrix, x: &[f32], order: Q8Order, isa: Isa) -> Vec
                 dot_q8(kind, row, &act.row(0).unwrap(), order, isa).unwrap()
             } else if k_format {
                 let a = act_k.row(0).unwrap();
-                dot_q8k(kind, row, &a, KQuantOrder::VecDot, 0, 1, isa).unwrap()
+                dot_q8k(kind, row, &a, k_order_for(order), 0, 1, isa).unwrap()
             } else {
                 dot_f32(kind, row, x).unwrap()
             }
@@ -118,6 +129,9 @@ fn large_matrix_is_deterministic() {
         // Rows longer than one unpacked segment (128 blocks) of the tile kernel.
         (QuantKind::Q4_1, 40, 32 * 300),
         (QuantKind::Q8_0, 33, 32 * 129),
+        // Gemma 3's K-format shapes (attention output, a 2048-wide down projection).
+        (QuantKind::Q4K, 640, 1024),
+        (QuantKind::Q6K, 300, 2048),
     ] {
         let m =
             QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();
@@ -191,9 +205,10 @@ fn matmul_of_many_rows_is_repeated_matvec() {
 #[test]
 fn products_sharing_an_input_equal_separate_products() {
     // Every format, in an order that switches activation forms (Q8 blocks, Q8_K super-blocks,
-    // f32) and back, each product bit-identical to its own `matmul`; in both K-format orders
-    // (the llama.cpp one quantizes a batch's rows in groups of four: n = 6 leaves a remainder)
-    // and with one activation row.
+    // f32) and back, each product bit-identical to its own `matmul`; in every K-format order
+    // (the block-lanes one regroups the Q8_K rows for its matrix products, and Q4_K then Q6_K
+    // share them; the llama.cpp one quantizes a batch's rows in groups of four: n = 6 leaves
+    // a remainder) and with one activation row.
     let mut rng = Rng::new(29);
     let cols = 256;
     let kinds = [
@@ -216,6 +231,7 @@ fn products_sharing_an_input_equal_separate_products() {
         })
         .collect();
     for (order, q8_order) in [
+        (KQuantOrder::BlockLanes, Q8Order::BlockLanes),
         (KQuantOrder::VecDot, Q8Order::BlockLanes),
         (KQuantOrder::LlamaCppX86, Q8Order::LlamaCppAvx2),
     ] {
@@ -410,27 +426,50 @@ fn shrinking_storage_is_an_error() {
 }
 
 /// Extreme weight bytes (every nibble 0 or 15, every Q5_0 fifth bit 0 or 1, every Q8 byte −128
-/// or 127) against extreme activations (all ±amax, so every quantized value is ±127): the
-/// matrix-product kernels' 16-bit pair sums (AVX2) and 32-bit sums (VNNI) stay exact, so a
-/// product of many tokens still equals the token-by-token products, in both orders.
+/// or 127; the K formats' codes likewise, Q4_K's 6-bit scales and minimums 0 or 63, Q6_K's
+/// scales −128 or 127) against extreme activations (all ±amax, so every quantized value is
+/// ±127): the matrix-product kernels' 16-bit pair sums (AVX2) and 32-bit sums (VNNI) stay
+/// exact, so a product of many tokens still equals the token-by-token products, in both
+/// orders.
 #[test]
 fn extreme_products_do_not_saturate() {
     let mut rng = Rng::new(31);
-    let (rows, cols, n) = (9, 32 * 11, 19);
+    let (rows, n) = (9, 19);
     for kind in [
         QuantKind::Q4_0,
         QuantKind::Q4_1,
         QuantKind::Q5_0,
         QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
     ] {
+        let cols = if kind.block_size() == 256 {
+            256 * 3
+        } else {
+            32 * 11
+        };
         let mut bytes = random_matrix(kind, rows, cols, &mut rng);
-        let start = if kind == QuantKind::Q4_1 { 4 } else { 2 };
+        // The code bytes (and the K formats' sub-block scales) at their extremes; the f16
+        // scales stay random.
+        let (codes, signed) = match kind {
+            QuantKind::Q4_1 => (4..20, false),
+            QuantKind::Q8_0 => (2..34, true),
+            QuantKind::Q4K => (4..144, false),
+            QuantKind::Q6K => (0..208, false),
+            _ => (2..kind.block_bytes(), false),
+        };
         for block in bytes.chunks_mut(kind.block_bytes()) {
-            for byte in &mut block[start..] {
-                *byte = match (kind, rng.byte() & 1) {
-                    (QuantKind::Q8_0, 0) => 0x80,
-                    (QuantKind::Q8_0, _) => 0x7F,
-                    (_, 0) => 0x00,
+            for (at, byte) in block
+                .iter_mut()
+                .enumerate()
+                .filter(|(at, _)| codes.contains(at))
+            {
+                // Q6_K's i8 sub-block scales at −128 and 127.
+                let signed = signed || (kind == QuantKind::Q6K && at >= 192);
+                *byte = match (signed, rng.byte() & 1) {
+                    (true, 0) => 0x80,
+                    (true, _) => 0x7F,
+                    (false, 0) => 0x00,
                     _ => 0xFF,
                 };
             }

@@ -162,7 +162,12 @@ impl CausalLm for Gemma3 {
                 true,
             )
         } else {
-            (Gelu::Exact, KQuantOrder::VecDot, Q8Order::BlockLanes, false)
+            (
+                Gelu::Exact,
+                KQuantOrder::BlockLanes,
+                Q8Order::BlockLanes,
+                false,
+            )
         };
     }
 

@@ -280,7 +280,7 @@ impl CausalLm for Llama {
         (self.k_order, self.q8_order) = if on {
             (KQuantOrder::LlamaCppX86, Q8Order::LlamaCppAvx2)
         } else {
-            (KQuantOrder::VecDot, Q8Order::BlockLanes)
+            (KQuantOrder::BlockLanes, Q8Order::BlockLanes)
         };
     }
 }

@@ -33,15 +33,31 @@ pub const Q8_BLOCK: usize = 32;
 /// kernels can load eight scales at once.
 pub(crate) const SCALE_LANES: usize = 8;
 
-/// `1.5 · 2²³`: adding and subtracting it rounds any `|v| < 2²²` to the nearest integer, ties to
-/// even (the default IEEE rounding of the addition), exactly like `_mm256_round_ps` in
-/// round-to-nearest mode.
+/// `1.5 · 2²³`: adding it rounds any `|v| < 2²²` to the nearest integer, ties to even (the
+/// default IEEE rounding of the addition), exactly like `_mm256_round_ps` in round-to-nearest
+/// mode.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
-/// Rounds `v` (with `|v| < 2²²`) to the nearest integer, ties to even.
+/// Rounds `v` (with `|v| < 2²²`) to the nearest integer, ties to even, read from the bits of
+/// `v + 1.5·2²³` (whose binade has a unit step, so its bit pattern is `ROUND_MAGIC`'s plus the
+/// rounded value): no float-to-int conversion, whose saturation and NaN rules keep compilers
+/// from vectorizing the loop.
 #[inline]
-pub(crate) fn round_half_even(v: f32) -> f32 {
-    (v + ROUND_MAGIC) - ROUND_MAGIC
+pub(crate) fn round_half_even_i32(v: f32) -> i32 {
+    (v + ROUND_MAGIC).to_bits() as i32 - ROUND_MAGIC.to_bits() as i32
+}
+
+/// The largest `|v|` of `x` (0 for an empty or all-zero `x`), compared through the bit
+/// patterns, which order non-negative floats as their values: an integer maximum vectorizes,
+/// a float one with its NaN rules does not. `x` must be finite.
+#[inline]
+pub(crate) fn max_abs(x: &[f32]) -> f32 {
+    f32::from_bits(
+        x.iter()
+            .map(|v| v.to_bits() & 0x7FFF_FFFF)
+            .max()
+            .unwrap_or(0),
+    )
 }
 
 /// Rows of activations quantized to Q8 blocks; reused across calls (it only grows).
@@ -225,7 +241,7 @@ impl<'a> Q8Row<'a> {
 }
 
 /// The first non-finite value, as an error.
-fn check_finite(x: &[f32]) -> Result<(), QuantError> {
+pub(crate) fn check_finite(x: &[f32]) -> Result<(), QuantError> {
     // Branch-free scan (vectorizes), then locate the offender only on failure.
     let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
     if all_finite {
@@ -240,7 +256,7 @@ fn check_finite(x: &[f32]) -> Result<(), QuantError> {
 
 /// Quantizes 32 finite values into `qs`; returns `(d16, s16)` as f32.
 fn quantize_block(x: &[f32], qs: &mut [i8]) -> (f32, f32) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let amax = max_abs(x);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     // For amax < 127/f32::MAX, 127/amax overflows; ggml then produces meaningless bytes, but
@@ -249,7 +265,7 @@ fn quantize_block(x: &[f32], qs: &mut [i8]) -> (f32, f32) {
     let mut sum = 0i32;
     for (q, &v) in qs.iter_mut().zip(x) {
         // |v·id| ≤ 127·(1 + 2⁻²³) < 127.5, so the rounded value is in −127..=127.
-        let r = round_half_even(v * id) as i32;
+        let r = round_half_even_i32(v * id);
         *q = r as i8;
         sum += r;
     }
@@ -273,13 +289,24 @@ mod tests {
     fn magic_rounding_is_round_half_even() {
         let mut v = -200.0f32;
         while v <= 200.0 {
-            assert_eq!(round_half_even(v), v.round_ties_even(), "{v}");
+            assert_eq!(round_half_even_i32(v), v.round_ties_even() as i32, "{v}");
             v += 0.125;
         }
         for v in [
             0.5f32, 1.5, 2.5, -0.5, -1.5, 126.5, -126.5, 0.49999997, 127.00001,
         ] {
-            assert_eq!(round_half_even(v), v.round_ties_even(), "{v}");
+            assert_eq!(round_half_even_i32(v), v.round_ties_even() as i32, "{v}");
         }
+    }
+
+    #[test]
+    fn max_abs_is_the_largest_magnitude() {
+        assert_eq!(max_abs(&[]), 0.0);
+        assert_eq!(max_abs(&[-0.0, 0.0]), 0.0);
+        assert_eq!(max_abs(&[1.0, -3.5, 2.0, 3.25]), 3.5);
+        assert_eq!(
+            max_abs(&[f32::MIN_POSITIVE / 4.0, -1e-40]),
+            f32::MIN_POSITIVE / 4.0
+        );
     }
 }

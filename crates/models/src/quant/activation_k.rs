@@ -17,7 +17,7 @@
 
 use rayon::prelude::*;
 
-use super::activation::round_half_even;
+use super::activation::{check_finite, max_abs, round_half_even_i32};
 use super::error::QuantError;
 
 /// Values per Q8_K super-block.
@@ -92,12 +92,7 @@ impl Q8KActivation {
                 actual: x.len(),
             });
         }
-        if let Some(index) = x.iter().position(|v| !v.is_finite()) {
-            return Err(QuantError::NonFiniteActivation {
-                index,
-                value: x[index],
-            });
-        }
+        check_finite(x)?;
         let blocks = cols / QK_K;
         self.rows = rows;
         self.cols = cols;
@@ -142,6 +137,11 @@ impl Q8KActivation {
     /// Activation rows held.
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
     }
 
     /// Row `i`, or an error past the end.
@@ -217,13 +217,9 @@ impl<'a> Q8KRow<'a> {
 /// Quantizes 256 finite values into `qs` and `bsums`; returns the scale `d`. `grouped` selects
 /// the variant of [`Q8KActivation::quantize_grouped`].
 fn quantize_block(x: &[f32], qs: &mut [i8], bsums: &mut [i16], grouped: bool) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    // The largest magnitude, then the first value that has it.
+    let amax = max_abs(x);
+    let mut max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
     if grouped && x.contains(&amax) {
         max = amax;
     }
@@ -236,7 +232,7 @@ fn quantize_block(x: &[f32], qs: &mut [i8], bsums: &mut [i16], grouped: bool) ->
     }
     for (q, &v) in qs.iter_mut().zip(x) {
         // |s·v| ≤ 127·(1 + 2⁻²³): the rounding is exact and in range; ggml clamps only above.
-        *q = (round_half_even(iscale * v) as i32).min(127) as i8;
+        *q = round_half_even_i32(iscale * v).min(127) as i8;
     }
     for (sum, q) in bsums.iter_mut().zip(qs.chunks_exact(16)) {
         *sum = q.iter().map(|&q| q as i16).sum();

@@ -3,13 +3,13 @@
 use rayon::prelude::*;
 use tq_cache::attention::simd::Isa;
 
-use super::activation::{Q8Activation, Q8Row};
+use super::activation::{Q8Activation, Q8Row, check_finite};
 use super::activation_k::{Q8KActivation, Q8KRow};
 use super::dequant::dequantize_unchecked;
 use super::dot::{
-    GemmBufs, KQuantOrder, Q8GemmKernel, Q8KKernel, Q8Kernel, Q8Order, Q8Panel, Q8RowsKernel,
-    Q8TileKernel, ROWS, TILE, TileBuf, q8_gemm_kernel, q8_kernel, q8_rows_kernel, q8_tile_kernel,
-    q8k_kernel, scalar, usable,
+    GemmBufs, KQuantOrder, Q8GemmKernel, Q8KGemmKernel, Q8KKernel, Q8KPanel, Q8Kernel, Q8Order,
+    Q8Panel, Q8RowsKernel, Q8TileKernel, ROWS, TILE, TileBuf, q8_gemm_kernel, q8_kernel,
+    q8_rows_kernel, q8_tile_kernel, q8k_gemm_kernel, q8k_kernel, scalar, usable,
 };
 use super::error::QuantError;
 use super::kind::QuantKind;
@@ -46,6 +46,8 @@ pub struct MatvecScratch {
     act_k: Q8KActivation,
     /// The Q8 activation rows regrouped for the matrix-product kernels (built when one runs).
     panel: Q8Panel,
+    /// The Q8_K activation rows regrouped for the K formats' matrix-product kernels.
+    panel_k: Q8KPanel,
     k_order: KQuantOrder,
     q8_order: Q8Order,
     out: Vec<f32>,
@@ -70,6 +72,7 @@ impl MatvecScratch {
             act: Q8Activation::new(),
             act_k: Q8KActivation::new(),
             panel: Q8Panel::default(),
+            panel_k: Q8KPanel::default(),
             k_order: KQuantOrder::default(),
             q8_order: Q8Order::default(),
             out: Vec::new(),
@@ -101,6 +104,7 @@ impl MatvecScratch {
         self.act.allocated_bytes()
             + self.act_k.allocated_bytes()
             + self.panel.allocated_bytes()
+            + self.panel_k.allocated_bytes()
             + 4 * self.out.capacity()
     }
 
@@ -293,6 +297,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
                     (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => n - n % 4,
                     _ => 0,
                 },
+                panel: false,
             },
             (false, false) => ActivationForm::F32,
         }
@@ -325,6 +330,10 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             _ => None,
         };
         let kernel_k = q8k_kernel(self.kind, scratch.k_order, 0, n, scratch.isa);
+        let gemm_k = match n {
+            2.. => q8k_gemm_kernel(self.kind, scratch.k_order, scratch.isa),
+            _ => None,
+        };
         let mut form =
             self.activation_form(n, kernel.is_some(), kernel_k.is_some(), scratch.k_order);
         match (form, prepared) {
@@ -333,7 +342,13 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
                 form = ActivationForm::Q8 { panel };
             }
             (ActivationForm::Q8 { .. }, _) => scratch.act.quantize(x, n, self.cols)?,
-            (ActivationForm::Q8K { grouped }, _) if prepared != Some(form) => {
+            (
+                ActivationForm::Q8K { grouped, .. },
+                Some(ActivationForm::Q8K { grouped: g, panel }),
+            ) if g == grouped => {
+                form = ActivationForm::Q8K { grouped, panel };
+            }
+            (ActivationForm::Q8K { grouped, .. }, _) => {
                 scratch.act_k.quantize_grouped(x, n, self.cols, grouped)?
             }
             (ActivationForm::F32, _) if prepared != Some(form) => check_finite(x)?,
@@ -342,6 +357,20 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
         if gemm.is_some() && form == (ActivationForm::Q8 { panel: false }) {
             scratch.panel.build(&scratch.act);
             form = ActivationForm::Q8 { panel: true };
+        }
+        if let (
+            Some(_),
+            ActivationForm::Q8K {
+                grouped,
+                panel: false,
+            },
+        ) = (gemm_k, form)
+        {
+            scratch.panel_k.build(&scratch.act_k);
+            form = ActivationForm::Q8K {
+                grouped,
+                panel: true,
+            };
         }
         if n == 0 || self.rows == 0 {
             return Ok(form);
@@ -359,6 +388,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             kind: self.kind,
             kernel,
             gemm,
+            gemm_k,
             tile: q8_tile_kernel(self.kind, scratch.q8_order, scratch.isa),
             rows: q8_rows_kernel(self.kind, scratch.q8_order, scratch.isa),
             kernel_k,
@@ -366,6 +396,7 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
             isa: scratch.isa,
             act: &scratch.act,
             panel: &scratch.panel,
+            panel_k: &scratch.panel_k,
             act_k: &scratch.act_k,
             x,
             cols: self.cols,
@@ -393,8 +424,8 @@ enum ActivationForm {
     /// regrouped token-parallel ([`Q8Panel`]) for the matrix-product kernels.
     Q8 { panel: bool },
     /// Q8_K super-blocks ([`Q8KActivation`]), the first `grouped` rows quantized in groups
-    /// of four: Q4_K and Q6_K.
-    Q8K { grouped: usize },
+    /// of four: Q4_K and Q6_K; `panel`: also regrouped token-parallel ([`Q8KPanel`]).
+    Q8K { grouped: usize, panel: bool },
     /// The f32 rows themselves (checked finite): F32 and F16.
     F32,
 }
@@ -428,6 +459,7 @@ struct RowDot<'a> {
     kind: QuantKind,
     kernel: Option<Q8Kernel>,
     gemm: Option<Q8GemmKernel>,
+    gemm_k: Option<Q8KGemmKernel>,
     tile: Option<Q8TileKernel>,
     rows: Option<Q8RowsKernel>,
     kernel_k: Option<Q8KKernel>,
@@ -435,6 +467,7 @@ struct RowDot<'a> {
     isa: Isa,
     act: &'a Q8Activation,
     panel: &'a Q8Panel,
+    panel_k: &'a Q8KPanel,
     act_k: &'a Q8KActivation,
     x: &'a [f32],
     cols: usize,
@@ -448,6 +481,11 @@ impl RowDot<'_> {
             // the whole panel.
             let rows: Vec<&[u8]> = w.chunks_exact(rb).collect();
             gemm(&rows, self.panel, n, out, &mut GemmBufs::default());
+            return;
+        }
+        if let (Some(gemm_k), 2..) = (self.gemm_k, n) {
+            let rows: Vec<&[u8]> = w.chunks_exact(rb).collect();
+            gemm_k(&rows, self.panel_k, n, out, &mut GemmBufs::default());
             return;
         }
         let (mut w, mut out) = (w, out);
@@ -474,7 +512,7 @@ impl RowDot<'_> {
                 .map(|i| {
                     // Only the llama.cpp order picks its kernel by batch position.
                     let kernel = match self.k_order {
-                        KQuantOrder::VecDot => Some(first),
+                        KQuantOrder::BlockLanes | KQuantOrder::VecDot => Some(first),
                         KQuantOrder::LlamaCppX86 => {
                             q8k_kernel(self.kind, self.k_order, i, n, self.isa)
                         }
@@ -563,14 +601,4 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), Q
         });
     }
     Ok(())
-}
-
-fn check_finite(x: &[f32]) -> Result<(), QuantError> {
-    match x.iter().position(|v| !v.is_finite()) {
-        Some(index) => Err(QuantError::NonFiniteActivation {
-            index,
-            value: x[index],
-        }),
-        None => Ok(()),
-    }
 }

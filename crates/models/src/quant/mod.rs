@@ -22,9 +22,11 @@
 //! instructions, and the activation is read at a quarter of its f32 size. The K formats (Q4_K,
 //! Q6_K: Gemma 3's output projections and MLP down projections) quantize the activation to
 //! Q8_K super-blocks ([`Q8KActivation`], ggml's `quantize_row_q8_K_ref`) and sum exact integer
-//! products per super-block ([`dot_q8k`]) in one of two f32 orders ([`KQuantOrder`]): the
-//! AVX2 `vec_dot` order, or the batch-dependent order of llama.cpp's current x86 backend
-//! (repacked Q4_K, tiled Q6_K), which greedy parity with the Gemma 3 reference needs. The f32
+//! products per super-block ([`dot_q8k`]) in one of three f32 orders ([`KQuantOrder`]): by
+//! default one term per super-block summed by super-block index mod 8 (the order a matrix
+//! product with tokens in the vector lanes can keep: sixteen tokens per `vpdpbusd` on AVX-512
+//! VNNI), the AVX2 `vec_dot` order, or the batch-dependent order of llama.cpp's current x86
+//! backend (repacked Q4_K, tiled Q6_K), which greedy parity with the Gemma 3 reference needs. The f32
 //! strategy (dequantize, multiply by f32 activations) serves F32 and F16 and is the reference
 //! the integer paths are tested against (see [`dot_q8`] and [`dot_f32`] for the bounds).
 //!

@@ -1,4 +1,8 @@
-//! The K formats (Q4_K, Q6_K) against Q8_K activations, in the reference engine's arithmetic.
+//! The K formats (Q4_K, Q6_K) against Q8_K activations: the reference engine's orders, and the
+//! block-lanes order ([`dot_q4k_block_lanes`], [`dot_q6k_block_lanes`], the default), which
+//! makes one f32 term per super-block from its exact integers.
+//!
+//! In the `vec_dot` order:
 //!
 //! Per super-block of 256 values the products are exact integers gathered into eight lanes
 //! (lane `l` holds values `32c + 4l .. 32c + 4l + 4` of every 32-value chunk `c`, each chunk's
@@ -176,6 +180,33 @@ pub(crate) fn dot_q4k_repacked_gemm(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     dot_q4k_repacked::<true>(row, act)
 }
 
+/// The exact integer `Σ_s sc_s·(Σ q·y − 32·S_s)` of one Q6_K super-block (210 bytes) over its
+/// sixteen 16-value sub-blocks: the super-block's whole product in units of `d_w·d_x`.
+fn q6k_total(w: &[u8], y: &[i8], sums: &[i16]) -> i32 {
+    let scales = &w[192..208];
+    let mut total = 0i32;
+    for half in 0..2 {
+        let ql = &w[64 * half..64 * half + 64];
+        let qh = &w[128 + 32 * half..128 + 32 * half + 32];
+        let mut q = [0i32; 128];
+        for l in 0..32 {
+            let h = qh[l];
+            q[l] = ((ql[l] & 0xF) | ((h & 3) << 4)) as i32;
+            q[l + 32] = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) as i32;
+            q[l + 64] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i32;
+            q[l + 96] = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i32;
+        }
+        for s in 0..8 {
+            let sub = 8 * half + s;
+            let raw: i32 = (0..16)
+                .map(|i| q[16 * s + i] * y[128 * half + 16 * s + i] as i32)
+                .sum();
+            total += scales[sub] as i8 as i32 * (raw - 32 * sums[sub] as i32);
+        }
+    }
+    total
+}
+
 /// Q6_K · Q8_K as llama.cpp's tiled K-quant matmul computes it (its x86 path for batches of at
 /// least eight activation rows, AVX-512 VNNI build): per super-block the exact integer
 /// `Σ_s sc_s·(Σ q·y − 32·S_s)` over the sixteen 16-value sub-blocks, times the weight scale in
@@ -185,30 +216,49 @@ pub(crate) fn dot_q6k_tiled(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     let mut acc = 0.0f32;
     for (b, w) in row.chunks_exact(Q6K_BYTES).enumerate() {
         let y = &act.qs[b * QK_K..(b + 1) * QK_K];
-        let sums = &act.bsums[b * 16..(b + 1) * 16];
-        let scales = &w[192..208];
-        let mut total = 0i32;
-        for half in 0..2 {
-            let ql = &w[64 * half..64 * half + 64];
-            let qh = &w[128 + 32 * half..128 + 32 * half + 32];
-            let mut q = [0i32; 128];
-            for l in 0..32 {
-                let h = qh[l];
-                q[l] = ((ql[l] & 0xF) | ((h & 3) << 4)) as i32;
-                q[l + 32] = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) as i32;
-                q[l + 64] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i32;
-                q[l + 96] = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i32;
-            }
-            for s in 0..8 {
-                let sub = 8 * half + s;
-                let raw: i32 = (0..16)
-                    .map(|i| q[16 * s + i] * y[128 * half + 16 * s + i] as i32)
-                    .sum();
-                total += scales[sub] as i8 as i32 * (raw - 32 * sums[sub] as i32);
-            }
-        }
+        let total = q6k_total(w, y, &act.bsums[b * 16..(b + 1) * 16]);
         let r = total as f32 * f16_at(w, 208);
         acc = r.mul_add(act.d[b], acc);
     }
     acc
+}
+
+/// Q4_K · Q8_K in the block-lanes order ([`KQuantOrder::BlockLanes`](super::KQuantOrder::BlockLanes)),
+/// the definition every kernel of that order reproduces:
+///
+/// ```text
+/// for each super-block b, in order:
+///     I  = Σ_j sc_j·Σ q·y,   M = Σ_j m_j·S_j                (exact integers, j < 8)
+///     dd = d_w[b] · d_x[b],  mm = dmin_w[b] · d_x[b]       (one rounding each)
+///     t  = fma(dd, I, −(mm · M))                           (I, M, mm·M rounded to f32)
+///     acc[b mod 8] += t
+/// result = hsum8(acc)
+/// ```
+///
+/// One f32 term per super-block, as [`combine_block_lanes`](super::scalar::combine_block_lanes)
+/// makes one per Q8 block: a matrix product can keep tokens in its vector lanes.
+pub(crate) fn dot_q4k_block_lanes(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b, w) in row.chunks_exact(Q4K_BYTES).enumerate() {
+        let y = &act.qs[b * QK_K..(b + 1) * QK_K];
+        let (dots, min_terms) = q4k_subblock_sums(w, y, &act.bsums[b * 16..(b + 1) * 16]);
+        let (i, m) = (dots.iter().sum::<i32>(), min_terms.iter().sum::<i32>());
+        let dd = f16_at(w, 0) * act.d[b];
+        let mm = f16_at(w, 2) * act.d[b];
+        acc[b % 8] += dd.mul_add(i as f32, -(mm * m as f32));
+    }
+    hsum8(&acc)
+}
+
+/// Q6_K · Q8_K in the block-lanes order: per super-block `t = (d_w[b]·d_x[b])·I`, `I` the
+/// exact integer of [`q6k_total`], added to `acc[b mod 8]`; result `hsum8(acc)`.
+pub(crate) fn dot_q6k_block_lanes(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (b, w) in row.chunks_exact(Q6K_BYTES).enumerate() {
+        let y = &act.qs[b * QK_K..(b + 1) * QK_K];
+        let total = q6k_total(w, y, &act.bsums[b * 16..(b + 1) * 16]);
+        let dd = f16_at(w, 208) * act.d[b];
+        acc[b % 8] += dd * total as f32;
+    }
+    hsum8(&acc)
 }

@@ -20,9 +20,12 @@
 //!   bits.)
 //! - **Q8_K activations, integer sums** ([`dot_q8k`]; Q4_K, Q6_K): 256-value super-blocks,
 //!   exact integer products scaled by the integer sub-block scales, combined in f32 in the
-//!   order [`KQuantOrder`] selects (see `kquant`). The [`KQuantOrder::VecDot`] order has AVX2
-//!   kernels (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86 orders are
-//!   scalar (they serve parity runs, not speed).
+//!   order [`KQuantOrder`] selects (see `kquant`). The default [`KQuantOrder::BlockLanes`]
+//!   makes one term per super-block, so products of many tokens run sixteen tokens per
+//!   `vpdpbusd` on AVX-512 VNNI (`x86_vnni_kquant`, over activations regrouped once per
+//!   product, [`Q8KPanel`]); it and [`KQuantOrder::VecDot`] have AVX2 row kernels
+//!   (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86 orders are scalar
+//!   (they serve parity runs, not speed).
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
 //!   activation. Used by the matvec for F32 and F16, and as the
 //!   reference the integer path is tested against: the two differ by the activation's
@@ -30,6 +33,7 @@
 
 mod kquant;
 mod panel;
+mod panel_k;
 pub(crate) mod scalar;
 mod tile_buf;
 
@@ -43,6 +47,8 @@ mod x86_kquant;
 mod x86_panel_avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_vnni_kquant;
 
 use tq_cache::attention::simd::Isa;
 
@@ -52,6 +58,7 @@ use super::error::QuantError;
 use super::kind::QuantKind;
 pub(crate) use kquant::Q8KKernel;
 pub(crate) use panel::{GemmBufs, Q8Panel};
+pub(crate) use panel_k::Q8KPanel;
 pub(crate) use tile_buf::{TILE, TileBuf};
 
 /// A row kernel of the integer path: `(weight row bytes, quantized activation row) → Σ`.
@@ -72,6 +79,11 @@ pub(crate) const ROWS: usize = 4;
 /// [`Q8Panel`] (`n` tokens), `out[r·n + i]` bit-identical to the row kernel of the same order
 /// on row `r` and token `i`; `bufs` is its unpacking space.
 pub(crate) type Q8GemmKernel = fn(&[&[u8]], &Q8Panel, usize, &mut [f32], &mut GemmBufs);
+
+/// A matrix-product kernel of the K formats: weight rows against every token of a
+/// [`Q8KPanel`], `out[r·n + i]` bit-identical to the block-lanes row kernel on row `r` and
+/// token `i`.
+pub(crate) type Q8KGemmKernel = fn(&[&[u8]], &Q8KPanel, usize, &mut [f32], &mut GemmBufs);
 
 /// The summation order of the Q8 formats' products (Q4_0, Q4_1, Q5_0, Q8_0). Both compute the
 /// same exact integer sums per block; they differ in how the f32 combination is grouped,
@@ -240,9 +252,16 @@ pub(crate) fn q8_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Option<Q8K
 /// reference engine needs its order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KQuantOrder {
+    /// One f32 term per super-block, `fma(d_w·d_x, I, −(dmin_w·d_x)·M)` (Q6_K: `(d_w·d_x)·I`)
+    /// from its exact integers, summed in eight running sums by super-block index mod 8
+    /// (`dot_q4k_block_lanes` / `dot_q6k_block_lanes` in `quant/dot/kquant.rs`), as
+    /// [`Q8Order::BlockLanes`] does per Q8 block. Products of several tokens keep tokens in the
+    /// vector lanes (AVX-512 VNNI: sixteen per `vpdpbusd`), which the per-row lanes of
+    /// [`VecDot`](Self::VecDot) do not allow.
+    #[default]
+    BlockLanes,
     /// `ggml_vec_dot_q4_K_q8_K` / `ggml_vec_dot_q6_K_q8_K` (AVX2): eight lanes per row, for
     /// every batch size.
-    #[default]
     VecDot,
     /// What llama.cpp's x86 CPU backend (the reference build) does, which depends on the batch:
     /// Q4_K weights are repacked into interleaved groups of eight rows and multiplied by
@@ -262,16 +281,21 @@ pub(crate) fn q8k_kernel(
     rows: usize,
     isa: Isa,
 ) -> Option<Q8KKernel> {
-    let vec_dot_q6k: Q8KKernel = match usable(isa) {
+    let avx2 = matches!(usable(isa), Isa::Avx2 | Isa::Avx512);
+    let vec_dot_q6k: Q8KKernel = match avx2 {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 => avx2::q6k,
+        true => avx2::q6k,
         _ => kquant::dot_q6k,
     };
     match (kind, order) {
         #[cfg(target_arch = "x86_64")]
-        (QuantKind::Q4K, KQuantOrder::VecDot) if matches!(usable(isa), Isa::Avx2 | Isa::Avx512) => {
-            Some(avx2::q4k)
-        }
+        (QuantKind::Q4K, KQuantOrder::BlockLanes) if avx2 => Some(avx2::q4k_bl),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q6K, KQuantOrder::BlockLanes) if avx2 => Some(avx2::q6k_bl),
+        (QuantKind::Q4K, KQuantOrder::BlockLanes) => Some(kquant::dot_q4k_block_lanes),
+        (QuantKind::Q6K, KQuantOrder::BlockLanes) => Some(kquant::dot_q6k_block_lanes),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4K, KQuantOrder::VecDot) if avx2 => Some(avx2::q4k),
         (QuantKind::Q4K, KQuantOrder::VecDot) => Some(kquant::dot_q4k),
         (QuantKind::Q4K, KQuantOrder::LlamaCppX86) if row < rows - rows % 4 => {
             Some(kquant::dot_q4k_repacked_gemm)
@@ -279,6 +303,26 @@ pub(crate) fn q8k_kernel(
         (QuantKind::Q4K, KQuantOrder::LlamaCppX86) => Some(kquant::dot_q4k_repacked_gemv),
         (QuantKind::Q6K, KQuantOrder::LlamaCppX86) if rows >= 8 => Some(kquant::dot_q6k_tiled),
         (QuantKind::Q6K, _) => Some(vec_dot_q6k),
+        _ => None,
+    }
+}
+
+/// The K formats' matrix-product kernel in `order` on `isa`, where one exists: the
+/// block-lanes order on [`Isa::Avx512`] where the CPU also has VNNI. Elsewhere products of
+/// several activation rows take the row kernel per token.
+pub(crate) fn q8k_gemm_kernel(
+    kind: QuantKind,
+    order: KQuantOrder,
+    isa: Isa,
+) -> Option<Q8KGemmKernel> {
+    if order != KQuantOrder::BlockLanes || usable(isa) != Isa::Avx512 || !vnni_available() {
+        return None;
+    }
+    match kind {
+        #[cfg(target_arch = "x86_64")]
+        QuantKind::Q4K => Some(vnni::q4k),
+        #[cfg(target_arch = "x86_64")]
+        QuantKind::Q6K => Some(vnni::q6k),
         _ => None,
     }
 }
@@ -296,12 +340,22 @@ mod avx2 {
     pub(super) fn q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
         // SAFETY: as `q8_0`; `dot_q8k` and the matrix product check the row and activation
         // lengths before calling.
-        unsafe { x86_kquant::dot_q4k(row, act) }
+        unsafe { x86_kquant::dot_q4k::<false>(row, act) }
     }
 
     pub(super) fn q6k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
         // SAFETY: as `q4k`.
-        unsafe { x86_kquant::dot_q6k(row, act) }
+        unsafe { x86_kquant::dot_q6k::<false>(row, act) }
+    }
+
+    pub(super) fn q4k_bl(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+        // SAFETY: as `q4k`.
+        unsafe { x86_kquant::dot_q4k::<true>(row, act) }
+    }
+
+    pub(super) fn q6k_bl(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+        // SAFETY: as `q4k`.
+        unsafe { x86_kquant::dot_q6k::<true>(row, act) }
     }
 
     pub(super) fn q8_0_rows(rows: &[&[u8]; ROWS], act: &Q8Row<'_>) -> [f32; ROWS] {
@@ -426,13 +480,25 @@ mod avx2 {
     }
 }
 
-/// Safe entry points to the VNNI matrix products, reachable only through [`q8_gemm_kernel`],
+/// Safe entry points to the VNNI matrix products, reachable only through [`q8_gemm_kernel`]
+/// and [`q8k_gemm_kernel`],
 /// which hands them out only when AVX-512 F, BW and VNNI (and so AVX2, FMA, F16C: every CPU
 /// with AVX-512 has them, and [`Isa::Avx512`] checks them) were found at run time.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::x86::{Q4_0, Q4_1, Q5_0, Q8_0};
-    use super::{GemmBufs, Q8Panel, x86_vnni};
+    use super::x86_vnni_kquant::{Q4K, Q6K};
+    use super::{GemmBufs, Q8KPanel, Q8Panel, x86_vnni, x86_vnni_kquant};
+
+    pub(super) fn q4k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni_kquant::gemm::<Q4K>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q6k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_vnni_kquant::gemm::<Q6K>(rows, p, n, out, b) }
+    }
 
     pub(super) fn q8_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
         // SAFETY: see the module doc.

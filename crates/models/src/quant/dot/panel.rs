@@ -49,11 +49,7 @@ impl Q8Panel {
                 let cell = g * blocks + b;
                 let values = &row.qs[b * Q8_BLOCK..(b + 1) * Q8_BLOCK];
                 let dst = &mut self.qs[cell * PANEL_BLOCK_BYTES..(cell + 1) * PANEL_BLOCK_BYTES];
-                for (c, quad) in values.chunks_exact(4).enumerate() {
-                    for (i, &v) in quad.iter().enumerate() {
-                        dst[c * 64 + 4 * t + i] = (v as u8) ^ 0x80;
-                    }
-                }
+                scatter_block(dst, values, t);
                 self.d[cell * PANEL_TOKENS + t] = row.d[b];
                 self.s[cell * PANEL_TOKENS + t] = row.s[b];
             }
@@ -93,14 +89,28 @@ impl Q8Panel {
     }
 }
 
+/// Writes token `t`'s 32 values of one block into the block's cell of a group
+/// ([`PANEL_BLOCK_BYTES`] bytes): value `4c + i` at `c·64 + 4t + i`, plus 128.
+pub(crate) fn scatter_block(dst: &mut [u8], values: &[i8], t: usize) {
+    for (c, quad) in values.chunks_exact(4).enumerate() {
+        for (i, &v) in quad.iter().enumerate() {
+            dst[c * 64 + 4 * t + i] = (v as u8) ^ 0x80;
+        }
+    }
+}
+
 /// One weight row unpacked for the matrix-product kernels: its values as signed bytes, and per
 /// block `128·Σw` (what the panel's +128 adds to each token's sum), the scale and the minimum.
+/// The K formats (`panel_k`) add per super-block the integer sub-block scales and minimums,
+/// and their `correction` is `128·Σ_j sc_j·Σw_j`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct UnpackedRow {
     pub(crate) values: Vec<i8>,
     pub(crate) correction: Vec<i32>,
     pub(crate) d: Vec<f32>,
     pub(crate) m: Vec<f32>,
+    pub(crate) scales: Vec<i32>,
+    pub(crate) mins: Vec<i32>,
 }
 
 /// Unpacking space of a matrix-product kernel: the weight rows it multiplies at once. Made

@@ -1,14 +1,17 @@
-//! AVX2 (+ FMA, F16C) row kernels of the K formats against Q8_K activations, in the
-//! [`KQuantOrder::VecDot`](super::KQuantOrder::VecDot) order: llama.cpp's AVX2
-//! `ggml_vec_dot_q4_K_q8_K` and `ggml_vec_dot_q6_K_q8_K`, step for step.
+//! AVX2 (+ FMA, F16C) row kernels of the K formats against Q8_K activations: llama.cpp's AVX2
+//! `ggml_vec_dot_q4_K_q8_K` and `ggml_vec_dot_q6_K_q8_K`, step for step, ending each
+//! super-block in the [`KQuantOrder::VecDot`](super::KQuantOrder::VecDot) order (`BL = false`)
+//! or the [`KQuantOrder::BlockLanes`](super::KQuantOrder::BlockLanes) order (`BL = true`: the
+//! lanes' integers summed exactly, then one f32 term per super-block, as `kquant` defines it).
 //!
 //! Per 32 weight bytes, `vpmaddubsw` multiplies the unsigned codes (Q4_K nibbles 0..=15, Q6_K
 //! six-bit values 0..=63) by the signed activation bytes into i16 pairs and `vpmaddwd` by the
 //! sub-block scale into i32, leaving in lane `l` the scaled products of values `4l..4l+4` of
 //! the 32 — the lanes the scalar kernels in `kquant` spell out. Nothing saturates: a pair is
 //! at most `2·63·127 = 16002 < 2¹⁵` because Q8_K bytes lie in −127..=127. The f32 steps are
-//! the scalar kernels' (one FMA per super-block into eight lanes, the Q4_K minimum term in
-//! four lanes, the same final sums), so every result is bit-identical to the scalar kernel's;
+//! the scalar kernels' (VecDot: one FMA per super-block into eight lanes, the Q4_K minimum
+//! term in four lanes, the same final sums; BlockLanes: the same integers, then the scalar
+//! steps themselves), so every result is bit-identical to the scalar kernel's;
 //! `tests/quant_kquant.rs` checks that on random blocks.
 //!
 //! The entry points are `unsafe` because they need AVX2/FMA/F16C; the dispatcher hands them
@@ -63,6 +66,22 @@ fn hsum8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
 }
 
+/// The exact sum of eight i32 lanes (no lane sum overflows: see the scalar kernels' bounds).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    hsum4_epi32(s)
+}
+
+/// The exact sum of four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum4_epi32(s: __m128i) -> i32 {
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+}
+
 /// The eight 6-bit scales and eight 6-bit minimums of a Q4_K super-block as one u32 quartet
 /// (bytes 0..8 scales, 8..16 minimums), unpacked as llama.cpp does with `kmask1..3`.
 #[inline]
@@ -87,10 +106,11 @@ fn q4k_scales_and_mins(packed: &[u8]) -> [u32; 4] {
 /// The CPU must support AVX2, FMA and F16C. `row` holds whole super-blocks and `act` at least
 /// as many values (the dispatcher's callers check both).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q4k<const BL: bool>(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
+    let mut terms = [0.0f32; 8];
     for (b, w) in row.chunks_exact(Q4K_BYTES).enumerate() {
         prefetch_ahead(w.as_ptr(), Q4K_BYTES);
         let y = &act.qs[b * QK_K..(b + 1) * QK_K];
@@ -109,7 +129,9 @@ pub(crate) unsafe fn dot_q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
             _mm256_extracti128_si256::<1>(sums),
         );
         let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        if !BL {
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        }
         let scale = |s: u32| _mm256_set1_epi16((s & 0xFF) as i16);
         let mut sumi = _mm256_setzero_si256();
         for j in 0..QK_K / 64 {
@@ -125,7 +147,16 @@ pub(crate) unsafe fn dot_q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        if BL {
+            let (i, m) = (hsum_epi32(sumi), hsum4_epi32(prod));
+            // −dmin·M rounds as −(mm·M): negation is exact.
+            terms[b % 8] += d.mul_add(i as f32, dmin * m as f32);
+        } else {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    if BL {
+        return super::scalar::hsum8(&terms);
     }
     let acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     let acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
@@ -138,9 +169,10 @@ pub(crate) unsafe fn dot_q4k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
 /// # Safety
 /// As [`dot_q4k`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q6k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
+pub(crate) unsafe fn dot_q6k<const BL: bool>(row: &[u8], act: &Q8KRow<'_>) -> f32 {
     let m15 = _mm256_set1_epi8(15);
     let mut acc = _mm256_setzero_ps();
+    let mut terms = [0.0f32; 8];
     for (b, w) in row.chunks_exact(Q6K_BYTES).enumerate() {
         prefetch_ahead(w.as_ptr(), Q6K_BYTES);
         let y = &act.qs[b * QK_K..(b + 1) * QK_K];
@@ -183,7 +215,14 @@ pub(crate) unsafe fn dot_q6k(row: &[u8], act: &Q8KRow<'_>) -> f32 {
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
         }
         let sumi = _mm256_sub_epi32(sumi, offset);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        if BL {
+            terms[b % 8] += d * hsum_epi32(sumi) as f32;
+        } else {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+    }
+    if BL {
+        return super::scalar::hsum8(&terms);
     }
     hsum8(acc)
 }

@@ -72,7 +72,7 @@ pub(crate) unsafe fn gemm<const K: u8>(
 /// AVX-512 F; `out` holds at least `valid ≤ 16` values.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn store(out: &mut [f32], v: __m512, valid: usize) {
+pub(super) unsafe fn store(out: &mut [f32], v: __m512, valid: usize) {
     let mask = ((1u32 << valid) - 1) as __mmask16;
     // SAFETY: the masked lanes lie within `out` (caller).
     unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, v) }
