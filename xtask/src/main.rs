@@ -2,12 +2,16 @@
 //!
 //! - `cargo xtask verify` — every check CI runs, cheapest first, stopping at the first failure:
 //!   formatting, clippy (`-D warnings`, all targets), every test in release mode (statistical
-//!   suites included), rustdoc with `-D warnings`, and the Python bindings: the `turboquant`
+//!   suites included), rustdoc with `-D warnings`, the NEON kernels built for aarch64 and
+//!   their tests run under QEMU (`aarch64.rs`; skipped with the reason printed when QEMU, the
+//!   cross linker or the Rust target is missing, unless `TQ_REQUIRE_AARCH64=1`), and the
+//!   Python bindings: the `turboquant`
 //!   wheel built into a temporary virtual environment and its pytest suite (`python.rs`;
 //!   skipped with the reason printed when there is no `python3`, unless `TQ_REQUIRE_PYTHON=1`).
 //! - `cargo xtask bench <name> [args...]` — runs a benchmark of the `tq` binary in release mode
 //!   (`tq bench <name> ...`) and prints its table; `--json` prints JSON rows instead.
-//!   `cargo xtask python` runs only the Python step of `verify`;
+//!   `cargo xtask python` runs only the Python step of `verify`, `cargo xtask aarch64` only
+//!   the aarch64 one;
 //!   `cargo xtask bench python [args...]` runs the Python bindings' encode benchmark against a
 //!   numpy peer (`crates/python/bench/bench_encode.py`).
 //!   `cargo xtask bench compare [--llama-bench PATH]` runs this engine and llama.cpp's
@@ -29,6 +33,7 @@
 //!
 //! xtask has no dependencies on purpose: it must build in seconds on a fresh machine.
 
+mod aarch64;
 mod fuzz;
 mod needle;
 mod python;
@@ -41,13 +46,14 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("verify") => verify(),
         Some("python") => python::verify(),
+        Some("aarch64") => aarch64::verify(),
         Some("bench") => bench(&args[1..]),
         Some("fetch-model") => fetch_model(&args[1..]),
         Some("needle") => needle::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <verify | python | fetch-model [--model NAME] | needle [--full] | fuzz <TARGET> [--runs N] | bench <codec|compare|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
+                "usage: cargo xtask <verify | python | aarch64 | fetch-model [--model NAME] | needle [--full] | fuzz <TARGET> [--runs N] | bench <codec|compare|estimators|attention|matmul|e2e|states|python> [--json] [args...]>"
             );
             return ExitCode::from(2);
         }
@@ -116,6 +122,13 @@ fn verify() -> Result<(), String> {
             step_start.elapsed().as_secs_f64()
         );
     }
+    let step_start = Instant::now();
+    eprintln!("==> verify: aarch64 kernels (cross-built, tests under qemu-aarch64)");
+    aarch64::verify().map_err(|e| format!("step 'aarch64 kernels' failed: {e}"))?;
+    eprintln!(
+        "==> verify: aarch64 kernels done ({:.1} s)",
+        step_start.elapsed().as_secs_f64()
+    );
     let step_start = Instant::now();
     eprintln!("==> verify: python bindings (wheel in a temporary venv, pytest)");
     python::verify().map_err(|e| format!("step 'python bindings' failed: {e}"))?;

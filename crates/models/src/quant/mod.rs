@@ -32,7 +32,8 @@
 //!
 //! **Instruction sets.** AVX2+FMA+F16C (runtime-detected; also used under [`Isa::Avx512`]),
 //! AVX-512 VNNI (the matrix products of several tokens, under [`Isa::Avx512`] where the CPU has
-//! it) and NEON (aarch64) kernels compute the integer path; the scalar kernels are the
+//! it) and NEON (aarch64; the matrix products with `sdot` where DotProd is detected) kernels
+//! compute the integer path; the scalar kernels are the
 //! reference and the fallback. All of them produce the same bits for a given [`Q8Order`]: each
 //! block's products are exact integers, and the f32 combination is fixed — by default one term
 //! `d_w·d_x·isum` per block (Q4_1: with `m_w·s_x` in one FMA) summed in eight running sums by

@@ -13,7 +13,8 @@
 //!   and sums the terms by block index mod 8, so a product of many tokens can keep tokens in
 //!   the vector lanes: on AVX-512 VNNI (`x86_vnni`), sixteen tokens per instruction over
 //!   activations regrouped once per product ([`Q8Panel`]) — about twice the prefill speed of
-//!   the AVX2 tile kernel in llama.cpp's order (docs/results.md). Either way the activation
+//!   the AVX2 tile kernel in llama.cpp's order (docs/results.md); on aarch64 with DotProd,
+//!   four tokens per `sdot` (`neon_panel`). Either way the activation
 //!   reads a quarter of the bytes an f32 activation would. For a given order, the VNNI, AVX2,
 //!   NEON and scalar kernels produce the same integer sums and the same f32 result bit for
 //!   bit. (Q5_0 has no NEON kernel: on aarch64 it runs the scalar kernel, which gives the same
@@ -23,7 +24,7 @@
 //!   order [`KQuantOrder`] selects (see `kquant`). The default [`KQuantOrder::BlockLanes`]
 //!   makes one term per super-block, so products of many tokens run sixteen tokens per
 //!   `vpdpbusd` on AVX-512 VNNI (`x86_vnni_kquant`, over activations regrouped once per
-//!   product, [`Q8KPanel`]); it and [`KQuantOrder::VecDot`] have AVX2 row kernels
+//!   product, [`Q8KPanel`]) and four per `sdot` on aarch64 with DotProd (`neon_panel`); it and [`KQuantOrder::VecDot`] have AVX2 row kernels
 //!   (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86 orders are scalar
 //!   (they serve parity runs, not speed).
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
@@ -39,6 +40,8 @@ mod tile_buf;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_panel;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -160,6 +163,16 @@ pub(crate) fn q8_gemm_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Optio
     if order != Q8Order::BlockLanes {
         return None;
     }
+    #[cfg(target_arch = "aarch64")]
+    if usable(isa) == Isa::Neon && dotprod_available() {
+        return match kind {
+            QuantKind::Q8_0 => Some(neon_gemm::q8_0),
+            QuantKind::Q4_0 => Some(neon_gemm::q4_0),
+            QuantKind::Q4_1 => Some(neon_gemm::q4_1),
+            QuantKind::Q5_0 => Some(neon_gemm::q5_0),
+            _ => None,
+        };
+    }
     let vnni = usable(isa) == Isa::Avx512 && vnni_available();
     match (kind, usable(isa), vnni) {
         #[cfg(target_arch = "x86_64")]
@@ -178,6 +191,12 @@ pub(crate) fn q8_gemm_kernel(kind: QuantKind, order: Q8Order, isa: Isa) -> Optio
         (QuantKind::Q5_0, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q5_0),
         _ => None,
     }
+}
+
+/// Whether this CPU runs the NEON dot-product matrix products (Armv8.2 DotProd).
+#[cfg(target_arch = "aarch64")]
+fn dotprod_available() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
 }
 
 /// Whether this CPU runs the VNNI matrix products (AVX-512 F, BW and VNNI).
@@ -315,7 +334,18 @@ pub(crate) fn q8k_gemm_kernel(
     order: KQuantOrder,
     isa: Isa,
 ) -> Option<Q8KGemmKernel> {
-    if order != KQuantOrder::BlockLanes || usable(isa) != Isa::Avx512 || !vnni_available() {
+    if order != KQuantOrder::BlockLanes {
+        return None;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if usable(isa) == Isa::Neon && dotprod_available() {
+        return match kind {
+            QuantKind::Q4K => Some(neon_gemm::q4k),
+            QuantKind::Q6K => Some(neon_gemm::q6k),
+            _ => None,
+        };
+    }
+    if usable(isa) != Isa::Avx512 || !vnni_available() {
         return None;
     }
     match kind {
@@ -542,6 +572,44 @@ mod avx2_panel {
     pub(super) fn q5_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
         // SAFETY: see the module doc.
         unsafe { x86_panel_avx2::gemm::<Q5_0>(rows, p, n, out, b) }
+    }
+}
+
+/// Safe entry points to the NEON dot-product matrix products, reachable only through
+/// [`q8_gemm_kernel`] and [`q8k_gemm_kernel`], which hand them out only where DotProd was
+/// detected at run time.
+#[cfg(target_arch = "aarch64")]
+mod neon_gemm {
+    use super::{GemmBufs, Q8KPanel, Q8Panel, QuantKind, neon_panel};
+
+    pub(super) fn q8_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm(QuantKind::Q8_0, rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm(QuantKind::Q4_0, rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4_1(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm(QuantKind::Q4_1, rows, p, n, out, b) }
+    }
+
+    pub(super) fn q5_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm(QuantKind::Q5_0, rows, p, n, out, b) }
+    }
+
+    pub(super) fn q4k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm_k(false, rows, p, n, out, b) }
+    }
+
+    pub(super) fn q6k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { neon_panel::gemm_k(true, rows, p, n, out, b) }
     }
 }
 

@@ -1,6 +1,10 @@
 //! Quantized activations regrouped token-parallel for the matrix-product kernels.
 
 use super::super::activation::{Q8_BLOCK, Q8Activation};
+#[cfg(any(target_arch = "aarch64", test))]
+use super::super::dequant::{f16_at, q5_0_values};
+#[cfg(any(target_arch = "aarch64", test))]
+use super::super::kind::QuantKind;
 
 /// Tokens per group of a [`Q8Panel`]: the lanes of one 512-bit vector of i32 sums.
 pub(crate) const PANEL_TOKENS: usize = 16;
@@ -113,10 +117,115 @@ pub(crate) struct UnpackedRow {
     pub(crate) mins: Vec<i32>,
 }
 
+/// Unpacks the first `blocks` blocks of a row of `kind` (Q8_0, Q4_0, Q4_1 or Q5_0) into
+/// `buf`, in portable code: the signed weights the row kernels multiply (Q8_0's bytes, Q4_0's
+/// `q − 8`, Q5_0's `q − 16`, Q4_1's unsigned nibbles), `128·Σw`, the scale and (Q4_1) the
+/// minimum per block. What the x86 kernels unpack with AVX2 (`x86::unpack_row`).
+#[cfg(any(target_arch = "aarch64", test))]
+pub(crate) fn unpack_row_portable(
+    kind: QuantKind,
+    buf: &mut UnpackedRow,
+    row: &[u8],
+    blocks: usize,
+) {
+    let bb = kind.block_bytes();
+    buf.values.resize(blocks * Q8_BLOCK, 0);
+    buf.correction.resize(blocks, 0);
+    buf.d.resize(blocks, 0.0);
+    buf.m.resize(blocks, 0.0);
+    for (b, w) in row.chunks_exact(bb).take(blocks).enumerate() {
+        let values = &mut buf.values[b * Q8_BLOCK..(b + 1) * Q8_BLOCK];
+        let nibbles = |qs: &[u8], offset: i8, values: &mut [i8]| {
+            for (j, &byte) in qs.iter().enumerate() {
+                values[j] = (byte & 0xF) as i8 - offset;
+                values[j + 16] = (byte >> 4) as i8 - offset;
+            }
+        };
+        match kind {
+            QuantKind::Q8_0 => {
+                for (v, &byte) in values.iter_mut().zip(&w[2..34]) {
+                    *v = byte as i8;
+                }
+            }
+            QuantKind::Q4_0 => nibbles(&w[2..18], 8, values),
+            QuantKind::Q4_1 => nibbles(&w[4..20], 0, values),
+            _ => {
+                for (v, q) in values.iter_mut().zip(q5_0_values(w)) {
+                    *v = q as i8 - 16;
+                }
+            }
+        }
+        buf.correction[b] = 128 * values.iter().map(|&v| v as i32).sum::<i32>();
+        buf.d[b] = f16_at(w, 0);
+        buf.m[b] = if kind == QuantKind::Q4_1 {
+            f16_at(w, 2)
+        } else {
+            0.0
+        };
+    }
+}
+
 /// Unpacking space of a matrix-product kernel: the weight rows it multiplies at once. Made
-/// once per parallel task; only the x86 kernels read it.
+/// once per parallel task; only the x86 and aarch64 kernels read it.
 #[derive(Clone, Debug, Default)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct GemmBufs {
     pub(crate) rows: [UnpackedRow; 2],
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::super::x86::{self, Q4_0, Q4_1, Q5_0, Q8_0};
+    use super::*;
+
+    /// The portable unpacking (what the NEON matrix products read) gives the AVX2 unpacking's
+    /// values, corrections, scales and minimums, for every byte pattern of the code bytes.
+    #[test]
+    fn portable_unpacking_matches_the_avx2_one() {
+        if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("f16c") {
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut byte = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 56) as u8
+        };
+        for (kind, k) in [
+            (QuantKind::Q8_0, Q8_0),
+            (QuantKind::Q4_0, Q4_0),
+            (QuantKind::Q4_1, Q4_1),
+            (QuantKind::Q5_0, Q5_0),
+        ] {
+            let blocks = 13;
+            let mut row: Vec<u8> = (0..blocks * kind.block_bytes()).map(|_| byte()).collect();
+            for block in row.chunks_mut(kind.block_bytes()) {
+                // Finite f16 scales (and Q4_1 minimums): 0x3C00 = 1.0 with random low bits.
+                block[1] = 0x3C;
+                if kind == QuantKind::Q4_1 {
+                    block[3] = 0xBC;
+                }
+            }
+            let (mut portable, mut avx2) = (UnpackedRow::default(), UnpackedRow::default());
+            unpack_row_portable(kind, &mut portable, &row, blocks);
+            let unpack = match k {
+                Q8_0 => x86::unpack_row::<Q8_0>,
+                Q4_0 => x86::unpack_row::<Q4_0>,
+                Q4_1 => x86::unpack_row::<Q4_1>,
+                _ => x86::unpack_row::<Q5_0>,
+            };
+            // SAFETY: AVX2 and F16C were detected above; the row holds `blocks` whole blocks.
+            unsafe { unpack(&mut avx2, &row, blocks) };
+            assert_eq!(portable.values, avx2.values, "{kind}");
+            assert_eq!(portable.correction, avx2.correction, "{kind}");
+            assert_eq!(portable.d, avx2.d, "{kind}");
+            if kind == QuantKind::Q4_1 {
+                assert_eq!(portable.m, avx2.m, "{kind}");
+            }
+        }
+    }
 }

@@ -110,7 +110,10 @@ pub(crate) const Q6K_BYTES: usize = 210;
 /// (`mins` as `m_2k | m_2k+1 << 16`, four words per super-block: the `vpmaddwd` operand),
 /// `correction` `128·Σ_j sc_j·Σ q_j` (what the panel's +128 adds to `I`), `d` and `m` the f16
 /// `d` and `dmin`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn unpack_q4k(buf: &mut UnpackedRow, row: &[u8], superblocks: usize) {
     resize(buf, superblocks, 8);
     for (b, w) in row.chunks_exact(Q4K_BYTES).take(superblocks).enumerate() {
@@ -141,7 +144,10 @@ pub(crate) fn unpack_q4k(buf: &mut UnpackedRow, row: &[u8], superblocks: usize) 
 /// Unpacks the first `superblocks` super-blocks of a Q6_K row: `values` the 256 values
 /// `q − 32` (−32..=31) of each in value order, `scales` the sixteen i8 sub-block scales,
 /// `correction` `128·Σ_s sc_s·Σ (q − 32)`, `d` the f16 `d`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn unpack_q6k(buf: &mut UnpackedRow, row: &[u8], superblocks: usize) {
     resize(buf, superblocks, 16);
     for (b, w) in row.chunks_exact(Q6K_BYTES).take(superblocks).enumerate() {
