@@ -49,6 +49,8 @@ mod x86_kquant;
 #[cfg(target_arch = "x86_64")]
 mod x86_panel_avx2;
 #[cfg(target_arch = "x86_64")]
+mod x86_panel_avx2_kquant;
+#[cfg(target_arch = "x86_64")]
 mod x86_vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86_vnni_kquant;
@@ -327,8 +329,9 @@ pub(crate) fn q8k_kernel(
 }
 
 /// The K formats' matrix-product kernel in `order` on `isa`, where one exists: the
-/// block-lanes order on [`Isa::Avx512`] where the CPU also has VNNI. Elsewhere products of
-/// several activation rows take the row kernel per token.
+/// block-lanes order on [`Isa::Avx512`] where the CPU also has VNNI, on AVX2 otherwise, on
+/// NEON with DotProd. Elsewhere products of several activation rows take the row kernel per
+/// token.
 pub(crate) fn q8k_gemm_kernel(
     kind: QuantKind,
     order: KQuantOrder,
@@ -345,14 +348,16 @@ pub(crate) fn q8k_gemm_kernel(
             _ => None,
         };
     }
-    if usable(isa) != Isa::Avx512 || !vnni_available() {
-        return None;
-    }
-    match kind {
+    let vnni = usable(isa) == Isa::Avx512 && vnni_available();
+    match (kind, usable(isa), vnni) {
         #[cfg(target_arch = "x86_64")]
-        QuantKind::Q4K => Some(vnni::q4k),
+        (QuantKind::Q4K, _, true) => Some(vnni::q4k),
         #[cfg(target_arch = "x86_64")]
-        QuantKind::Q6K => Some(vnni::q6k),
+        (QuantKind::Q6K, _, true) => Some(vnni::q6k),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q4K, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q4k),
+        #[cfg(target_arch = "x86_64")]
+        (QuantKind::Q6K, Isa::Avx2 | Isa::Avx512, false) => Some(avx2_panel::q6k),
         _ => None,
     }
 }
@@ -551,13 +556,24 @@ mod vnni {
     }
 }
 
-/// Safe entry points to the AVX2 matrix products, reachable only through [`q8_gemm_kernel`],
-/// which hands them out only for [`Isa::Avx2`] or [`Isa::Avx512`] found available (both detect
-/// AVX2, FMA and F16C at run time), and only for Q4_0, Q4_1 and Q5_0.
+/// Safe entry points to the AVX2 matrix products, reachable only through [`q8_gemm_kernel`]
+/// and [`q8k_gemm_kernel`], which hand them out only for [`Isa::Avx2`] or [`Isa::Avx512`]
+/// found available (both detect AVX2, FMA and F16C at run time), and only for Q4_0, Q4_1,
+/// Q5_0, Q4_K and Q6_K.
 #[cfg(target_arch = "x86_64")]
 mod avx2_panel {
     use super::x86::{Q4_0, Q4_1, Q5_0};
-    use super::{GemmBufs, Q8Panel, x86_panel_avx2};
+    use super::{GemmBufs, Q8KPanel, Q8Panel, x86_panel_avx2, x86_panel_avx2_kquant};
+
+    pub(super) fn q4k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_panel_avx2_kquant::gemm::<false>(rows, p, n, out, b) }
+    }
+
+    pub(super) fn q6k(rows: &[&[u8]], p: &Q8KPanel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
+        // SAFETY: see the module doc.
+        unsafe { x86_panel_avx2_kquant::gemm::<true>(rows, p, n, out, b) }
+    }
 
     pub(super) fn q4_0(rows: &[&[u8]], p: &Q8Panel, n: usize, out: &mut [f32], b: &mut GemmBufs) {
         // SAFETY: see the module doc.
