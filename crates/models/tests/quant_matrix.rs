@@ -129,9 +129,12 @@ fn large_matrix_is_deterministic() {
         // Rows longer than one unpacked segment (128 blocks) of the tile kernel.
         (QuantKind::Q4_1, 40, 32 * 300),
         (QuantKind::Q8_0, 33, 32 * 129),
-        // Gemma 3's K-format shapes (attention output, a 2048-wide down projection).
+        // Gemma 3's K-format shapes (attention output, a 2048-wide down projection), and rows
+        // of more than eight super-blocks (the running sums by super-block index wrap).
         (QuantKind::Q4K, 640, 1024),
         (QuantKind::Q6K, 300, 2048),
+        (QuantKind::Q4K, 9, 256 * 18),
+        (QuantKind::Q6K, 7, 256 * 17),
     ] {
         let m =
             QuantMatrix::new(kind, rows, cols, random_matrix(kind, rows, cols, &mut rng)).unwrap();

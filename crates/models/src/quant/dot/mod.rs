@@ -14,19 +14,20 @@
 //!   the vector lanes: on AVX-512 VNNI (`x86_vnni`), sixteen tokens per instruction over
 //!   activations regrouped once per product ([`Q8Panel`]) — about twice the prefill speed of
 //!   the AVX2 tile kernel in llama.cpp's order (docs/results.md); on aarch64 with DotProd,
-//!   four tokens per `sdot` (`neon_panel`). Either way the activation
-//!   reads a quarter of the bytes an f32 activation would. For a given order, the VNNI, AVX2,
-//!   NEON and scalar kernels produce the same integer sums and the same f32 result bit for
-//!   bit. (Q5_0 has no NEON kernel: on aarch64 it runs the scalar kernel, which gives the same
-//!   bits.)
+//!   four tokens per `sdot` (`neon_panel`). Either way the activation reads a quarter of the
+//!   bytes an f32 activation would. For a given order, the VNNI, AVX2, NEON and scalar
+//!   kernels produce the same integer sums and the same f32 result bit for bit. (Q5_0 has no
+//!   NEON row kernel: on aarch64 its matrix–vector products run the scalar kernel, which gives
+//!   the same bits; its matrix products take `sdot` like the others.)
 //! - **Q8_K activations, integer sums** ([`dot_q8k`]; Q4_K, Q6_K): 256-value super-blocks,
 //!   exact integer products scaled by the integer sub-block scales, combined in f32 in the
 //!   order [`KQuantOrder`] selects (see `kquant`). The default [`KQuantOrder::BlockLanes`]
 //!   makes one term per super-block, so products of many tokens run sixteen tokens per
 //!   `vpdpbusd` on AVX-512 VNNI (`x86_vnni_kquant`, over activations regrouped once per
-//!   product, [`Q8KPanel`]) and four per `sdot` on aarch64 with DotProd (`neon_panel`); it and [`KQuantOrder::VecDot`] have AVX2 row kernels
-//!   (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86 orders are scalar
-//!   (they serve parity runs, not speed).
+//!   product, [`Q8KPanel`]), eight per `vpmaddubsw` on AVX2 (`x86_panel_avx2_kquant`) and
+//!   four per `sdot` on aarch64 with DotProd (`neon_panel`); it and [`KQuantOrder::VecDot`]
+//!   have AVX2 row kernels (`x86_kquant`, bit-identical to the scalar ones); the llama.cpp x86
+//!   orders are scalar (they serve parity runs, not speed).
 //! - **f32 activations** ([`dot_f32`]; every format): dequantize a block, multiply by the f32
 //!   activation. Used by the matvec for F32 and F16, and as the
 //!   reference the integer path is tested against: the two differ by the activation's

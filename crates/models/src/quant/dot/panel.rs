@@ -73,6 +73,13 @@ impl Q8Panel {
         let nb = rows
             .iter()
             .fold(self.blocks, |nb, row| nb.min(row.len() / block_bytes));
+        // Callers pass the panel's own token count; a larger `n` would lay the output out with
+        // the reduced one.
+        debug_assert!(
+            n <= self.groups * PANEL_TOKENS,
+            "{n} tokens, panel of {}",
+            self.groups
+        );
         let n = n.min(self.groups * PANEL_TOKENS);
         (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
     }
@@ -182,7 +189,7 @@ mod tests {
     use super::*;
 
     /// The portable unpacking (what the NEON matrix products read) gives the AVX2 unpacking's
-    /// values, corrections, scales and minimums, for every byte pattern of the code bytes.
+    /// values, corrections, scales and (Q4_1) minimums, on 13 blocks of random code bytes.
     #[test]
     fn portable_unpacking_matches_the_avx2_one() {
         if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("f16c") {

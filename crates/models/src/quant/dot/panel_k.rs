@@ -80,6 +80,13 @@ impl Q8KPanel {
         let nb = rows
             .iter()
             .fold(self.superblocks, |nb, row| nb.min(row.len() / block_bytes));
+        // Callers pass the panel's own token count; a larger `n` would lay the output out with
+        // the reduced one.
+        debug_assert!(
+            n <= self.groups * PANEL_TOKENS,
+            "{n} tokens, panel of {}",
+            self.groups
+        );
         let n = n.min(self.groups * PANEL_TOKENS);
         (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
     }
