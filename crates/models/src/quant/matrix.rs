@@ -214,10 +214,11 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
     /// Q4_0, Q4_1, Q5_0 and Q8_0 quantize `x` to Q8 blocks once (into `scratch`) and take
     /// integer dot products on `scratch.isa()`, summed in `scratch.q8_order()`; Q4_K and Q6_K
     /// quantize it to Q8_K super-blocks and sum in the scratch's [`KQuantOrder`]; F32 and F16
-    /// multiply dequantized weights by `x` in f32 (scalar). Output rows are split over the current rayon pool in fixed chunks, and
-    /// each `y[r]` is computed by the same operations in the same order whichever kernel
-    /// variant (one row, several rows, several activations) and thread computes it, so the
-    /// result is the same bits whatever the number of threads. `x` must be finite.
+    /// multiply dequantized weights by `x` in f32 (scalar). Output rows are split over the
+    /// current rayon pool in fixed chunks, and each `y[r]` is computed by the same operations
+    /// in the same order whichever kernel variant (one row, several rows, several activations)
+    /// and thread computes it, so the result is the same bits whatever the number of threads.
+    /// `x` must be finite.
     pub fn matvec(
         &self,
         x: &[f32],
@@ -232,8 +233,9 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
     /// activations are quantized once. In the default orders ([`Q8Order`], [`KQuantOrder`]) on
     /// AVX2, AVX-512 VNNI or NEON with DotProd the activations are also regrouped sixteen
     /// tokens at a time and every weight row is read and unpacked once per product (tokens in
-    /// the vector lanes); otherwise once per eight activation rows (a tile) or per row. For `n > 1` the scratch holds an `n × rows` buffer (results
-    /// are gathered per weight row, then transposed into `y`).
+    /// the vector lanes); otherwise once per eight activation rows (a tile) or per row. For
+    /// `n > 1` the scratch holds an `n × rows` buffer (results are gathered per weight row,
+    /// then transposed into `y`).
     pub fn matmul(
         &self,
         x: &[f32],
