@@ -70,18 +70,7 @@ impl Q8Panel {
         n: usize,
         out_len: usize,
     ) -> (usize, usize, &'r [&'a [u8]]) {
-        let nb = rows
-            .iter()
-            .fold(self.blocks, |nb, row| nb.min(row.len() / block_bytes));
-        // Callers pass the panel's own token count; a larger `n` would lay the output out with
-        // the reduced one.
-        debug_assert!(
-            n <= self.groups * PANEL_TOKENS,
-            "{n} tokens, panel of {}",
-            self.groups
-        );
-        let n = n.min(self.groups * PANEL_TOKENS);
-        (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
+        clamp_product(self.blocks, self.groups, rows, block_bytes, n, out_len)
     }
 
     /// Group `g`'s values, scales and sums (`g < groups`).
@@ -98,6 +87,28 @@ impl Q8Panel {
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.qs.capacity() + 4 * (self.d.capacity() + self.s.capacity())
     }
+}
+
+/// The bounds of a product over a panel of `groups` token groups and `blocks` blocks per
+/// token (blocks of `block_bytes` weight bytes): the blocks every row and the panel hold, the
+/// tokens (`n` at most, within the groups held), and the rows whose `n` results fit in an
+/// output of `out_len` values. Shared by [`Q8Panel::clamp`] and `Q8KPanel::clamp`.
+pub(crate) fn clamp_product<'r, 'a>(
+    blocks: usize,
+    groups: usize,
+    rows: &'r [&'a [u8]],
+    block_bytes: usize,
+    n: usize,
+    out_len: usize,
+) -> (usize, usize, &'r [&'a [u8]]) {
+    let nb = rows
+        .iter()
+        .fold(blocks, |nb, row| nb.min(row.len() / block_bytes));
+    // Callers pass the panel's own token count; a larger `n` would lay the output out with the
+    // reduced one.
+    debug_assert!(n <= groups * PANEL_TOKENS, "{n} tokens, panel of {groups}");
+    let n = n.min(groups * PANEL_TOKENS);
+    (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
 }
 
 /// Writes token `t`'s 32 values of one block into the block's cell of a group

@@ -3,7 +3,7 @@
 
 use super::super::activation_k::{Q8KActivation, QK_K};
 use super::super::dequant::{f16_at, unpack_q4k_scales};
-use super::panel::{PANEL_BLOCK_BYTES, PANEL_TOKENS, UnpackedRow, scatter_block};
+use super::panel::{PANEL_BLOCK_BYTES, PANEL_TOKENS, UnpackedRow, clamp_product, scatter_block};
 
 /// 32-value blocks per super-block (each a [`PANEL_BLOCK_BYTES`] cell of a group).
 const BLOCKS_PER_SUPER: usize = QK_K / 32;
@@ -77,18 +77,7 @@ impl Q8KPanel {
         n: usize,
         out_len: usize,
     ) -> (usize, usize, &'r [&'a [u8]]) {
-        let nb = rows
-            .iter()
-            .fold(self.superblocks, |nb, row| nb.min(row.len() / block_bytes));
-        // Callers pass the panel's own token count; a larger `n` would lay the output out with
-        // the reduced one.
-        debug_assert!(
-            n <= self.groups * PANEL_TOKENS,
-            "{n} tokens, panel of {}",
-            self.groups
-        );
-        let n = n.min(self.groups * PANEL_TOKENS);
-        (nb, n, &rows[..rows.len().min(out_len / n.max(1))])
+        clamp_product(self.superblocks, self.groups, rows, block_bytes, n, out_len)
     }
 
     /// Group `g`'s values, scales and sub-block sums (`g < groups`).
