@@ -227,9 +227,11 @@ impl GpuKvCache {
             for stream in [cache.keys(h), cache.values(h)] {
                 let l = stream.layout();
                 let first = cache.keys(0).layout();
+                // One window for the layer's streams: a stream with none beside one with some
+                // (an allocation's per-stream `recent_fp_tokens`) is refused too.
                 if l.ring_slots.is_none()
-                    && l.sink_tokens + l.recent_tokens > 0
-                    && (!matches!(l.fp, tq_cache::CodecSpec::F16 { .. })
+                    && ((l.sink_tokens + l.recent_tokens > 0
+                        && !matches!(l.fp, tq_cache::CodecSpec::F16 { .. }))
                         || l.sink_tokens != first.sink_tokens
                         || l.recent_tokens != first.recent_tokens)
                 {

@@ -421,6 +421,39 @@ fn recent_windows_match_the_cpu_cache() {
     }
 }
 
+/// One window per layer on the GPU: an allocation whose keys and values have windows of their
+/// own (`recent_fp_tokens` per stream) is refused with a typed error, the keys' window without
+/// sinks included (the stream without copies must not inherit the other's window silently);
+/// the same window in both streams is accepted.
+#[test]
+fn windows_that_differ_between_streams_are_refused() {
+    let Some(ctx) = context() else { return };
+    let text = |sinks: usize, keys: usize, values: usize| {
+        format!(
+            "name = \"w\"\nsink_tokens = {sinks}\n\
+             key = {{ codec = \"mse\", bits = 3, recent_fp_tokens = {keys} }}\n\
+             value = {{ codec = \"mse\", bits = 2, recent_fp_tokens = {values} }}\n"
+        )
+    };
+    for (sinks, keys, values, accepted) in [
+        (0, 8, 0, false),
+        (0, 0, 8, false),
+        (2, 8, 4, false),
+        (2, 8, 8, true),
+    ] {
+        let allocation = Allocation::from_toml_str(&text(sinks, keys, values)).unwrap();
+        let cpu = KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap();
+        match GpuKvCache::new(&ctx, &cpu) {
+            Ok(_) => assert!(accepted, "{sinks}/{keys}/{values} accepted"),
+            Err(GpuError::Unsupported(what)) => {
+                assert!(!accepted, "{sinks}/{keys}/{values} refused");
+                assert!(what.contains("same counts in every stream"), "{what}");
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+}
+
 /// A batch that fails (a position gap, a non-finite value) changes nothing, calibration
 /// included, on a host-encoded cache: the next good batch calibrates as the CPU cache's first
 /// batch does. Records from the CPU cannot go into a copy that has not calibrated.

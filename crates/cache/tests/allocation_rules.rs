@@ -490,3 +490,69 @@ fn k6v5_global_is_six_and_five_bits_on_global_layers() {
         }
     }
 }
+
+/// A stream's own `recent_fp_tokens` replaces the top-level window for the streams its table
+/// applies to (layer, head, stream), survives a codec switch, reaches the stream layouts and
+/// the bytes a cache holds, and is refused in `[outliers]` (the window holds whole vectors).
+#[test]
+fn a_stream_can_have_a_window_of_its_own() {
+    use tq_cache::allocation::{AllocationError, FieldProblem};
+    use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+    use tq_cache::token_store::Growth;
+    let a = parse(
+        r#"
+name = "windows"
+recent_fp_tokens = 16
+sink_tokens = 2
+key = { codec = "mse", bits = 4 }
+value = { codec = "mse", bits = 3, recent_fp_tokens = 4 }
+
+[[override]]
+layers = [10]
+heads = [1]
+key = { recent_fp_tokens = 120 }
+
+[[override]]
+layers = [10]
+key = { codec = "f16" }
+"#,
+    );
+    let window = |layer, head, stream| {
+        a.resolve_stream(layer, LAYERS, head, DIM, stream)
+            .unwrap()
+            .recent_fp_tokens
+    };
+    assert_eq!(window(10, 1, StreamKind::Key), 120);
+    assert_eq!(window(10, 0, StreamKind::Key), 16);
+    assert_eq!(window(3, 1, StreamKind::Key), 16);
+    assert_eq!(window(10, 1, StreamKind::Value), 4);
+    assert_eq!(window(3, 0, StreamKind::Value), 4);
+    assert_eq!(a.longest_recent_window(), 120);
+
+    let layout = KvLayout {
+        kv_heads: 2,
+        head_dim: DIM,
+        kind: KvKind::Growing {
+            growth: Growth::Static { capacity: 256 },
+        },
+        max_rewind: 3,
+        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+    };
+    let cache = KvCache::with_allocation(layout, &a, 10, LAYERS).unwrap();
+    let f16_token = 2 * DIM;
+    // Sinks plus the window's ring (window + max_rewind slots), binary16 copies.
+    assert_eq!(cache.keys(1).fixed_bytes(), (2 + 120 + 3) * f16_token);
+    assert_eq!(cache.keys(0).fixed_bytes(), (2 + 16 + 3) * f16_token);
+    let value = cache.values(0);
+    assert_eq!(value.layout().recent_tokens, 4);
+    assert_eq!(value.fixed_bytes(), (2 + 4 + 3) * f16_token);
+
+    let outliers = format!("{BASE}[outliers]\nchannels = 8\nkey = {{ recent_fp_tokens = 3 }}");
+    match Allocation::from_toml_str(&outliers) {
+        Err(AllocationError::Field { path, problem }) => {
+            assert_eq!(path, "outliers.key.recent_fp_tokens");
+            assert_eq!(problem, FieldProblem::WholeStreamOnly);
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}

@@ -52,21 +52,24 @@ fn specs() -> Vec<StateSpec> {
     ]
 }
 
+/// Sinks and recent windows on the growing layer, a window of its own per stream and head
+/// (keys 7 and 6 tokens, values 5 and 4), as an allocation's per-stream `recent_fp_tokens` gives.
 fn build(key: usize, value: usize) -> ModelCache {
     ModelCache::new(specs(), |layer, layout| {
-        let streams = |c| {
+        let streams = |c, recent: usize| {
             uniform_streams(layout, c)
                 .into_iter()
-                .map(|mut s| {
+                .enumerate()
+                .map(|(head, mut s)| {
                     s.sink_tokens = 3;
-                    s.recent_tokens = 7;
+                    s.recent_tokens = recent - head;
                     s
                 })
                 .collect::<Vec<_>>()
         };
         Ok((
-            streams(codec(key, 64, 5, layer as u64)),
-            streams(codec(value, 64, 4, 100 + layer as u64)),
+            streams(codec(key, 64, 5, layer as u64), 7),
+            streams(codec(value, 64, 4, 100 + layer as u64), 5),
         ))
     })
     .unwrap()

@@ -27,11 +27,17 @@ fn layout(max_rewind: usize) -> KvLayout {
 
 /// 4-bit keys (TQ_prod) and 3-bit values (TQ_mse), centered, with sinks and a recent window.
 fn cache(recent: usize, max_rewind: usize) -> KvCache {
+    cache_with([recent; KV], [recent; KV], max_rewind)
+}
+
+/// [`cache`] with a window of its own per KV head in the keys and in the values.
+fn cache_with(keys: [usize; KV], values: [usize; KV], max_rewind: usize) -> KvCache {
     let layout = layout(max_rewind);
-    let extras = |spec| -> Vec<StreamLayout> {
+    let extras = |spec, recent: [usize; KV]| -> Vec<StreamLayout> {
         uniform_streams(&layout, spec)
             .into_iter()
-            .map(|mut s| {
+            .zip(recent)
+            .map(|(mut s, recent)| {
                 s.sink_tokens = SINKS;
                 s.recent_tokens = recent;
                 s.max_rewind = max_rewind;
@@ -42,8 +48,8 @@ fn cache(recent: usize, max_rewind: usize) -> KvCache {
     };
     KvCache::new(
         layout,
-        &extras(codec(5, D, 4, 3)),
-        &extras(codec(2, D, 3, 4)),
+        &extras(codec(5, D, 4, 3), keys),
+        &extras(codec(2, D, 3, 4), values),
     )
     .unwrap()
 }
@@ -184,8 +190,42 @@ fn the_window_changes_what_a_batch_reads_and_attend_keeps_the_stream_wide_window
 
 #[test]
 fn the_fused_kernel_matches_the_reference_on_step_windows() {
+    fused_matches_reference(cache(RECENT, 0));
+}
+
+/// Windows of their own per stream and KV head (an allocation's per-stream
+/// `recent_fp_tokens`): keys of head 0 read 8 copies and of head 1 none, values 3 and 12. Each
+/// stream reads its own window: the fused kernel matches the reference (a value read from the
+/// keys' window, code for copy, would move a row by ~1e-2), a prefill gives every query what
+/// decoding gives it, and a rewind keeps the rows of a straight-line cache.
+#[test]
+fn streams_with_windows_of_their_own_keep_every_property() {
+    let windows = || cache_with([RECENT, 0], [3, 12], 16);
+    fused_matches_reference(windows());
+
     let t = tokens(300);
-    let mut c = cache(RECENT, 0);
+    let mut one = windows();
+    forward(&mut one, &t, 0, 64);
+    let (mut decode, mut detour) = (one.clone(), one.clone());
+    let whole = forward(&mut one, &t, 64, 300);
+    assert_eq!(
+        bits(&whole),
+        bits(&forward_in_pieces(&mut decode, &t, 64, 300, 1))
+    );
+    // The windows matter: the same cache with the stream-wide window reads other copies.
+    let mut uniform = cache(RECENT, 16);
+    forward(&mut uniform, &t, 0, 64);
+    assert_ne!(bits(&whole), bits(&forward(&mut uniform, &t, 64, 300)));
+
+    forward(&mut detour, &t, 64, 206);
+    detour.truncate(190).unwrap();
+    let rows = forward(&mut detour, &t, 190, 200);
+    let qw = Q * D;
+    assert_eq!(bits(&rows), bits(&whole[(190 - 64) * qw..(200 - 64) * qw]));
+}
+
+fn fused_matches_reference(mut c: KvCache) {
+    let t = tokens(300);
     forward(&mut c, &t, 0, 64);
     forward(&mut c, &t, 64, 300);
     let qw = Q * D;

@@ -114,15 +114,9 @@ pub fn cache_bytes_for_layers(
     for (layer, ring) in rings.iter().enumerate() {
         // A ring keeps no full-precision sink or recent copies: its window is what attention
         // sees, and a sink would have left the window.
-        let (kind, held, copies) = match *ring {
-            Some(slots) => (LayerKind::Sliding, tokens.min(slots), 0),
-            None => (
-                LayerKind::Global,
-                tokens,
-                // Allocated with the stream, whatever the context: a window longer than the
-                // tokens held still costs all of its slots (as `Stream::fixed_bytes` counts).
-                (allocation.sink_tokens + allocation.recent_fp_tokens) as u64,
-            ),
+        let (kind, held) = match *ring {
+            Some(slots) => (LayerKind::Sliding, tokens.min(slots)),
+            None => (LayerKind::Global, tokens),
         };
         for head in 0..shape.num_kv_heads {
             for stream in StreamKind::BOTH {
@@ -134,6 +128,13 @@ pub fn cache_bytes_for_layers(
                     shape.head_dim,
                     stream,
                 )?;
+                // Allocated with the stream, whatever the context: a window longer than the
+                // tokens held still costs all of its slots (as `Stream::fixed_bytes` counts).
+                let copies = if ring.is_some() {
+                    0
+                } else {
+                    (allocation.sink_tokens + r.recent_fp_tokens) as u64
+                };
                 bytes += held as u64 * r.plan.bytes_per_token() as u64
                     + r.metadata_bytes_per_head() as u64
                     + copies * fp;

@@ -204,8 +204,14 @@ fn windows_covering_the_chunk_are_refused() {
     a.recent_fp_tokens = 510;
     let err = check_windows([&a], 512).unwrap_err().to_string();
     assert!(
-        err.contains("recent_fp_tokens (510)") && err.contains("sink_tokens (2)"),
+        err.contains("recent_fp_tokens (510,") && err.contains("sink_tokens (2)"),
         "{err}"
     );
     assert!(check_windows([&a], 2048).is_ok());
+    // One stream's own window counts too (the longest of any stream).
+    let mut b = Allocation::preset("rec4.25").unwrap();
+    b.value.recent_fp_tokens = Some(600);
+    let err = check_windows([&b], 512).unwrap_err().to_string();
+    assert!(err.contains("recent_fp_tokens (600,"), "{err}");
+    assert!(check_windows([&b], 1024).is_ok());
 }

@@ -11,8 +11,9 @@ impl Allocation {
     /// The per-head stream layouts of the keys or values of `layer` (of `num_layers`), for a
     /// cache of the given layout: codecs and centering from
     /// [`resolve_stream_in`](Self::resolve_stream_in) (a sliding-window layout is a
-    /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks and
-    /// recent window from the allocation.
+    /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks from
+    /// the allocation, and the recent window the stream resolves to (its own
+    /// `recent_fp_tokens` or the allocation's).
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -44,7 +45,7 @@ impl Allocation {
                     rope_pairs: layout.rope_pairs,
                     fp: self.fp_codec(layout.head_dim),
                     sink_tokens: self.sink_tokens,
-                    recent_tokens: self.recent_fp_tokens,
+                    recent_tokens: resolved.recent_fp_tokens,
                     max_rewind: layout.max_rewind,
                     growth,
                     ring_slots: layout.ring_slots(),

@@ -71,6 +71,7 @@ pub(crate) struct Merged {
     norm_correction: Option<Sourced<bool>>,
     center: Option<Sourced<CenterPolicy>>,
     basis: Option<Sourced<BasisPolicy>>,
+    recent_fp_tokens: Option<Sourced<usize>>,
 }
 
 /// Fully resolved settings of one tier: every default filled in and every rule checked.
@@ -92,6 +93,9 @@ pub(crate) struct Resolved {
     /// over a two-tier split gives).
     pub basis: BasisPolicy,
     pub basis_path: Option<Origin>,
+    /// The stream's own recent window, `None` when no table set one (the allocation's
+    /// top-level `recent_fp_tokens` applies).
+    pub recent_fp_tokens: Option<usize>,
 }
 
 fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
@@ -114,6 +118,7 @@ impl Merged {
             norm_correction: None,
             center: None,
             basis: None,
+            recent_fp_tokens: None,
         }
     }
 
@@ -122,7 +127,7 @@ impl Merged {
     /// A patch that names a codec first drops the inherited fields the new codec has no use
     /// for (so `key = { codec = "f16" }` over a `prod` base does not trip over the base's
     /// `qjl`), while fields the patch itself gives are kept and checked by [`Merged::finish`].
-    /// `center` applies to every codec and is never dropped.
+    /// `center` and `recent_fp_tokens` apply to every codec and are never dropped.
     pub fn apply(&mut self, patch: &StreamSettings, section: Section) {
         let origin = Origin {
             section,
@@ -152,6 +157,7 @@ impl Merged {
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
         set(&mut self.basis, patch.basis, origin);
+        set(&mut self.recent_fp_tokens, patch.recent_fp_tokens, origin);
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.
@@ -180,6 +186,14 @@ impl Merged {
         {
             return Err(AllocationError::field(
                 b.origin.path("basis"),
+                FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(r) = self.recent_fp_tokens
+            && r.origin.section == Section::Outliers
+        {
+            return Err(AllocationError::field(
+                r.origin.path("recent_fp_tokens"),
                 FieldProblem::WholeStreamOnly,
             ));
         }
@@ -276,6 +290,7 @@ impl Merged {
             center: self.center.map_or(CenterPolicy::None, |c| c.value),
             basis: self.basis.map_or(BasisPolicy::None, |b| b.value),
             basis_path: self.basis.map(|b| b.origin),
+            recent_fp_tokens: self.recent_fp_tokens.map(|r| r.value),
         })
     }
 }

@@ -35,6 +35,10 @@
 //! key = { norm_correction = true }
 //!
 //! [[override]]
+//! layers = [10]
+//! key = { recent_fp_tokens = 120 } # this stream's own window (replaces the top-level one)
+//!
+//! [[override]]
 //! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,
 //! value = { codec = "f16" }        # only the listed layers of that kind
 //!
@@ -57,6 +61,13 @@
 //! | `shrinkage` | finite, > 0 (the seed's "damping 0.7" is 0.7) | 1 (unbiased) | prod |
 //! | `center` | `none`, `first-chunk` (store `x − μ`, μ = mean of the stream's first batch) | `none` | all codecs; not in `[outliers]` |
 //! | `basis` | `none`, `pca` (principal components of the first batch, water-filled bits) | `none` | mse; not in, nor with, `[outliers]` |
+//! | `recent_fp_tokens` | 0, 1, … (this stream's newest tokens kept unquantized) | the top-level `recent_fp_tokens` | all codecs; not in `[outliers]`; ignored on sliding-window layers |
+//!
+//! A stream's own `recent_fp_tokens` lets the window differ per layer, KV head and stream, like
+//! every other stream setting. (On `rec4.25` and SmolLM2 no split measured beat the uniform
+//! window at the same bits: `presets/README.md`, "The step window".) The sinks stay one count
+//! for the whole allocation. The GPU backend needs one window for a layer's keys and values (it
+//! refuses a layer whose streams differ, with a typed error); layers may differ.
 //!
 //! `center` mean-centers a stream: exact up to quantization error (keys: a softmax ignores a
 //! common shift of its scores; values: attention adds `μ` back, the weights summing to one), at

@@ -161,7 +161,7 @@ impl StreamPlan {
 }
 
 /// Everything an allocation decides for one stream: how each token is stored ([`StreamPlan`])
-/// and the settings of the stream as a whole (its mean-centering). From
+/// and the settings of the stream as a whole (its mean-centering, basis and recent window). From
 /// [`Allocation::resolve_stream`](crate::allocation::Allocation::resolve_stream).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ResolvedStream {
@@ -171,6 +171,9 @@ pub struct ResolvedStream {
     pub center: CenterPolicy,
     /// Whether the stream fits a data-aware basis (see [`basis`](crate::basis)).
     pub basis: BasisPolicy,
+    /// The newest tokens the stream keeps unquantized: its own `recent_fp_tokens` if a table
+    /// set one, else the allocation's top-level value (ignored on sliding-window layers).
+    pub recent_fp_tokens: usize,
 }
 
 impl ResolvedStream {

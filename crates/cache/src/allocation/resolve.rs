@@ -214,6 +214,7 @@ impl Allocation {
             plan,
             center,
             basis,
+            recent_fp_tokens: whole.recent_fp_tokens.unwrap_or(self.recent_fp_tokens),
         })
     }
 

@@ -80,6 +80,36 @@ pub struct Allocation {
     pub outliers: Option<OutlierRule>,
 }
 
+impl Allocation {
+    /// The longest recent window any stream of the allocation can have: the top-level
+    /// `recent_fp_tokens` or a longer one a stream table sets (base, `[boundary]`,
+    /// `[[override]]`). What a check against the context length needs.
+    ///
+    /// ```
+    /// use tq_cache::allocation::Allocation;
+    /// let a = Allocation::from_toml_str(r#"
+    ///     name = "w"
+    ///     recent_fp_tokens = 32
+    ///     key = { codec = "mse", bits = 4 }
+    ///     value = { codec = "mse", bits = 3 }
+    ///     [[override]]
+    ///     layers = [10]
+    ///     key = { recent_fp_tokens = 200 }
+    /// "#)?;
+    /// assert_eq!(a.longest_recent_window(), 200);
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn longest_recent_window(&self) -> usize {
+        let boundary = self.boundary.iter().flat_map(|b| [&b.key, &b.value]);
+        let overrides = self.overrides.iter().flat_map(|o| [&o.key, &o.value]);
+        [&self.key, &self.value]
+            .into_iter()
+            .chain(boundary.chain(overrides).flatten())
+            .filter_map(|s| s.recent_fp_tokens)
+            .fold(self.recent_fp_tokens, usize::max)
+    }
+}
+
 /// The storage format of the tokens an allocation keeps unquantized.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,6 +218,13 @@ pub struct StreamSettings {
     /// [`basis`](crate::basis)). Not allowed in `[outliers]`, nor together with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<BasisPolicy>,
+    /// This stream's own recent window: the newest tokens kept unquantized, replacing the
+    /// allocation's top-level `recent_fp_tokens` for the streams the table applies to (so an
+    /// `[[override]]` can give one layer, head or stream a longer or shorter window). Not
+    /// allowed in `[outliers]`: the window holds whole vectors. Ignored on sliding-window
+    /// layers, whose ring already holds what attention reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_fp_tokens: Option<usize>,
 }
 
 impl StreamSettings {

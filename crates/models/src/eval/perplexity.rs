@@ -313,18 +313,20 @@ pub fn all_in_bits_per_value(
 /// Refuses an allocation whose full-precision copies cover a whole chunk: with
 /// `sink_tokens + recent_fp_tokens ≥ ctx` nothing in the chunk is read from the compressed body,
 /// so its figures would measure f16, not the allocation (and its bits would count copies of
-/// every token twice). The error names the fields to shrink.
+/// every token twice). The window is the longest any stream has
+/// ([`Allocation::longest_recent_window`]). The error names the fields to shrink.
 pub fn check_windows<'a>(
     allocations: impl IntoIterator<Item = &'a Allocation>,
     ctx: usize,
 ) -> Result<(), EvalError> {
     for a in allocations {
-        if a.sink_tokens + a.recent_fp_tokens >= ctx {
+        let recent = a.longest_recent_window();
+        if a.sink_tokens + recent >= ctx {
             return Err(EvalError::InvalidCall(format!(
-                "allocation `{}`: sink_tokens ({}) + recent_fp_tokens ({}) cover the whole \
-                 {ctx}-token chunk, so nothing would be read from the compressed cache; use a \
-                 longer --ctx or a shorter window",
-                a.name, a.sink_tokens, a.recent_fp_tokens
+                "allocation `{}`: sink_tokens ({}) + recent_fp_tokens ({recent}, the longest \
+                 window of any stream) cover the whole {ctx}-token chunk, so nothing would be \
+                 read from the compressed cache; use a longer --ctx or a shorter window",
+                a.name, a.sink_tokens
             )));
         }
     }
