@@ -492,7 +492,8 @@ impl GpuKvCache {
     }
 
     /// Appends the CPU cache's tokens this GPU cache does not hold yet (`self.len()..cache.len()`),
-    /// uploading their records: the decode-step path when the CPU cache encodes.
+    /// uploading their records: the decode-step path when the CPU cache encodes. `cache` must
+    /// keep the sinks and windows this copy was built with ([`GpuError::Unsupported`]).
     pub fn sync_from(&mut self, cache: &KvCache) -> Result<(), GpuError> {
         if cache.len() < self.len {
             return Err(GpuError::Shape {
@@ -501,6 +502,7 @@ impl GpuKvCache {
                 actual: cache.len(),
             });
         }
+        crate::cache::check_windows(cache, self.sinks, self.recent)?;
         self.adopt_calibration(cache, false)?;
         let tokens: Vec<usize> = (self.len..cache.len()).collect();
         let mut positions = Vec::with_capacity(tokens.len());

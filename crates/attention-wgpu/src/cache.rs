@@ -208,6 +208,29 @@ impl std::fmt::Debug for GpuKvCache {
     }
 }
 
+/// One window per layer: every stream of `cache` outside a ring must keep `sinks` sink copies
+/// and a `recent`-token window (the GPU copies ring and the kernels' window starts are one per
+/// layer). An allocation can give streams windows of their own (`recent_fp_tokens` in a stream
+/// table): a stream with none beside one with some is refused too, as is a CPU cache whose
+/// windows are not the ones a GPU copy was built with (it would read codes where the CPU reads
+/// copies).
+pub(crate) fn check_windows(cache: &KvCache, sinks: usize, recent: usize) -> Result<(), GpuError> {
+    for h in 0..cache.layout().kv_heads {
+        for (name, stream) in [("keys", cache.keys(h)), ("values", cache.values(h))] {
+            let l = stream.layout();
+            if l.ring_slots.is_none() && (l.sink_tokens != sinks || l.recent_tokens != recent) {
+                return Err(GpuError::Unsupported(format!(
+                    "attention sinks and recent windows with the same counts in every stream of \
+                     a layer: the {name} of KV head {h} keep {} sinks and a {}-token window, \
+                     the layer's GPU cache {sinks} and {recent}",
+                    l.sink_tokens, l.recent_tokens
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl GpuKvCache {
     /// An empty GPU cache with the codecs, layout and policy of `cache` (its tokens are not
     /// copied; see [`upload_all`](Self::upload_all)).
@@ -217,7 +240,8 @@ impl GpuKvCache {
     /// with `cache`'s codecs, calibrating from the first batch (means, outlier channels, bases)
     /// as the CPU cache does and writing the binary16 copies.
     ///
-    /// Errors: sinks or windows with f32 copies or different counts per stream, a two-tier codec with a QJL or debiased tier, heads of one stream with
+    /// Errors: sinks or windows with f32 copies or different counts per stream (an allocation's
+    /// per-stream `recent_fp_tokens`), a two-tier codec with a QJL or debiased tier, heads of one stream with
     /// different codec kinds, a head dimension above 512, or a page of one token that does not
     /// fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
@@ -226,23 +250,18 @@ impl GpuKvCache {
         for h in 0..heads {
             for stream in [cache.keys(h), cache.values(h)] {
                 let l = stream.layout();
-                let first = cache.keys(0).layout();
-                // One window for the layer's streams: a stream with none beside one with some
-                // (an allocation's per-stream `recent_fp_tokens`) is refused too.
                 if l.ring_slots.is_none()
-                    && ((l.sink_tokens + l.recent_tokens > 0
-                        && !matches!(l.fp, tq_cache::CodecSpec::F16 { .. }))
-                        || l.sink_tokens != first.sink_tokens
-                        || l.recent_tokens != first.recent_tokens)
+                    && l.sink_tokens + l.recent_tokens > 0
+                    && !matches!(l.fp, tq_cache::CodecSpec::F16 { .. })
                 {
                     return Err(GpuError::Unsupported(
-                        "attention sinks or recent windows other than binary16 copies, the \
-                         same counts in every stream"
-                            .into(),
+                        "attention sinks or recent windows other than binary16 copies".into(),
                     ));
                 }
             }
         }
+        let first = cache.keys(0).layout();
+        check_windows(cache, first.sink_tokens, first.recent_tokens)?;
         let (sinks, recent) = match layout.ring_slots() {
             Some(_) => (0, 0),
             None => {
@@ -552,8 +571,8 @@ impl GpuKvCache {
     }
 
     /// Copies every stored token of `cache` (records, scales, positions) to the device,
-    /// replacing what the GPU cache held. `cache` must have the layout and codecs this cache
-    /// was built from.
+    /// replacing what the GPU cache held. `cache` must have the layout, codecs, sinks and
+    /// windows this cache was built from (other windows: [`GpuError::Unsupported`]).
     pub fn upload_all(&mut self, cache: &KvCache) -> Result<(), GpuError> {
         let layout = cache.layout();
         if layout.kv_heads != self.kv_heads || layout.head_dim != self.head_dim {
@@ -563,6 +582,7 @@ impl GpuKvCache {
                 actual: layout.kv_heads * layout.head_dim,
             });
         }
+        check_windows(cache, self.sinks, self.recent)?;
         self.adopt_calibration(cache, true)?;
         for h in 0..self.kv_heads {
             let (k, v) = (cache.keys(h).codec(), cache.values(h).codec());

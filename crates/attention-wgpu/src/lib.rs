@@ -29,7 +29,8 @@
 //! host, which calibrates them from the first batch (means, outlier channels, bases — a plane
 //! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
-//! tiers. All arithmetic is f32 (no `SHADER_F16` path yet).
+//! tiers; sink and window copies in f32; streams of one layer with different window counts
+//! (an allocation's per-stream `recent_fp_tokens`: one window per layer, layers may differ). All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

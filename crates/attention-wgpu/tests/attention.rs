@@ -421,37 +421,58 @@ fn recent_windows_match_the_cpu_cache() {
     }
 }
 
-/// One window per layer on the GPU: an allocation whose keys and values have windows of their
-/// own (`recent_fp_tokens` per stream) is refused with a typed error, the keys' window without
-/// sinks included (the stream without copies must not inherit the other's window silently);
-/// the same window in both streams is accepted.
+/// One window per layer on the GPU: an allocation whose keys and values (or two KV heads) have
+/// windows of their own (`recent_fp_tokens` per stream) is refused with a typed error, the
+/// keys' window without sinks included (the stream without copies must not inherit the other's
+/// window silently); the same window in every stream is accepted. A copy refuses to take the
+/// records of a CPU cache with other windows (`upload_all`, `sync_from`): it would read codes
+/// where the CPU reads copies.
 #[test]
 fn windows_that_differ_between_streams_are_refused() {
     let Some(ctx) = context() else { return };
-    let text = |sinks: usize, keys: usize, values: usize| {
+    let text = |sinks: usize, keys: usize, values: usize, head1_values: usize| {
         format!(
             "name = \"w\"\nsink_tokens = {sinks}\n\
              key = {{ codec = \"mse\", bits = 3, recent_fp_tokens = {keys} }}\n\
-             value = {{ codec = \"mse\", bits = 2, recent_fp_tokens = {values} }}\n"
+             value = {{ codec = \"mse\", bits = 2, recent_fp_tokens = {values} }}\n\
+             [[override]]\nlayers = [0]\nheads = [1]\nvalue = {{ recent_fp_tokens = {head1_values} }}\n"
         )
     };
-    for (sinks, keys, values, accepted) in [
-        (0, 8, 0, false),
-        (0, 0, 8, false),
-        (2, 8, 4, false),
-        (2, 8, 8, true),
+    let cpu = |sinks, keys, values, head1_values| {
+        let allocation =
+            Allocation::from_toml_str(&text(sinks, keys, values, head1_values)).unwrap();
+        KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap()
+    };
+    let refused = |result: Result<(), GpuError>, case: &str| match result {
+        Err(GpuError::Unsupported(what)) => {
+            assert!(
+                what.contains("same counts in every stream"),
+                "{case}: {what}"
+            )
+        }
+        other => panic!("{case}: {other:?}"),
+    };
+    for (sinks, keys, values, head1_values, accepted) in [
+        (0, 8, 0, 0, false),
+        (0, 0, 8, 8, false),
+        (2, 8, 4, 4, false),
+        (2, 8, 8, 4, false),
+        (2, 8, 8, 8, true),
     ] {
-        let allocation = Allocation::from_toml_str(&text(sinks, keys, values)).unwrap();
-        let cpu = KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap();
-        match GpuKvCache::new(&ctx, &cpu) {
-            Ok(_) => assert!(accepted, "{sinks}/{keys}/{values} accepted"),
-            Err(GpuError::Unsupported(what)) => {
-                assert!(!accepted, "{sinks}/{keys}/{values} refused");
-                assert!(what.contains("same counts in every stream"), "{what}");
+        let case = format!("{sinks}/{keys}/{values}/{head1_values}");
+        match GpuKvCache::new(&ctx, &cpu(sinks, keys, values, head1_values)) {
+            Ok(_) => assert!(accepted, "{case} accepted"),
+            Err(e) => {
+                assert!(!accepted, "{case} refused");
+                refused(Err(e), &case);
             }
-            Err(other) => panic!("{other}"),
         }
     }
+    let mut gpu = GpuKvCache::new(&ctx, &cpu(2, 8, 8, 8)).unwrap();
+    let other = cpu(2, 16, 16, 16);
+    refused(gpu.upload_all(&other), "upload_all");
+    refused(gpu.sync_from(&other), "sync_from");
+    assert!(gpu.upload_all(&cpu(2, 8, 8, 8)).is_ok());
 }
 
 /// A batch that fails (a position gap, a non-finite value) changes nothing, calibration

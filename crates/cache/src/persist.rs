@@ -326,10 +326,15 @@ pub fn check_matches(cache: &ModelCache, expected: &ModelCache) -> Result<(), Pe
                 if f.uncalibrated() != w.uncalibrated() {
                     return Err(PersistError::Mismatch(format!(
                         "state `{}`, {kind} stream of KV head {head}: the file's layout \
-                         {:?} is not the expected {:?} (another allocation?)",
+                         {:?} with {} sinks and a {}-token window is not the expected {:?} \
+                         with {} and {} (another allocation?)",
                         cache.specs()[state].name,
                         f.codec,
-                        w.codec
+                        f.sink_tokens,
+                        f.recent_tokens,
+                        w.codec,
+                        w.sink_tokens,
+                        w.recent_tokens
                     )));
                 }
             }

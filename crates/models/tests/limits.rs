@@ -125,8 +125,26 @@ fn the_formula_counts_sliding_layers_at_their_ring() {
         "#,
     )
     .unwrap();
+    // Windows of their own per stream and head, and one a sliding layer ignores.
+    let own_windows = Allocation::from_toml_str(
+        r#"
+        name = "own-windows"
+        sink_tokens = 2
+        recent_fp_tokens = 6
+        key = { codec = "mse", bits = 4, recent_fp_tokens = 9 }
+        value = { codec = "mse", bits = 3 }
+        [[override]]
+        layers = [2]
+        heads = [1]
+        value = { recent_fp_tokens = 13 }
+        [[override]]
+        layer_kind = "sliding"
+        key = { recent_fp_tokens = 40 }
+        "#,
+    )
+    .unwrap();
     let presets = Allocation::preset_names().map(|n| Allocation::preset(n).unwrap());
-    for allocation in presets.chain([global_only]) {
+    for allocation in presets.chain([global_only, own_windows]) {
         let cache = mixed_cache(&allocation);
         let built: usize = cache.memory().iter().map(|m| m.formula_bytes).sum();
         let channel_lists: usize = allocation

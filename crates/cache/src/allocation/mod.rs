@@ -13,7 +13,8 @@
 //! name = "example"                 # required
 //! description = "what it is for"   # optional
 //! seed = 1234                      # base seed, 0..=2^63-1 (default DEFAULT_SEED)
-//! recent_fp_tokens = 0             # newest tokens kept unquantized (default 0)
+//! recent_fp_tokens = 0             # newest tokens kept unquantized (default 0; a stream
+//!                                  # table's own recent_fp_tokens replaces it there)
 //! sink_tokens = 0                  # first tokens kept unquantized (default 0)
 //! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
 //!
@@ -36,7 +37,8 @@
 //!
 //! [[override]]
 //! layers = [10]
-//! key = { recent_fp_tokens = 120 } # this stream's own window (replaces the top-level one)
+//! key = { recent_fp_tokens = 120 } # these streams' own window (replaces the top-level one;
+//! value = { recent_fp_tokens = 120 } # the GPU backend needs one window per layer)
 //!
 //! [[override]]
 //! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,

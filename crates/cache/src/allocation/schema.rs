@@ -56,7 +56,8 @@ pub struct Allocation {
     /// [`derive_seed`](crate::allocation::derive_seed)). Default [`DEFAULT_SEED`].
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// The newest tokens kept unquantized, in `fp_dtype` (default 0).
+    /// The newest tokens kept unquantized, in `fp_dtype` (default 0): every stream's window
+    /// unless its own table sets one ([`StreamSettings::recent_fp_tokens`]).
     #[serde(default)]
     pub recent_fp_tokens: usize,
     /// The first tokens (attention sinks) kept unquantized, in `fp_dtype` (default 0).
@@ -83,7 +84,9 @@ pub struct Allocation {
 impl Allocation {
     /// The longest recent window any stream of the allocation can have: the top-level
     /// `recent_fp_tokens` or a longer one a stream table sets (base, `[boundary]`,
-    /// `[[override]]`). What a check against the context length needs.
+    /// `[[override]]`). What a check against the context length needs. An upper bound, read
+    /// from the file without a model: it also counts a top-level count every stream table
+    /// replaces and windows given to sliding-window layers (which ignore them).
     ///
     /// ```
     /// use tq_cache::allocation::Allocation;

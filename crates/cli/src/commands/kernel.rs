@@ -84,7 +84,9 @@ impl KernelChoice {
                         Some(format!(
                             "{name} of layer {layer} in another format than f16"
                         ))
-                    } else if layout.sink_tokens > 0 || layout.recent_tokens > 0 {
+                    } else if layout.ring_slots.is_none()
+                        && (layout.sink_tokens > 0 || layout.recent_tokens > 0)
+                    {
                         Some(format!(
                             "full-precision sink or recent-window copies of layer {layer}'s {name}"
                         ))
