@@ -310,3 +310,33 @@ fn every_shipped_allocation_file_loads_and_is_named_after_itself() {
         allocation.validate_for(&SMALL).unwrap();
     }
 }
+
+/// The layer-wise lever files trade bits between layers and streams without changing the
+/// total: on SmolLM2's shape each stores exactly its base preset's bits per value (keys and
+/// values together; windows and sinks the same), while some stream does differ.
+#[test]
+fn layer_wise_levers_cost_their_base_presets_bits() {
+    let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
+    for (lever, base) in [("rec4.25-layers", "rec4.25"), ("rec3.25-layers", "rec3.25")] {
+        let a = Allocation::load(levers.join(format!("{lever}.toml"))).unwrap();
+        let b = Allocation::preset(base).unwrap();
+        let total = |x: &Allocation| -> f64 {
+            StreamKind::BOTH
+                .iter()
+                .map(|&s| x.bits_per_value(&SMALL, s).unwrap())
+                .sum()
+        };
+        assert_eq!(total(&a), total(&b), "{lever}");
+        assert_eq!(
+            (a.sink_tokens, a.recent_fp_tokens),
+            (b.sink_tokens, b.recent_fp_tokens),
+            "{lever}"
+        );
+        assert!(
+            a.plans(&SMALL)
+                .zip(b.plans(&SMALL))
+                .any(|(p, q)| p.unwrap() != q.unwrap()),
+            "{lever}"
+        );
+    }
+}
