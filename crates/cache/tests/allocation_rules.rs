@@ -3,6 +3,8 @@
 //! applied in the wrong order, negative indices counted wrongly, head filters ignored, and
 //! inherited settings leaking across a codec switch.
 
+mod common;
+
 use tq_cache::CodecSpec;
 use tq_cache::allocation::{Allocation, LayerKind, StreamKind, StreamPlan};
 use tq_cache::basis::BasisPolicy;
@@ -497,8 +499,7 @@ fn k6v5_global_is_six_and_five_bits_on_global_layers() {
 #[test]
 fn a_stream_can_have_a_window_of_its_own() {
     use tq_cache::allocation::{AllocationError, FieldProblem};
-    use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
-    use tq_cache::token_store::Growth;
+    use tq_cache::kv_cache::{KvCache, KvLayout};
     let a = parse(
         r#"
 name = "windows"
@@ -530,13 +531,8 @@ key = { codec = "f16" }
     assert_eq!(a.longest_recent_window(), 120);
 
     let layout = KvLayout {
-        kv_heads: 2,
-        head_dim: DIM,
-        kind: KvKind::Growing {
-            growth: Growth::Static { capacity: 256 },
-        },
         max_rewind: 3,
-        rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        ..common::growing(2, DIM)
     };
     let cache = KvCache::with_allocation(layout, &a, 10, LAYERS).unwrap();
     let f16_token = 2 * DIM;
