@@ -213,11 +213,22 @@ impl std::fmt::Debug for GpuKvCache {
 /// layer). An allocation can give streams windows of their own (`recent_fp_tokens` in a stream
 /// table): a stream with none beside one with some is refused too, as is a CPU cache whose
 /// windows are not the ones a GPU copy was built with (it would read codes where the CPU reads
-/// copies).
+/// copies). The copies must be binary16: f32 copies are not implemented, and an 8-bit window's
+/// tokens have no codes at all on the CPU (`recent_dtype = "q8"`).
 pub(crate) fn check_windows(cache: &KvCache, sinks: usize, recent: usize) -> Result<(), GpuError> {
+    let f16 = |spec: &tq_cache::CodecSpec| matches!(spec, tq_cache::CodecSpec::F16 { .. });
     for h in 0..cache.layout().kv_heads {
         for (name, stream) in [("keys", cache.keys(h)), ("values", cache.values(h))] {
             let l = stream.layout();
+            if l.ring_slots.is_none()
+                && l.sink_tokens + l.recent_tokens > 0
+                && !(f16(&l.fp) && l.recent.as_ref().is_none_or(f16))
+            {
+                return Err(GpuError::Unsupported(format!(
+                    "attention sinks or recent windows other than binary16 copies (the {name} of \
+                     KV head {h}: an f32 or 8-bit window, fp_dtype / recent_dtype)"
+                )));
+            }
             if l.ring_slots.is_none() && (l.sink_tokens != sinks || l.recent_tokens != recent) {
                 return Err(GpuError::Unsupported(format!(
                     "attention sinks and recent windows with the same counts in every stream of \
@@ -247,19 +258,6 @@ impl GpuKvCache {
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
-        for h in 0..heads {
-            for stream in [cache.keys(h), cache.values(h)] {
-                let l = stream.layout();
-                if l.ring_slots.is_none()
-                    && l.sink_tokens + l.recent_tokens > 0
-                    && !matches!(l.fp, tq_cache::CodecSpec::F16 { .. })
-                {
-                    return Err(GpuError::Unsupported(
-                        "attention sinks or recent windows other than binary16 copies".into(),
-                    ));
-                }
-            }
-        }
         let first = cache.keys(0).layout();
         check_windows(cache, first.sink_tokens, first.recent_tokens)?;
         let (sinks, recent) = match layout.ring_slots() {
@@ -386,7 +384,7 @@ impl GpuKvCache {
             let (_, ks, vs) = run.get_or_insert_with(|| (t, Vec::new(), Vec::new()));
             for h in 0..self.kv_heads {
                 for (stream, out) in [(cache.keys(h), &mut *ks), (cache.values(h), &mut *vs)] {
-                    let (record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
+                    let (_, record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
                         what: "full-precision copy",
                         expected: t,
                         actual: stream.len(),

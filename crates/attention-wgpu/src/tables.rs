@@ -91,6 +91,11 @@ fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
                 "KV heads of one stream with different codecs (a basis and another)".into(),
             ));
         }
+        TokenCodec::Q8(_) => {
+            return Err(GpuError::Unsupported(
+                "q8 stores window copies, not a stream's body".into(),
+            ));
+        }
     })
 }
 

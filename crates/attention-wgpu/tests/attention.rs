@@ -475,6 +475,32 @@ fn windows_that_differ_between_streams_are_refused() {
     assert!(gpu.upload_all(&cpu(2, 8, 8, 8)).is_ok());
 }
 
+/// An 8-bit window (`recent_dtype = "q8"`, CPU only: its tokens have no codes until they leave
+/// it) is a typed refusal naming the option, not a copy that would read missing codes — when a
+/// GPU cache is built from it, and when its records are offered to one built with f16 copies.
+#[test]
+fn eight_bit_windows_are_refused() {
+    let Some(ctx) = context() else { return };
+    let cpu = |dtype: &str| {
+        let allocation = Allocation::from_toml_str(&format!(
+            "name = \"w\"\nsink_tokens = 2\nrecent_fp_tokens = 8\nrecent_dtype = \"{dtype}\"\n\
+             key = {{ codec = \"mse\", bits = 3 }}\nvalue = {{ codec = \"mse\", bits = 2 }}\n"
+        ))
+        .unwrap();
+        KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap()
+    };
+    let refused = |result: Result<(), GpuError>, case: &str| match result {
+        Err(GpuError::Unsupported(what)) => {
+            assert!(what.contains("recent_dtype"), "{case}: {what}")
+        }
+        other => panic!("{case}: {other:?}"),
+    };
+    refused(GpuKvCache::new(&ctx, &cpu("q8")).map(|_| ()), "new");
+    let mut gpu = GpuKvCache::new(&ctx, &cpu("f16")).unwrap();
+    refused(gpu.upload_all(&cpu("q8")), "upload_all");
+    refused(gpu.sync_from(&cpu("q8")), "sync_from");
+}
+
 /// A batch that fails (a position gap, a non-finite value) changes nothing, calibration
 /// included, on a host-encoded cache: the next good batch calibrates as the CPU cache's first
 /// batch does. Records from the CPU cannot go into a copy that has not calibrated.

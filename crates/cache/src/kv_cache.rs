@@ -110,6 +110,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
+            recent: None,
             sink_tokens: 0,
             recent_tokens: 0,
             max_rewind: layout.max_rewind,
@@ -279,10 +280,21 @@ impl KvCache {
     }
 
     /// Bytes the cache allocates, from the layout formula: every allocated token slot costs
-    /// [`bytes_per_token`](Self::bytes_per_token), plus what is stored once
-    /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams). Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
+    /// [`bytes_per_token`](Self::bytes_per_token) (a stream with an 8-bit window has `W` code
+    /// slots fewer: its window's tokens have no codes), plus what is stored once
+    /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams).
+    /// Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
     pub fn formula_bytes(&self) -> usize {
-        self.positions.capacity() * self.bytes_per_token() + self.fixed_bytes()
+        // Each stream's body at its own capacity: an 8-bit window's stream holds `W` codes
+        // fewer than the position table (see `Stream::body_tokens`).
+        4 * self.positions.capacity()
+            + self
+                .keys
+                .iter()
+                .chain(&self.values)
+                .map(|s| s.body().capacity() * s.codec().bytes_per_token())
+                .sum::<usize>()
+            + self.fixed_bytes()
     }
 
     /// Bytes per token slot: the 4-byte position plus every head's key and value record and

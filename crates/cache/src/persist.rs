@@ -143,6 +143,7 @@ fn codebook_identity(codec: &TokenCodec) -> Result<Option<CodebookIdentity>, Cac
         TokenCodec::Prod(c) => c.mse(),
         TokenCodec::F32 { .. }
         | TokenCodec::F16 { .. }
+        | TokenCodec::Q8(_)
         | TokenCodec::TwoTier(_)
         | TokenCodec::Basis(_) => {
             return Ok(None);

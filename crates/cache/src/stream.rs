@@ -12,6 +12,14 @@
 //! and of the `recent_tokens − 1` tokens before it for the step (working memory, not cache
 //! bytes), so every query of a prefill reads the window a decode step at it would.
 //!
+//! Window copies may be stored in 8 bits instead (`recent`: [`CodecSpec::Q8`], the allocation's
+//! `recent_dtype = "q8"`). Such a window is then the only copy of its tokens: a token's codes
+//! are written when it leaves the window, from its 8-bit copy, so the body holds the tokens
+//! `[0, len − recent_tokens)` and the window's tokens cost their 8-bit copy only. Attention
+//! reads the same records either way (codes before the window, copies in it), and a rewind
+//! drops the codes of tokens that become recent again, which are written again, from the same
+//! copies, when they leave it again.
+//!
 //! In ring mode (sliding-window layers) the body itself is a ring of `slots` records and token
 //! `t` lives in slot `t % slots`; sinks and recent copies are not used there (the window already
 //! bounds the memory).
@@ -76,6 +84,11 @@ pub struct StreamLayout {
     pub rope_pairs: crate::basis::RopePairs,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
+    /// The recent window's copies when they are stored otherwise than `fp`: `Q8` (8 bits, and
+    /// then the window's tokens have no codes until they leave it; see the module docs).
+    /// `None`: `fp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent: Option<CodecSpec>,
     /// First tokens kept at full precision.
     pub sink_tokens: usize,
     /// Newest tokens kept at full precision.
@@ -94,6 +107,13 @@ pub struct Stream {
     layout: StreamLayout,
     codec: TokenCodec,
     fp_codec: TokenCodec,
+    /// The codec of the recent window's copies (`fp_codec` unless the layout says otherwise).
+    recent_codec: TokenCodec,
+    /// Whether a token's codes wait until it leaves the window (an 8-bit window).
+    deferred: bool,
+    /// The token leaving the window, decoded from its copy (`head_dim` values when `deferred`,
+    /// else empty): working memory like `centered`.
+    evicted: Vec<f32>,
     /// `x − μ` of the token being pushed (`head_dim` values for a centered stream, else empty):
     /// working memory kept so a push allocates nothing, not counted in the stream's bytes (like
     /// the encoder scratch).
@@ -331,6 +351,17 @@ impl Stream {
                 "full-precision copies must be f16 or f32 of the stream's dimension".into(),
             ));
         }
+        let recent_spec = layout.recent.unwrap_or(layout.fp);
+        let recent_codec = TokenCodec::new(&recent_spec)?;
+        if !matches!(
+            recent_spec,
+            CodecSpec::F16 { .. } | CodecSpec::F32 { .. } | CodecSpec::Q8 { .. }
+        ) || recent_codec.dim() != codec.dim()
+        {
+            return Err(CacheError::InvalidConfig(
+                "recent-window copies must be f16, f32 or q8 of the stream's dimension".into(),
+            ));
+        }
         let head_dim = layout.head_dim();
         match (&layout.mean, layout.center.is_centered()) {
             (Some(_), false) => {
@@ -362,14 +393,19 @@ impl Stream {
         } else {
             recent_tokens + layout.max_rewind
         };
-        let body_growth = match ring {
-            Some(slots) => Growth::Static { capacity: slots },
-            None => layout.growth,
+        let deferred = recent_slots > 0 && matches!(recent_codec, TokenCodec::Q8(_));
+        let body_growth = match (ring, layout.growth) {
+            (Some(slots), _) => Growth::Static { capacity: slots },
+            // The window's tokens have no codes: a static body needs room for the rest only.
+            (None, Growth::Static { capacity }) if deferred => Growth::Static {
+                capacity: capacity.saturating_sub(recent_tokens),
+            },
+            (None, growth) => growth,
         };
-        let fp_store = |capacity: usize| {
+        let store_of = |codec: &TokenCodec, capacity: usize| {
             TokenStore::new(
-                fp_codec.record_words(),
-                fp_codec.scales_per_token(),
+                codec.record_words(),
+                codec.scales_per_token(),
                 Growth::Static { capacity },
             )
         };
@@ -385,11 +421,18 @@ impl Stream {
         Ok(Self {
             layout,
             body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth)?,
-            sinks: fp_store(sink_tokens)?,
-            recent: fp_store(recent_slots)?,
+            sinks: store_of(&fp_codec, sink_tokens)?,
+            recent: store_of(&recent_codec, recent_slots)?,
             centered,
+            evicted: if deferred {
+                vec![0.0; head_dim]
+            } else {
+                Vec::new()
+            },
             codec,
             fp_codec,
+            recent_codec,
+            deferred,
             sink_tokens,
             recent_tokens,
             recent_slots,
@@ -421,9 +464,31 @@ impl Stream {
         &self.codec
     }
 
-    /// The full-precision codec of sink and recent copies.
+    /// The full-precision codec of the sink copies (and of the recent copies unless the layout
+    /// gives those their own: [`recent_codec`](Self::recent_codec)).
     pub fn fp_codec(&self) -> &TokenCodec {
         &self.fp_codec
+    }
+
+    /// The codec of the recent window's copies.
+    pub fn recent_codec(&self) -> &TokenCodec {
+        &self.recent_codec
+    }
+
+    /// Whether the window's tokens have no codes until they leave it (an 8-bit window: see the
+    /// module docs); the body then holds [`body_tokens`](Self::body_tokens) records.
+    pub fn defers_codes(&self) -> bool {
+        self.deferred
+    }
+
+    /// Records the body holds when `len` tokens were appended (growing streams): `len`, or
+    /// `len − recent_tokens` when the window's tokens wait for their codes.
+    pub fn body_tokens(&self, len: usize) -> usize {
+        if self.deferred {
+            len.saturating_sub(self.recent_tokens)
+        } else {
+            len
+        }
     }
 
     /// The compressed records.
@@ -446,11 +511,13 @@ impl Stream {
                 .map_or(0, |fit| fit.allocated_bytes())
     }
 
-    /// Bytes stored once rather than per token, by formula: the full-precision sink and recent
-    /// copies (allocated at creation) and, once chosen, the mean of a centered stream
-    /// (`4·head_dim`) and a fitted basis ([`FittedBasis::bytes`](crate::basis::FittedBasis::bytes)).
+    /// Bytes stored once rather than per token, by formula: the sink and recent copies
+    /// (allocated at creation, each in its codec) and, once chosen, the mean of a centered
+    /// stream (`4·head_dim`) and a fitted basis
+    /// ([`FittedBasis::bytes`](crate::basis::FittedBasis::bytes)).
     pub fn fixed_bytes(&self) -> usize {
-        (self.sink_tokens + self.recent_slots) * self.fp_codec.bytes_per_token()
+        self.sink_tokens * self.fp_codec.bytes_per_token()
+            + self.recent_slots * self.recent_codec.bytes_per_token()
             + self.layout.center.mean_bytes(self.layout.head_dim())
                 * usize::from(self.layout.mean.is_some())
             + self
@@ -485,23 +552,34 @@ impl Stream {
 
     /// Appends one token. A centered stream stores `x − μ` (body, sink and recent copies).
     pub fn push(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
-        let t = self.len;
-        let x = match &self.layout.mean {
+        // Taken out for the push (and put back) so the stored vector can borrow it while the
+        // stores are written.
+        let mut centered = std::mem::take(&mut self.centered);
+        let stored = match &self.layout.mean {
             Some(mean) => {
                 if x.len() != mean.len() {
+                    self.centered = centered;
                     return Err(CacheError::Codec(CodecError::LengthMismatch {
                         what: "input vector",
                         expected: mean.len(),
                         actual: x.len(),
                     }));
                 }
-                for ((c, &v), &m) in self.centered.iter_mut().zip(x).zip(mean) {
+                for ((c, &v), &m) in centered.iter_mut().zip(x).zip(mean) {
                     *c = v - m;
                 }
-                &self.centered[..]
+                &centered[..]
             }
             None => x,
         };
+        let result = self.push_stored(stored, scratch);
+        self.centered = centered;
+        result
+    }
+
+    /// [`push`](Self::push) of a vector already in the stored domain.
+    fn push_stored(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
+        let t = self.len;
         match self.ring_slots {
             Some(slots) => {
                 let (record, scales) = if t % slots < self.body.len() {
@@ -512,6 +590,29 @@ impl Stream {
                 self.codec.encode_into(x, scratch, record, scales)?;
                 self.oldest_body = self.oldest_body.max((t + 1).saturating_sub(slots));
             }
+            None if self.deferred => {
+                // Token t − W leaves the window: its codes are written now, from its copy,
+                // before token t's copy may take its slot.
+                if let Some(old) = t.checked_sub(self.recent_tokens) {
+                    let (record, scales) = self.recent.record(old % self.recent_slots).ok_or(
+                        CacheError::ShapeMismatch {
+                            what: "window copy of the token leaving the window",
+                            expected: old,
+                            actual: self.recent.len(),
+                        },
+                    )?;
+                    self.recent_codec
+                        .decode_into(record, scales, scratch, &mut self.evicted)?;
+                    let (record, scales) = self.body.push()?;
+                    if let Err(e) = self
+                        .codec
+                        .encode_into(&self.evicted, scratch, record, scales)
+                    {
+                        self.body.truncate(old);
+                        return Err(e.into());
+                    }
+                }
+            }
             None => {
                 let (record, scales) = self.body.push()?;
                 if let Err(e) = self.codec.encode_into(x, scratch, record, scales) {
@@ -520,6 +621,25 @@ impl Stream {
                 }
             }
         }
+        if let Err(e) = self.push_copies(t, x, scratch) {
+            // Leave the stream as it was: no codes (or copies) for a token that did not go in.
+            if self.ring_slots.is_none() {
+                self.body.truncate(self.body_tokens(t));
+            }
+            self.sinks.truncate(t.min(self.sink_tokens));
+            return Err(e);
+        }
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Writes token `t`'s sink and recent copies.
+    fn push_copies(
+        &mut self,
+        t: usize,
+        x: &[f32],
+        scratch: &mut CodecScratch,
+    ) -> Result<(), CacheError> {
         if t < self.sink_tokens {
             let (record, scales) = self.sinks.push()?;
             self.fp_codec.encode_into(x, scratch, record, scales)?;
@@ -532,7 +652,7 @@ impl Stream {
             } else {
                 self.recent.push()?
             };
-            self.fp_codec.encode_into(x, scratch, record, scales)?;
+            self.recent_codec.encode_into(x, scratch, record, scales)?;
             self.oldest_recent = self
                 .oldest_recent
                 .max((t + 1).saturating_sub(self.recent_slots));
@@ -540,7 +660,6 @@ impl Stream {
                 self.step.push(record, scales);
             }
         }
-        self.len += 1;
         Ok(())
     }
 
@@ -586,19 +705,24 @@ impl Stream {
             .min(recent)
     }
 
-    /// The full-precision copy of token `t`, in the stored domain: a sink, a recent copy or a
-    /// copy of the current step; `None` when the stream holds none.
-    pub fn full_precision(&self, t: usize) -> Option<(&[u32], &[f16])> {
+    /// The full-precision copy of token `t` and its codec, in the stored domain: a sink (in
+    /// [`fp_codec`](Self::fp_codec)), a recent copy or a copy of the current step (in
+    /// [`recent_codec`](Self::recent_codec)); `None` when the stream holds none.
+    pub fn full_precision(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
         if t >= self.len {
             return None;
         }
+        let with = |codec, (record, scales)| (codec, record, scales);
         if t < self.sink_end() {
-            return self.sinks.record(t);
+            return self.sinks.record(t).map(|r| with(&self.fp_codec, r));
         }
         if self.recent_slots > 0 && t >= self.recent_start() && t >= self.oldest_recent {
-            return self.recent.record(t % self.recent_slots);
+            return self
+                .recent
+                .record(t % self.recent_slots)
+                .map(|r| with(&self.recent_codec, r));
         }
-        self.step.record(t)
+        self.step.record(t).map(|r| with(&self.recent_codec, r))
     }
 
     /// The slot of token `t`'s compressed record in [`body`](Self::body).
@@ -614,8 +738,7 @@ impl Stream {
             return None;
         }
         if t < self.sink_end() || t >= window_start {
-            let (record, scales) = self.full_precision(t)?;
-            return Some((&self.fp_codec, record, scales));
+            return self.full_precision(t);
         }
         let (record, scales) = self.body.record(self.body_slot(t))?;
         Some((&self.codec, record, scales))
@@ -800,8 +923,9 @@ impl Stream {
         // The step's copies belong to the batch as it was written.
         self.step.clear(new_len);
         // A ring that has wrapped stays full: its slots past `new_len` are stale but unread.
-        if self.body.len() > new_len && self.oldest_body == 0 {
-            self.body.truncate(new_len);
+        let body_len = self.body_tokens(new_len);
+        if self.body.len() > body_len && self.oldest_body == 0 {
+            self.body.truncate(body_len);
         }
         self.oldest_body = self.oldest_body.min(new_len);
         self.oldest_recent = self.oldest_recent.min(new_len);
@@ -847,7 +971,7 @@ impl Stream {
         let stored = self.body.len();
         let consistent = match self.ring_slots {
             Some(slots) => stored == self.len.min(slots) || stored == slots,
-            None => stored == self.len,
+            None => stored == self.body_tokens(self.len),
         } && self.oldest_body <= self.len
             && self.oldest_recent <= self.len
             && self.sinks.len() == self.len.min(self.sink_tokens)

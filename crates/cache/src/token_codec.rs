@@ -9,13 +9,19 @@
 //! | `mse` / `debiased-mse` (b bits) | `words_for(d, b)` packed codes | 1: the norm |
 //! | `prod` (b bits) | `words_for(d, b−1)` codes, then `ceil(d/32)` sign words | 2: norm, `γ` |
 //! | `mse` (b bits) over a [basis](crate::basis) | `words_for(d, b)`: each group's codes from a word boundary | 1: the norm |
+//! | `q8` (window copies only) | `ceil(d/4)`: the rotated vector as signed bytes, index `j` in byte `j % 4` | 1: the step `s` |
 //!
 //! so the bytes a token costs are `4·record_words + 2·scales`, exactly.
+//!
+//! `q8` is the storage of a recent window's copies when the allocation asks for 8 bits
+//! (`recent_dtype = "q8"`): absmax int8 of the Hadamard-rotated vector ([`Q8Window`]).
 
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{CodecError, CodecScratch, DebiasedMse, MseSpec, ProdSpec, TqMse, TqProd};
+use crate::codec::{
+    CodecError, CodecScratch, DebiasedMse, MseSpec, ProdSpec, Q8Window, TqMse, TqProd,
+};
 use crate::two_tier::{TwoTierCodec, TwoTierScratch};
 
 /// How one stream (the keys or the values of one KV head of one layer) is stored.
@@ -38,13 +44,19 @@ pub enum CodecSpec {
     Prod(ProdSpec),
     /// TQ_mse(b) codes scored through the debiased estimator.
     DebiasedMse(MseSpec),
+    /// Absmax int8 with one f16 step per token: the 8-bit storage of recent-window copies
+    /// (not a body codec; see the module docs).
+    Q8 {
+        /// Vector dimension.
+        dim: usize,
+    },
 }
 
 impl CodecSpec {
     /// The vector dimension the spec encodes.
     pub fn dim(&self) -> usize {
         match self {
-            CodecSpec::F32 { dim } | CodecSpec::F16 { dim } => *dim,
+            CodecSpec::F32 { dim } | CodecSpec::F16 { dim } | CodecSpec::Q8 { dim } => *dim,
             CodecSpec::Mse(s) | CodecSpec::DebiasedMse(s) => s.dim,
             CodecSpec::Prod(s) => s.dim,
         }
@@ -75,6 +87,8 @@ pub enum TokenCodec {
     /// TQ_mse over a fitted data-aware basis (boxed: it holds the basis and a codec per
     /// group; see [`basis`](crate::basis)).
     Basis(Box<crate::basis::BasisCodec>),
+    /// Absmax int8 of the rotated vector (window copies; see [`Q8Window`]).
+    Q8(Box<Q8Window>),
 }
 
 impl TokenCodec {
@@ -92,6 +106,7 @@ impl TokenCodec {
             CodecSpec::Mse(s) => TokenCodec::Mse(TqMse::new(s)?),
             CodecSpec::Prod(s) => TokenCodec::Prod(Box::new(TqProd::new(s)?)),
             CodecSpec::DebiasedMse(s) => TokenCodec::DebiasedMse(DebiasedMse::new(s)?),
+            CodecSpec::Q8 { dim } => TokenCodec::Q8(Box::new(Q8Window::new(dim)?)),
         })
     }
 
@@ -101,6 +116,7 @@ impl TokenCodec {
         Some(match self {
             TokenCodec::F32 { dim } => CodecSpec::F32 { dim: *dim },
             TokenCodec::F16 { dim } => CodecSpec::F16 { dim: *dim },
+            TokenCodec::Q8(c) => CodecSpec::Q8 { dim: c.dim() },
             TokenCodec::Mse(c) => CodecSpec::Mse(c.spec()),
             TokenCodec::Prod(c) => CodecSpec::Prod(c.spec()),
             TokenCodec::DebiasedMse(c) => CodecSpec::DebiasedMse(c.codec().spec()),
@@ -112,6 +128,7 @@ impl TokenCodec {
     pub fn dim(&self) -> usize {
         match self {
             TokenCodec::F32 { dim } | TokenCodec::F16 { dim } => *dim,
+            TokenCodec::Q8(c) => c.dim(),
             TokenCodec::Mse(c) => c.dim(),
             TokenCodec::DebiasedMse(c) => c.codec().dim(),
             TokenCodec::Prod(c) => c.spec().dim,
@@ -125,6 +142,7 @@ impl TokenCodec {
         match self {
             TokenCodec::F32 { dim } => *dim,
             TokenCodec::F16 { dim } => dim.div_ceil(2),
+            TokenCodec::Q8(c) => c.record_words(),
             TokenCodec::Mse(c) => c.words_per_vector(),
             TokenCodec::DebiasedMse(c) => c.codec().words_per_vector(),
             TokenCodec::Prod(c) => c.mse().words_per_vector() + c.sign_words_per_vector(),
@@ -137,7 +155,10 @@ impl TokenCodec {
     pub fn scales_per_token(&self) -> usize {
         match self {
             TokenCodec::F32 { .. } | TokenCodec::F16 { .. } => 0,
-            TokenCodec::Mse(_) | TokenCodec::DebiasedMse(_) | TokenCodec::Basis(_) => 1,
+            TokenCodec::Mse(_)
+            | TokenCodec::DebiasedMse(_)
+            | TokenCodec::Basis(_)
+            | TokenCodec::Q8(_) => 1,
             TokenCodec::Prod(_) => 2,
             TokenCodec::TwoTier(c) => c.scales_per_token(),
         }
@@ -179,6 +200,11 @@ impl TokenCodec {
                     let hi = pair.get(1).map_or(0, |v| f16::from_f32(*v).to_bits());
                     *w = u32::from(lo) | (u32::from(hi) << 16);
                 }
+            }
+            TokenCodec::Q8(c) => {
+                check_finite(x, c.dim())?;
+                scratch.rotated.resize(c.dim(), 0.0);
+                scales[0] = c.encode_into(x, &mut scratch.rotated, record)?;
             }
             TokenCodec::Mse(c) => scales[0] = c.encode_into(x, scratch, record)?,
             TokenCodec::DebiasedMse(c) => scales[0] = c.codec().encode_into(x, scratch, record)?,
@@ -228,6 +254,10 @@ impl TokenCodec {
                     let half = if i % 2 == 0 { w & 0xFFFF } else { w >> 16 };
                     *o = f16::from_bits(half as u16).to_f32();
                 }
+            }
+            TokenCodec::Q8(c) => {
+                scratch.rotated.resize(c.dim(), 0.0);
+                c.decode_into(record, scales[0], &mut scratch.rotated, out);
             }
             TokenCodec::Mse(c) => c.decode_into(record, scales[0], scratch, out)?,
             TokenCodec::DebiasedMse(c) => c.codec().decode_into(record, scales[0], scratch, out)?,

@@ -4,6 +4,7 @@ mod common;
 
 use common::{CODECS, codec, sliding, vectors};
 use std::io::Write;
+use tq_cache::CodecSpec;
 use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_cache::kv_cache::{KvKind, KvLayout, uniform_streams};
 
@@ -55,6 +56,11 @@ fn specs() -> Vec<StateSpec> {
 /// Sinks and recent windows on the growing layer, a window of its own per stream and head
 /// (keys 7 and 6 tokens, values 5 and 4), as an allocation's per-stream `recent_fp_tokens` gives.
 fn build(key: usize, value: usize) -> ModelCache {
+    build_with(key, value, None)
+}
+
+/// [`build`] with the windows' copies in `window` (`None`: f16).
+fn build_with(key: usize, value: usize, window: Option<CodecSpec>) -> ModelCache {
     ModelCache::new(specs(), |layer, layout| {
         let streams = |c, recent: usize| {
             uniform_streams(layout, c)
@@ -63,6 +69,7 @@ fn build(key: usize, value: usize) -> ModelCache {
                 .map(|(head, mut s)| {
                     s.sink_tokens = 3;
                     s.recent_tokens = recent - head;
+                    s.recent = window;
                     s
                 })
                 .collect::<Vec<_>>()
@@ -108,6 +115,28 @@ fn run(cache: &mut ModelCache, from: usize, to: usize) -> Vec<f32> {
         cache.fixed_mut("rec").unwrap()[t % 15] += 1.0;
     }
     outs
+}
+
+/// An 8-bit window — its tokens' codes written only as they leave it, so each body is a window
+/// shorter than its stream — reloads bit-identical and continues identically.
+#[test]
+fn eight_bit_windows_reload_bit_identical() {
+    for kind in [2, 5] {
+        let mut cache = build_with(kind, 3, Some(CodecSpec::Q8 { dim: 64 }));
+        run(&mut cache, 0, 40);
+        let kv = cache.kv(0).unwrap();
+        assert!(kv.keys(0).defers_codes());
+        assert_eq!(kv.keys(0).body().len(), 40 - 7);
+        let bytes = to_bytes(&cache).unwrap();
+        let mut reloaded = from_bytes(&bytes).unwrap();
+        assert_eq!(to_bytes(&reloaded).unwrap(), bytes, "codec {kind}");
+        assert_eq!(reloaded.memory(), cache.memory());
+        assert_eq!(
+            run(&mut reloaded, 40, 50),
+            run(&mut cache, 40, 50),
+            "codec {kind}"
+        );
+    }
 }
 
 #[test]

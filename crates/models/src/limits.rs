@@ -107,9 +107,13 @@ pub fn cache_bytes_for_layers(
             shape.num_layers
         )));
     }
-    let fp = TokenCodec::new(&allocation.fp_codec(shape.head_dim))
-        .map(|c| c.bytes_per_token() as u64)
-        .unwrap_or(2 * shape.head_dim as u64);
+    let bytes_of = |spec| {
+        TokenCodec::new(&spec)
+            .map(|c| c.bytes_per_token() as u64)
+            .unwrap_or(2 * shape.head_dim as u64)
+    };
+    let fp = bytes_of(allocation.fp_codec(shape.head_dim));
+    let recent = bytes_of(allocation.recent_codec(shape.head_dim));
     let mut bytes = 0u64;
     for (layer, ring) in rings.iter().enumerate() {
         // A ring keeps no full-precision sink or recent copies: its window is what attention
@@ -130,14 +134,21 @@ pub fn cache_bytes_for_layers(
                 )?;
                 // Allocated with the stream, whatever the context: a window longer than the
                 // tokens held still costs all of its slots (as `Stream::fixed_bytes` counts).
-                let copies = if ring.is_some() {
-                    0
+                let (sinks, window) = if ring.is_some() {
+                    (0, 0)
                 } else {
-                    (allocation.sink_tokens + r.recent_fp_tokens) as u64
+                    (allocation.sink_tokens, r.recent_fp_tokens)
                 };
-                bytes += held as u64 * r.plan.bytes_per_token() as u64
+                // An 8-bit window's tokens have no codes until they leave it.
+                let coded = if allocation.window_defers_codes() {
+                    held.saturating_sub(window)
+                } else {
+                    held
+                };
+                bytes += coded as u64 * r.plan.bytes_per_token() as u64
                     + r.metadata_bytes_per_head() as u64
-                    + copies * fp;
+                    + sinks as u64 * fp
+                    + window as u64 * recent;
             }
         }
         bytes += 4 * held as u64;

@@ -144,7 +144,7 @@ fn the_formula_counts_sliding_layers_at_their_ring() {
     )
     .unwrap();
     let presets = Allocation::preset_names().map(|n| Allocation::preset(n).unwrap());
-    for allocation in presets.chain([global_only, own_windows]) {
+    for allocation in presets.chain([global_only, own_windows, eight_bit_window()]) {
         let cache = mixed_cache(&allocation);
         let built: usize = cache.memory().iter().map(|m| m.formula_bytes).sum();
         let channel_lists: usize = allocation
@@ -166,6 +166,26 @@ fn the_formula_counts_sliding_layers_at_their_ring() {
     assert!(cache_bytes_for_layers(&f16, &shape, &[None], TOKENS).is_err());
 }
 
+/// Windows of their own per stream, in 8 bits: the global layers' windows hold the only copy
+/// of their tokens (no codes), the sliding layer ignores them.
+fn eight_bit_window() -> Allocation {
+    Allocation::from_toml_str(
+        r#"
+        name = "q8-window"
+        sink_tokens = 2
+        recent_fp_tokens = 6
+        recent_dtype = "q8"
+        key = { codec = "mse", bits = 4, recent_fp_tokens = 9, center = "first-chunk" }
+        value = { codec = "mse", bits = 3 }
+        [[override]]
+        layers = [2]
+        heads = [1]
+        value = { recent_fp_tokens = 13 }
+        "#,
+    )
+    .unwrap()
+}
+
 /// `tq perplexity`'s all-in bits count a sliding layer at its ring and resolve its streams as
 /// a sliding layer's, as the budget formula does: for every preset, the bits times the values
 /// the layers hold are the formula's bytes less the position table (which the bits leave
@@ -180,17 +200,30 @@ fn all_in_bits_count_sliding_layers_at_their_ring() {
     let rings = [None, Some(RING), None];
     let held = 2 * TOKENS + RING;
     let values = (2 * 2 * D * held) as f64;
-    for name in Allocation::preset_names() {
-        let allocation = Allocation::preset(name).unwrap();
+    let presets = Allocation::preset_names().map(|n| Allocation::preset(n).unwrap());
+    for allocation in presets.chain([eight_bit_window()]) {
         let cache = mixed_cache(&allocation);
         let bits = all_in_bits_per_value(&allocation, &shape, &rings, &cache, TOKENS).unwrap();
         let formula = cache_bytes_for_layers(&allocation, &shape, &rings, TOKENS).unwrap();
         assert_eq!(
             (bits * values / 8.0).round() as u64,
             formula - 4 * held as u64,
-            "{name}"
+            "{}",
+            allocation.name
         );
     }
+    // The 8-bit window's bits, by hand: keys 4-bit codes + f16 norm (34 bytes), values 3-bit
+    // (24 + 2), for the tokens outside each global stream's window; 8-bit copies (64 + 2 bytes)
+    // of the window; f16 sinks; the keys' means; the sliding layer's RING tokens of codes.
+    let q8 = eight_bit_window();
+    let cache = mixed_cache(&q8);
+    let bits = all_in_bits_per_value(&q8, &shape, &rings, &cache, TOKENS).unwrap();
+    let global_streams =
+        |window: usize, record: usize| (TOKENS - window) * record + window * 66 + 2 * 128;
+    let by_hand = 4 * global_streams(9, 34) + 4 * 4 * D // keys of layers 0, 2 (2 heads), means
+        + 3 * global_streams(6, 26) + global_streams(13, 26) // values
+        + 2 * RING * (34 + 26) + 2 * 4 * D; // the sliding layer (its keys centered too)
+    assert_eq!((bits * values / 8.0).round() as usize, by_hand);
     let f16 = Allocation::preset("f16").unwrap();
     let cache = mixed_cache(&f16);
     let bits = all_in_bits_per_value(&f16, &shape, &rings, &cache, TOKENS).unwrap();
@@ -218,4 +251,49 @@ fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
     // A compressed allocation fits where f16 does not.
     let small = Allocation::preset("rec4.25").unwrap();
     assert!(check_cache_budget(&small, &shape, 8192, needed / 3).is_ok());
+}
+
+/// The 8-bit-window lever files stay within the bits their names promise at ctx 2048 on
+/// SmolLM2's shape (30 layers, 3 KV heads, d = 64), counted by the budget formula (codes of the
+/// tokens outside each window, 8-bit window copies, f16 sinks, means; the position tables left
+/// out as the all-in bits leave them out) plus a bound on the plane fits (data, at most 64 f32
+/// per key stream), and hold a longer window than their f16-window base files.
+#[test]
+fn eight_bit_window_levers_stay_within_their_budget() {
+    let shape = ModelShape {
+        num_layers: 30,
+        num_kv_heads: 3,
+        head_dim: D,
+    };
+    let presets = concat!(env!("CARGO_MANIFEST_DIR"), "/../cache/presets");
+    let load = |path: String| Allocation::load(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    for (lever, base, budget) in [
+        ("rec4.25-q8", "rec4.25.toml", 4.25),
+        ("rec4.25-layers-q8", "levers/rec4.25-layers.toml", 4.25),
+        ("rec3.25-q8", "rec3.25.toml", 3.25),
+        ("rec3.25-layers-q8", "levers/rec3.25-layers.toml", 3.25),
+        ("rec2.5-q8", "rec2.5.toml", 2.5),
+    ] {
+        let a = load(format!("{presets}/levers/{lever}.toml"));
+        let b = load(format!("{presets}/{base}"));
+        assert!(a.window_defers_codes(), "{lever}");
+        assert!(a.recent_fp_tokens > 2 * b.recent_fp_tokens, "{lever}");
+        let tokens = 2048;
+        let values = (2 * shape.num_layers * shape.num_kv_heads * D * tokens) as f64;
+        let positions = (4 * tokens * shape.num_layers) as u64;
+        let bytes = cache_bytes_for(&a, &shape, tokens).unwrap() - positions;
+        let fits = (shape.num_layers * shape.num_kv_heads * 4 * D) as f64;
+        let bits = 8.0 * (bytes as f64 + fits) / values;
+        assert!(bits <= budget, "{lever}: {bits} bits");
+        // The window is as long as the budget allows: 8 more tokens would not fit.
+        let longer = Allocation {
+            recent_fp_tokens: a.recent_fp_tokens + 8,
+            ..a.clone()
+        };
+        let more = cache_bytes_for(&longer, &shape, tokens).unwrap() - positions;
+        assert!(
+            8.0 * more as f64 / values > budget - 0.02,
+            "{lever}: room left"
+        );
+    }
 }

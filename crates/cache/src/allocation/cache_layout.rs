@@ -44,6 +44,8 @@ impl Allocation {
                     basis_fit: None,
                     rope_pairs: layout.rope_pairs,
                     fp: self.fp_codec(layout.head_dim),
+                    recent: Some(self.recent_codec(layout.head_dim))
+                        .filter(|r| *r != self.fp_codec(layout.head_dim)),
                     sink_tokens: self.sink_tokens,
                     recent_tokens: resolved.recent_fp_tokens,
                     max_rewind: layout.max_rewind,

@@ -17,6 +17,8 @@
 //!                                  # table's own recent_fp_tokens replaces it there)
 //! sink_tokens = 0                  # first tokens kept unquantized (default 0)
 //! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
+//! recent_dtype = "q8"              # f16 | f32 | q8: the window's copies (default fp_dtype);
+//!                                  # q8: 8 bits, codes written as tokens leave the window
 //!
 //! # Base settings, every layer and head. `codec` is required.
 //! key   = { codec = "prod", bits = 5, qjl = "haar", shrinkage = 0.7, center = "first-chunk" }
@@ -140,6 +142,6 @@ pub use error::{AllocationError, FieldProblem};
 pub use plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
 pub use schema::{
     Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerKind, LayerOverride,
-    OutlierRule, StreamSettings,
+    OutlierRule, RecentDtype, StreamSettings,
 };
 pub use seed::{SeedRole, Tier, derive_seed, splitmix64};

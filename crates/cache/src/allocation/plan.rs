@@ -193,6 +193,7 @@ pub(crate) fn spec_bytes_per_token(spec: &CodecSpec) -> usize {
     let (words, scales) = match spec {
         CodecSpec::F32 { dim } => (*dim, 0),
         CodecSpec::F16 { dim } => (dim.div_ceil(2), 0),
+        CodecSpec::Q8 { dim } => (dim.div_ceil(4), 1),
         CodecSpec::Mse(s) | CodecSpec::DebiasedMse(s) => (words_for(s.dim, s.bits), 1),
         CodecSpec::Prod(s) => (
             words_for(s.dim, s.bits.saturating_sub(1)) + s.dim.div_ceil(32),

@@ -5,7 +5,9 @@ use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::merge::{Merged, Resolved, Section};
 use crate::allocation::plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
-use crate::allocation::schema::{Allocation, FpDtype, LayerKind, OutlierRule, StreamSettings};
+use crate::allocation::schema::{
+    Allocation, FpDtype, LayerKind, OutlierRule, RecentDtype, StreamSettings,
+};
 use crate::allocation::seed::{SeedRole, Tier, derive_seed};
 use crate::basis::BasisPolicy;
 
@@ -347,6 +349,39 @@ impl Allocation {
             FpDtype::F16 => CodecSpec::F16 { dim: head_dim },
             FpDtype::F32 => CodecSpec::F32 { dim: head_dim },
         }
+    }
+
+    /// The codec of the recent window's copies: `recent_dtype`, or the sinks' codec
+    /// ([`fp_codec`](Self::fp_codec)) when the file gives none.
+    ///
+    /// ```
+    /// use tq_cache::allocation::Allocation;
+    /// use tq_cache::CodecSpec;
+    /// let a = Allocation::from_toml_str(r#"
+    ///     name = "w"
+    ///     recent_fp_tokens = 200
+    ///     recent_dtype = "q8"
+    ///     key = { codec = "mse", bits = 4 }
+    ///     value = { codec = "mse", bits = 3 }
+    /// "#)?;
+    /// assert_eq!(a.recent_codec(64), CodecSpec::Q8 { dim: 64 });
+    /// assert!(a.window_defers_codes());
+    /// # Ok::<(), tq_cache::allocation::AllocationError>(())
+    /// ```
+    pub fn recent_codec(&self, head_dim: usize) -> CodecSpec {
+        match self.recent_dtype {
+            None => self.fp_codec(head_dim),
+            Some(RecentDtype::F16) => CodecSpec::F16 { dim: head_dim },
+            Some(RecentDtype::F32) => CodecSpec::F32 { dim: head_dim },
+            Some(RecentDtype::Q8) => CodecSpec::Q8 { dim: head_dim },
+        }
+    }
+
+    /// Whether a windowed stream's tokens have no codes until they leave the window (an 8-bit
+    /// window: see [`stream`](crate::stream)), so a stream holding `n` tokens stores
+    /// `n − window` codes.
+    pub fn window_defers_codes(&self) -> bool {
+        self.recent_dtype == Some(RecentDtype::Q8)
     }
 
     pub(crate) fn key_or_value(&self, stream: StreamKind) -> StreamSettings {

@@ -66,6 +66,12 @@ pub struct Allocation {
     /// The storage of the unquantized sink and recent tokens (default f16).
     #[serde(default)]
     pub fp_dtype: FpDtype,
+    /// The storage of the recent window's copies, when not `fp_dtype` (default: `fp_dtype`).
+    /// `q8` stores them in 8 bits, and a token's codes are then written only when it leaves
+    /// the window (see [`stream`](crate::stream)): the window's tokens cost their 8-bit copy
+    /// instead of their codes plus an f16 copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_dtype: Option<RecentDtype>,
     /// Base settings of every key stream (`codec` required).
     pub key: StreamSettings,
     /// Base settings of every value stream (`codec` required).
@@ -122,6 +128,19 @@ pub enum FpDtype {
     F16,
     /// f32.
     F32,
+}
+
+/// The storage format of the recent window's copies (`recent_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecentDtype {
+    /// IEEE half precision.
+    F16,
+    /// f32.
+    F32,
+    /// Absmax int8 with an f16 step per token ([`CodecSpec::Q8`](crate::CodecSpec::Q8)):
+    /// `8 + 16/d` bits per value, and no codes while a token is in the window.
+    Q8,
 }
 
 /// Which codec a stream uses; the TOML spelling is in parentheses.

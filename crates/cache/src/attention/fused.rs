@@ -27,6 +27,7 @@ use tq_rotation::Rotation;
 
 use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
+use crate::codec::Q8Window;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::stream::Stream;
@@ -165,6 +166,11 @@ fn body_of(codec: &TokenCodec) -> Result<Body<'_>, CacheError> {
         TokenCodec::TwoTier(_) | TokenCodec::Basis(_) => {
             return Err(CacheError::InvalidConfig(
                 "a two-tier or basis codec cannot be a part of another".into(),
+            ));
+        }
+        TokenCodec::Q8(_) => {
+            return Err(CacheError::InvalidConfig(
+                "q8 stores window copies, not a stream's body".into(),
             ));
         }
     })
@@ -323,8 +329,28 @@ struct PreparedGroup {
     plain: Vec<f32>,
     /// `U·(scale·q)` for a basis stream (`[group, r]`), what its parts gather from.
     projected: Vec<f32>,
+    /// `Π_w·(scale·q)` for a stream with an 8-bit window (`[group, d]`, empty otherwise): the
+    /// query in the coordinates of the window's codes ([`Q8Window::rotate`]).
+    window: Vec<f32>,
     /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
+}
+
+/// [`PreparedGroup::window`]: the scaled query rows in the coordinates of the keys' 8-bit
+/// window codes (emptied when the keys' window is not 8-bit).
+fn prepare_window(keys: &Stream, d: usize, out: &mut PreparedGroup) -> Result<(), CacheError> {
+    out.window.clear();
+    if let TokenCodec::Q8(codec) = keys.recent_codec() {
+        out.window.resize(out.plain.len(), 0.0);
+        for (rotated, q) in out
+            .window
+            .chunks_exact_mut(d)
+            .zip(out.plain.chunks_exact(d))
+        {
+            codec.rotate(q, rotated)?;
+        }
+    }
+    Ok(())
 }
 
 /// Buffers of [`combine`] for one item.
@@ -467,6 +493,28 @@ struct BlockScratch {
     code_weights: Vec<f32>,
     sign_weights: Vec<f32>,
     scales: Scales,
+    /// `[group, d]`: the weighted 8-bit window copies of a block, in their rotated
+    /// coordinates (empty when the block has none; see [`walk`]).
+    window_values: Vec<f32>,
+    /// One head's row of `window_values` turned back.
+    window_back: Vec<f32>,
+    /// An 8-bit copy as f32 bit patterns, `s·c_j` (exact in f32).
+    window_words: Vec<u32>,
+}
+
+/// The 8-bit copy `codes` (step `step`) as a one-record f32 plain run in the window codec's
+/// rotated coordinates, written into `words`.
+fn q8_as_f32<'w>(codes: &[u32], step: f16, d: usize, words: &'w mut Vec<u32>) -> PlainRun<'w> {
+    let step = step.to_f32();
+    words.clear();
+    words.extend((0..d).map(|j| (f32::from(Q8Window::code(codes, j)) * step).to_bits()));
+    PlainRun {
+        words,
+        record_words: d,
+        offset: 0,
+        kind: PlainKind::F32,
+        dim: d,
+    }
 }
 
 thread_local! {
@@ -498,22 +546,38 @@ struct Workspace {
 /// Idle workspaces (one per concurrent caller at most).
 static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec::new());
 
-/// Calls `visit(first_token, words, scales, tokens, is_body)` for consecutive runs of records
-/// covering `range`: body records in contiguous runs, full-precision copies (sinks, and the
-/// query's window from `window_start` on: [`Stream::window_start`]) one at a time.
-fn walk(
-    stream: &Stream,
+/// What [`walk`] hands over: a run of body records, or one copy (plain, or 8-bit).
+#[derive(Clone, Copy)]
+enum Record {
+    Body,
+    Plain(PlainKind),
+    /// An 8-bit window copy (words: its codes; scales: its step). The codes live in the
+    /// window codec's rotated coordinates, so the copy is scored against the rotated query
+    /// ([`PreparedGroup::window`]) and weighted into a rotated accumulator turned back once per
+    /// block — never decoded per token.
+    Q8,
+}
+
+/// Calls `visit(first_token, words, scales, tokens, record)` for consecutive runs of records
+/// covering `range`: body records in contiguous runs, copies (sinks, and the query's window
+/// from `window_start` on: [`Stream::window_start`]) one at a time.
+fn walk<'a>(
+    stream: &'a Stream,
     range: std::ops::Range<usize>,
     window_start: usize,
-    mut visit: impl FnMut(usize, &[u32], &[f16], usize, bool),
+    mut visit: impl FnMut(usize, &'a [u32], &'a [f16], usize, Record),
 ) {
     let body = stream.body();
     let sink_end = stream.sink_end();
     let mut t = range.start;
     while t < range.end {
         if t < sink_end || t >= window_start {
-            if let Some((record, s)) = stream.full_precision(t) {
-                visit(t, record, s, 1, false);
+            match stream.full_precision(t) {
+                Some((TokenCodec::Q8(_), record, s)) => visit(t, record, s, 1, Record::Q8),
+                Some((codec, record, s)) => {
+                    visit(t, record, s, 1, Record::Plain(plain_kind(codec)))
+                }
+                None => {}
             }
             t += 1;
         } else {
@@ -521,7 +585,7 @@ fn walk(
             let Some((w, s, n)) = body.run(stream.body_slot(t), limit) else {
                 return;
             };
-            visit(t, w, s, n, true);
+            visit(t, w, s, n, Record::Body);
             t += n;
         }
     }
@@ -639,6 +703,9 @@ fn run_block_with(
         code_weights,
         sign_weights,
         scales,
+        window_values,
+        window_back,
+        window_words,
     } = scratch;
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
     let scores = zeroed(scores, group * len);
@@ -646,15 +713,22 @@ fn run_block_with(
         plan.keys,
         range.clone(),
         key_window,
-        |t, words, halves, n, is_body| {
+        |t, words, halves, n, record| {
             let out = &mut scores[t - start..];
             let record_words = words.len() / n;
-            if !is_body {
+            if let Record::Q8 = record {
+                // (Πq)·(s·c) per head: the copy as f32 in its rotated coordinates, through
+                // the plain kernel.
+                let run = q8_as_f32(words, halves[0], d, window_words);
+                simd::score_plain(isa, &run, &prepared.window, out, len);
+                return;
+            }
+            if let Record::Plain(kind) = record {
                 let run = PlainRun {
                     words,
                     record_words,
                     offset: 0,
-                    kind: plain_kind(plan.keys.fp_codec()),
+                    kind,
                     dim: d,
                 };
                 simd::score_plain(isa, &run, &prepared.plain, out, len);
@@ -732,20 +806,26 @@ fn run_block_with(
     }
     code_weights.clear();
     sign_weights.clear();
+    window_values.clear();
     walk(
         plan.values,
         range,
         value_window,
-        |t, words, halves, n, is_body| {
+        |t, words, halves, n, record| {
             let i = t - start;
             let record_words = words.len() / n;
             let weights = &probabilities[i * group..(i + n) * group];
-            if !is_body {
+            if let Record::Q8 = record {
+                let run = q8_as_f32(words, halves[0], d, window_words);
+                simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));
+                return;
+            }
+            if let Record::Plain(kind) = record {
                 let run = PlainRun {
                     words,
                     record_words,
                     offset: 0,
-                    kind: plain_kind(plan.values.fp_codec()),
+                    kind,
                     dim: d,
                 };
                 simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
@@ -790,6 +870,20 @@ fn run_block_with(
             }
         },
     );
+    // The block's 8-bit window copies, weighted in their rotated coordinates: one transform
+    // back per head.
+    if let (false, TokenCodec::Q8(codec)) = (window_values.is_empty(), plan.values.recent_codec()) {
+        window_back.resize(d, 0.0);
+        let full = ensure(full, group * d);
+        for (row, out) in window_values.chunks_exact(d).zip(full.chunks_exact_mut(d)) {
+            codec
+                .rotate_back(row, window_back)
+                .expect("window rows have the codec's dimension");
+            for (o, b) in out.iter_mut().zip(window_back.iter()) {
+                *o += b;
+            }
+        }
+    }
 }
 
 /// Fused attention (see the module docs) on a given (available) instruction set, in the stored
@@ -900,7 +994,8 @@ fn attend_with(
             .enumerate()
             .try_for_each(|(i, (p, q))| {
                 let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
-                prepare(isa, &plan.key_parts, q, d, shape.scale, p)
+                prepare(isa, &plan.key_parts, q, d, shape.scale, p)?;
+                prepare_window(plan.keys, d, p)
             })?;
         let wave_prepared = &prepared[..wave];
         partials[..tasks.len()]

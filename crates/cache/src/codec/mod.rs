@@ -11,9 +11,11 @@ mod input;
 mod mse;
 pub mod packing;
 mod prod;
+mod q8;
 
 pub use debiased::DebiasedMse;
 pub use error::CodecError;
 pub(crate) use input::{checked_norm, dot};
 pub use mse::{CodecScratch, MseCode, MseSpec, TqMse};
 pub use prod::{PreparedQuery, ProdCode, ProdSpec, TqProd};
+pub use q8::{Q8_ROTATION_SEED, Q8Window};

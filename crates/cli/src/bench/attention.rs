@@ -324,11 +324,13 @@ fn build(
 /// Bytes of the records and scales a step over `range` reads from one stream.
 fn stream_bytes(stream: &Stream, range: std::ops::Range<usize>) -> u64 {
     let body = stream.codec().bytes_per_token() as u64;
-    let fp = stream.fp_codec().bytes_per_token() as u64;
+    let sink = stream.fp_codec().bytes_per_token() as u64;
+    let recent = stream.recent_codec().bytes_per_token() as u64;
     range
         .map(|t| match stream.source(t) {
             TokenSource::Body(_) => body,
-            TokenSource::Sink(_) | TokenSource::Recent(_) => fp,
+            TokenSource::Sink(_) => sink,
+            TokenSource::Recent(_) => recent,
         })
         .sum()
 }

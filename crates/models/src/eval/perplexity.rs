@@ -297,7 +297,15 @@ pub fn all_in_bits_per_value(
                     shape.head_dim,
                     stream,
                 )?;
-                bytes += held * r.plan.bytes_per_token() + r.plan.metadata_bytes_per_head();
+                // An 8-bit window's tokens have no codes until they leave it (their copies are
+                // in the cache's fixed bytes).
+                let coded = match ring {
+                    None if allocation.window_defers_codes() => {
+                        held.saturating_sub(r.recent_fp_tokens)
+                    }
+                    _ => held,
+                };
+                bytes += coded * r.plan.bytes_per_token() + r.plan.metadata_bytes_per_head();
             }
         }
     }
