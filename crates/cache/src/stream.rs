@@ -18,7 +18,12 @@
 //! `[0, len − recent_tokens)` and the window's tokens cost their 8-bit copy only. Attention
 //! reads the same records either way (codes before the window, copies in it), and a rewind
 //! drops the codes of tokens that become recent again, which are written again, from the same
-//! copies, when they leave it again.
+//! copies, when they leave it again. A copy must decode to a vector the body codec stores, so a
+//! token the codes would refuse is refused on arrival ([`Q8Window`](crate::codec::Q8Window)).
+//!
+//! A batch that fails part-way is rolled back without a rewind check: the ring copies its
+//! tokens overwrote come back from the step's copies of the window before it (every window,
+//! 8-bit or not), so the window is whole again and an 8-bit window's codes can still be written.
 //!
 //! In ring mode (sliding-window layers) the body itself is a ring of `slots` records and token
 //! `t` lives in slot `t % slots`; sinks and recent copies are not used there (the window already
@@ -351,6 +356,11 @@ impl Stream {
                 "full-precision copies must be f16 or f32 of the stream's dimension".into(),
             ));
         }
+        if matches!(layout.codec, CodecSpec::Q8 { .. }) {
+            return Err(CacheError::InvalidConfig(
+                "q8 stores recent-window copies, not a stream's body".into(),
+            ));
+        }
         let recent_spec = layout.recent.unwrap_or(layout.fp);
         let recent_codec = TokenCodec::new(&recent_spec)?;
         if !matches!(
@@ -670,7 +680,10 @@ impl Stream {
         if self.recent_slots == 0 {
             return;
         }
-        let first = (self.len + 1)
+        // The whole window before the batch (its first queries read the last `recent − 1`
+        // of it): a batch that fails part-way is rolled back from these copies (`truncate`).
+        let first = self
+            .len
             .saturating_sub(self.recent_tokens)
             .max(self.oldest_recent);
         self.step.clear(first);
@@ -920,6 +933,25 @@ impl Stream {
             return;
         }
         self.len = new_len;
+        // Copies the batch overwrote in the ring (a batch that failed part-way, rolled back
+        // without `check_rewind`) come back from the step's copies of the window before it, so
+        // the window is whole again; an 8-bit window writes its tokens' codes from them later.
+        if self.recent_slots > 0 {
+            let from = new_len.saturating_sub(self.recent_tokens);
+            let mut restored = new_len;
+            for t in (from..new_len).rev() {
+                let Some((record, scales)) = self.step.record(t) else {
+                    break;
+                };
+                let slot = t % self.recent_slots;
+                if let Ok((to, to_scales)) = self.recent.record_mut(slot) {
+                    to.copy_from_slice(record);
+                    to_scales.copy_from_slice(scales);
+                    restored = t;
+                }
+            }
+            self.oldest_recent = self.oldest_recent.min(restored);
+        }
         // The step's copies belong to the batch as it was written.
         self.step.clear(new_len);
         // A ring that has wrapped stays full: its slots past `new_len` are stale but unread.
@@ -928,7 +960,6 @@ impl Stream {
             self.body.truncate(body_len);
         }
         self.oldest_body = self.oldest_body.min(new_len);
-        self.oldest_recent = self.oldest_recent.min(new_len);
         self.sinks.truncate(new_len.min(self.sink_tokens));
         if new_len == 0 {
             self.forget_calibration();

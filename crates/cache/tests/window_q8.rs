@@ -342,3 +342,66 @@ fn recent_dtype_is_read_written_and_refused_by_name() {
         .to_string();
     assert!(err.contains("q4") && err.contains("recent_dtype"), "{err}");
 }
+
+/// A batch that fails part-way (a NaN in one head's keys, after other heads and tokens went in)
+/// leaves the cache as it was: the copies the batch overwrote in the ring come back from the
+/// step's copies of the window before it, and the codes the rollback dropped are written again
+/// from them, so the next steps give the rows of a cache that never saw the batch. With
+/// `max_rewind = 0` the ring has no spare slot, so every token of the batch overwrote one.
+#[test]
+fn a_failed_batch_leaves_the_window_whole() {
+    for max_rewind in [0, 3] {
+        let t = tokens(120);
+        let mut straight = q8(RECENT, max_rewind);
+        forward(&mut straight, &t, 0, 64, 64);
+        let expected = forward(&mut straight, &t, 64, 120, 1);
+        let mut failed = q8(RECENT, max_rewind);
+        forward(&mut failed, &t, 0, 64, 64);
+        let (kw, qw) = (KV * D, Q * D);
+        let mut keys = t.keys[64 * kw..84 * kw].to_vec();
+        keys[(15 * KV + 1) * D + 5] = f32::NAN;
+        let positions: Vec<u32> = (0..84).collect();
+        let mut rows = vec![0.0f32; 20 * qw];
+        let result = failed.forward(
+            &t.queries[64 * qw..84 * qw],
+            &keys,
+            &t.values[64 * kw..84 * kw],
+            &positions,
+            SHAPE,
+            AttentionKernel::Fused,
+            &mut rows,
+        );
+        assert!(result.is_err());
+        assert_eq!(failed.len(), 64);
+        assert_eq!(failed.keys(1).body().len(), 64 - RECENT);
+        let rows = forward(&mut failed, &t, 64, 120, 1);
+        assert!(
+            bits(&rows) == bits(&expected),
+            "max_rewind {max_rewind}: the rows differ from a cache that never saw the batch"
+        );
+    }
+}
+
+/// A copy is the only one of its token, so a vector the body codec would refuse when the token
+/// leaves the window (a norm past the f16 range, with the copy's error margin) is refused on
+/// arrival, not W tokens later; and q8 is not a body codec.
+#[test]
+fn what_the_body_would_refuse_is_refused_on_arrival() {
+    let mut c = q8(RECENT, 0);
+    let t = tokens(20);
+    forward(&mut c, &t, 0, 10, 10);
+    let mut keys = t.keys[10 * KV * D..11 * KV * D].to_vec();
+    keys[..D].fill(8000.0); // norm 64000 (< 65504), decoded up to 3.6% more
+    let positions = [10u32];
+    let err = c
+        .append(&keys, &t.values[10 * KV * D..11 * KV * D], &positions)
+        .unwrap_err();
+    assert!(err.to_string().contains("65504"), "{err}");
+    assert_eq!(c.len(), 10);
+    let mut ok = keys.clone();
+    ok[..D].fill(7000.0); // norm 56000: stored
+    c.append(&ok, &t.values[10 * KV * D..11 * KV * D], &positions)
+        .unwrap();
+    let body = uniform_streams(&layout(0), CodecSpec::Q8 { dim: D });
+    assert!(KvCache::new(layout(0), &body, &body).is_err());
+}

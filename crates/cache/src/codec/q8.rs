@@ -67,6 +67,15 @@ impl Q8Window {
         record: &mut [u32],
     ) -> Result<f16, CodecError> {
         self.rotation.apply(x, rotated)?;
+        // The copy is the only one of its token: it must decode to a vector every body codec
+        // stores (a norm within the f16 range), or the token would be refused W tokens later,
+        // when its codes are written. The decoded norm exceeds the input's by at most
+        // √d·s·(1/2 + 127·2⁻¹¹) with s ≤ 1.001·‖x‖/127.
+        let norm = super::checked_norm(rotated, self.dim())?;
+        let growth = 1.0 + (self.dim() as f32).sqrt() * 0.5621 * 1.001 / 127.0;
+        if norm * growth > f16::MAX.to_f32() {
+            return Err(CodecError::NormOutOfRange { norm });
+        }
         let absmax = rotated.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let step = f16::from_f32(absmax / 127.0);
         if step.is_infinite() {

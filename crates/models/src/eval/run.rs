@@ -363,7 +363,8 @@ fn layer_all_in_bits(
                     StreamKind::Key => kv.keys(head),
                     StreamKind::Value => kv.values(head),
                 };
-                let bytes = tokens * plan.bytes_per_token()
+                // An 8-bit window's tokens have no codes (their copies are in the fixed bytes).
+                let bytes = stream.body_tokens(tokens) * plan.bytes_per_token()
                     + plan.metadata_bytes_per_head()
                     + stream.fixed_bytes();
                 bits += 8.0 * bytes as f64 / (tokens * shape.head_dim) as f64;
