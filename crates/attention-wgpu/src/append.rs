@@ -16,16 +16,19 @@ use crate::kernels::{KIND_F16, KIND_F32, Kernel};
 use crate::tables::{StreamKind, StreamLayoutGpu};
 
 /// A batch encoded on the host and not yet appended ([`GpuKvCache::encode_on_host`]): records
-/// and scales `[n, kv_heads, …]`, binary16 copies of its first `copied` tokens, and the encoder
-/// an empty cache calibrated on it.
+/// and scales `[n, kv_heads, …]`, binary16 sink copies of its first `sink_copies` tokens, ring
+/// copies of every token with a recent window (`[n, kv_heads, ring_words]`), and the encoder an
+/// empty cache calibrated on it.
 pub(crate) struct HostBatch {
     key_records: Vec<u32>,
     key_scales: Vec<f16>,
     value_records: Vec<u32>,
     value_scales: Vec<f16>,
-    key_copies: Vec<u32>,
-    value_copies: Vec<u32>,
-    copied: usize,
+    key_sinks: Vec<u32>,
+    value_sinks: Vec<u32>,
+    sink_copies: usize,
+    key_ring: Vec<u32>,
+    value_ring: Vec<u32>,
     pub(crate) calibrated: Option<HostEncoder>,
 }
 
@@ -295,15 +298,19 @@ impl GpuKvCache {
         let (key_records, key_scales) = encoder.encode(true, keys)?;
         let (value_records, value_scales) = encoder.encode(false, values)?;
         let n = keys.len() / (self.kv_heads * self.head_dim).max(1);
-        let copied = if self.recent > 0 {
-            n
-        } else {
-            self.sinks.saturating_sub(self.len).min(n)
-        };
-        let (key_copies, value_copies) = if copied > 0 {
+        let sink_copies = self.sinks.saturating_sub(self.len).min(n);
+        let (key_sinks, value_sinks) = if sink_copies > 0 {
             (
-                encoder.encode_copies(true, keys, copied)?,
-                encoder.encode_copies(false, values, copied)?,
+                encoder.encode_sink_copies(true, keys, sink_copies)?,
+                encoder.encode_sink_copies(false, values, sink_copies)?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let (key_ring, value_ring) = if self.recent > 0 {
+            (
+                encoder.encode_ring_copies(true, keys, self.window_q8)?,
+                encoder.encode_ring_copies(false, values, self.window_q8)?,
             )
         } else {
             (Vec::new(), Vec::new())
@@ -313,9 +320,11 @@ impl GpuKvCache {
             key_scales,
             value_records,
             value_scales,
-            key_copies,
-            value_copies,
-            copied,
+            key_sinks,
+            value_sinks,
+            sink_copies,
+            key_ring,
+            value_ring,
             calibrated,
         })
     }
@@ -348,13 +357,20 @@ impl GpuKvCache {
             heads * self.value.record_words,
         );
         let (ks, vs) = (heads * self.key.scales, heads * self.value.scales);
-        let copied = range.start..range.end.min(batch.copied);
-        if !copied.is_empty() {
-            let words = heads * self.head_dim.div_ceil(2);
-            self.write_copies(
+        let words = heads * self.head_dim.div_ceil(2);
+        for i in range.start..range.end.min(batch.sink_copies) {
+            self.write_sink_copies(
+                self.len + i - range.start,
+                &batch.key_sinks[i * words..(i + 1) * words],
+                &batch.value_sinks[i * words..(i + 1) * words],
+            );
+        }
+        if self.recent > 0 {
+            let words = heads * self.ring_words();
+            self.write_ring_copies(
                 self.len,
-                &batch.key_copies[copied.start * words..copied.end * words],
-                &batch.value_copies[copied.start * words..copied.end * words],
+                &batch.key_ring[range.start * words..range.end * words],
+                &batch.value_ring[range.start * words..range.end * words],
             );
         }
         self.append_records(
@@ -502,7 +518,7 @@ impl GpuKvCache {
                 actual: cache.len(),
             });
         }
-        crate::cache::check_windows(cache, self.sinks, self.recent)?;
+        crate::cache::check_windows(cache, self.sinks, &self.windows, self.window_q8)?;
         self.adopt_calibration(cache, false)?;
         let tokens: Vec<usize> = (self.len..cache.len()).collect();
         let mut positions = Vec::with_capacity(tokens.len());
@@ -512,10 +528,9 @@ impl GpuKvCache {
         let mut value_scales = Vec::new();
         // The CPU stream shows the copies of its window only: tokens synced before it get none,
         // so this copy cannot rewind into them.
-        if self.recent > 0 && self.len + self.recent < cache.len() {
-            self.oldest_recent = self.oldest_recent.max(cache.len() - self.recent);
-        }
+        self.windows.followed(self.len, cache.len());
         self.upload_copies(cache, self.len)?;
+        let mut scratch = tq_cache::codec::CodecScratch::new(self.head_dim);
         for &t in &tokens {
             positions.push(cache.position(t).ok_or(GpuError::Shape {
                 what: "stored token",
@@ -527,18 +542,11 @@ impl GpuKvCache {
                     (cache.keys(h), &mut key_records, &mut key_scales),
                     (cache.values(h), &mut value_records, &mut value_scales),
                 ] {
-                    // The body record (`token` would name a sink's full-precision copy).
-                    let (record, halves) = stream
-                        .body()
-                        .record(stream.body_slot(t))
-                        .filter(|_| t >= stream.first_stored())
-                        .ok_or(GpuError::Shape {
-                            what: "stored token",
-                            expected: t,
-                            actual: stream.first_stored(),
-                        })?;
-                    records.extend_from_slice(record);
-                    scales.extend_from_slice(halves);
+                    // The body record (`token` would name a sink's full-precision copy), or
+                    // the codes an 8-bit window's token will have.
+                    let (record, halves) = crate::cache::stored_codes(stream, t, &mut scratch)?;
+                    records.extend_from_slice(&record);
+                    scales.extend_from_slice(&halves);
                 }
             }
         }
@@ -666,12 +674,7 @@ impl GpuKvCache {
         if let Some(ring) = self.ring_slots {
             self.first_stored = self.first_stored.max(new_len.saturating_sub(ring));
         }
-        if self.recent > 0 {
-            // As the CPU stream's ring of `recent + max_rewind` copies forgets the oldest.
-            self.oldest_recent = self
-                .oldest_recent
-                .max(new_len.saturating_sub(self.recent + self.max_rewind));
-        }
+        self.windows.appended(new_len, self.max_rewind);
         Ok(())
     }
 }

@@ -99,7 +99,11 @@ impl GpuKvCache {
         } else {
             0
         };
-        let rec = 2 + self.value.dim + self.value.sketch_dim + fp_coords;
+        // An 8-bit ring: its copies' values accumulate in the window rotation's coordinates
+        // after those, scored against the query rotated once (`Π₈·scale·q`, after the rest of
+        // a prepared row).
+        let q8_coords = if self.window_q8 { self.head_dim } else { 0 };
+        let rec = 2 + self.value.dim + self.value.sketch_dim + fp_coords + q8_coords;
         let align = (self.ctx.storage_alignment() / 4).max(1) as usize;
         let block_stride = (rows * rec).next_multiple_of(align);
         let written = self.written_slots();
@@ -124,8 +128,10 @@ impl GpuKvCache {
         } else {
             0
         };
-        let qstride = prepared + if fp_query > 0 { self.head_dim } else { 0 };
-        let (fp_values, _) = self.fp_layout();
+        let plain_query = prepared + if fp_query > 0 { self.head_dim } else { 0 };
+        let q8_query = if q8_coords > 0 { plain_query } else { 0 };
+        let qstride = plain_query + q8_coords;
+        let fp_values = self.fp_values();
         let params = AttnParams {
             key: self.key.desc,
             value: self.value.desc,
@@ -153,6 +159,11 @@ impl GpuKvCache {
             fp_query: fp_query as u32,
             fp_values: fp_values as u32,
             fp_coords: fp_coords as u32,
+            ring_words: self.ring_words() as u32,
+            q8_query: q8_query as u32,
+            q8_coords: q8_coords as u32,
+            // `build_tables` puts Π₈ first.
+            q8_rotation: 0,
         };
         CallPlan {
             params,
@@ -203,18 +214,13 @@ impl GpuKvCache {
         out: &mut [f32],
     ) -> Result<(), GpuError> {
         let n = self.check_attention(queries, query_positions, shape, out.len())?;
-        // Attention over the stored cache: every query reads the stream's recent window.
-        let windows = vec![self.recent_start() as u32; n];
+        // Attention over the stored cache: every query reads each stream's recent window.
+        let windows = self.windows.stored_starts(self.len).repeat(n);
         self.attend_with_windows(queries, query_positions, &windows, shape, out)
     }
 
-    /// Tokens from here on are read from their full-precision recent copies by attention over
-    /// the stored cache (`len` without a window), as `Stream::recent_start`.
-    fn recent_start(&self) -> usize {
-        self.len.saturating_sub(self.recent)
-    }
-
-    /// [`attend`](Self::attend) with each query's full-precision window start given.
+    /// [`attend`](Self::attend) with each query's window starts given (`[n, 2, kv_heads]`:
+    /// from there on a stream's tokens are read from their copies).
     fn attend_with_windows(
         &mut self,
         queries: &[f32],
@@ -229,13 +235,14 @@ impl GpuKvCache {
         }
         let per_call = self.queries_per_call(shape, n)?;
         let width = shape.q_heads * self.head_dim;
+        let streams = 2 * self.kv_heads;
         let mut start = 0;
         while start < n {
             let end = (start + per_call).min(n);
             self.attend_chunk(
                 &queries[start * width..end * width],
                 &query_positions[start..end],
-                &windows[start..end],
+                &windows[start * streams..end * streams],
                 shape,
                 &mut out[start * width..end * width],
             )?;
@@ -279,28 +286,18 @@ impl GpuKvCache {
             self.append_host_batch(&batch, 0..n, new_positions)?;
             return self.attend(queries, new_positions, shape, out);
         }
-        // A full-precision window: each new query reads its own newest `recent` tokens from
-        // their copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of
-        // at most RECENT_CHUNK tokens give every query the same window as the whole batch would
-        // (a query's window ends at itself) and keep the copies it reads inside the ring.
+        // Recent windows: each new query reads each stream's own newest tokens from their
+        // copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of at
+        // most RECENT_CHUNK tokens give every query the same window as the whole batch would (a
+        // query's window ends at itself) and keep the copies it reads inside the ring.
         let mut start = 0;
         while start < n {
             let end = (start + RECENT_CHUNK).min(n);
             let before = self.len;
-            let covered_from = (before + 1)
-                .saturating_sub(self.recent)
-                .max(self.oldest_recent);
+            // What the copies held before the chunk went in.
+            let held = self.windows.clone();
             self.append_host_batch(&batch, start..end, &new_positions[start..end])?;
-            let recent = self.recent_start();
-            let covered = covered_from.min(recent);
-            let windows: Vec<u32> = (0..end - start)
-                .map(|i| {
-                    (before + i + 1)
-                        .saturating_sub(self.recent)
-                        .max(covered)
-                        .min(recent) as u32
-                })
-                .collect();
+            let windows = held.chunk_starts(before, end - start, self.len);
             self.attend_with_windows(
                 &queries[start * q..end * q],
                 &new_positions[start..end],
@@ -334,7 +331,7 @@ impl GpuKvCache {
     ) -> (wgpu::Buffer, wgpu::Buffer, wgpu::Buffer) {
         let ctx = Arc::clone(&self.ctx);
         let qin = self.scratch.get(&ctx, "queries", 4 * queries.len() as u64);
-        let prepared_len = plan.params.positions_offset as usize + 2 * positions.len();
+        let prepared_len = plan.params.positions_offset as usize + positions.len() + windows.len();
         let prepared = self
             .scratch
             .get(&ctx, "prepared queries", 4 * prepared_len as u64);
@@ -537,7 +534,7 @@ impl GpuKvCache {
         }
         let ctx = Arc::clone(&self.ctx);
         ctx.check_binding("scores", 4 * len as u64)?;
-        let windows = vec![self.recent_start() as u32; n];
+        let windows = self.windows.stored_starts(self.len).repeat(n);
         let (qin, prepared, params) =
             self.upload_queries(queries, query_positions, &windows, &plan);
         let output = self.scratch.get(&ctx, "scores", 4 * len as u64);

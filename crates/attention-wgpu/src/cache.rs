@@ -36,6 +36,7 @@ use crate::error::GpuError;
 use crate::host_encode::HostEncoder;
 use crate::kernels::MAX_BLOCK_TOKENS;
 use crate::tables::{StreamLayoutGpu, build_stream};
+use crate::windows::RecentWindows;
 
 /// Largest page, in tokens.
 pub const MAX_PAGE_TOKENS: usize = 1 << 16;
@@ -108,8 +109,19 @@ fn build_tables(
     value_codecs: &[&tq_cache::TokenCodec],
     value_means: &[Option<&[f32]>],
     head_dim: usize,
+    window_q8: bool,
 ) -> Result<(StreamLayoutGpu, StreamLayoutGpu, wgpu::Buffer), GpuError> {
     let mut data = Vec::new();
+    // An 8-bit window's rotation Π₈ first (offset 0, `q8_rotation` in the kernels'
+    // parameters): the prepare kernel rotates the queries with it, the finish kernel turns the
+    // copies' weighted sum back.
+    if window_q8 {
+        let window = tq_cache::codec::Q8Window::new(head_dim)?;
+        data.extend(crate::tables::column_major(
+            &window.rotation().to_dense_f64(),
+            head_dim,
+        ));
+    }
     let key = build_stream(key_codecs, &mut data)?;
     let mut value = build_stream(value_codecs, &mut data)?;
     if value_means.iter().any(Option::is_some) {
@@ -183,16 +195,16 @@ pub struct GpuKvCache {
     /// Attention sinks: tokens `t < sinks` (growing layers) are read from their binary16
     /// copies in `fp`, keys `[kv_heads, sinks + fp_ring, ⌈d/2⌉]` words then values the same.
     pub(crate) sinks: usize,
-    /// Recent window (growing layers): each query reads its newest `recent` tokens from their
-    /// copies, kept in a ring of `fp_ring` slots after the sinks' (token `t` at `sinks + t mod
-    /// fp_ring`).
+    /// Recent windows (growing layers): each query reads a stream's newest `windows.of(s, h)`
+    /// tokens from their copies, kept in one ring of `fp_ring` slots after the sinks' (token
+    /// `t` at `sinks + t mod fp_ring`); `recent` is the longest window.
     pub(crate) recent: usize,
+    pub(crate) windows: RecentWindows,
     pub(crate) fp_ring: usize,
+    /// The ring holds 8-bit copies (`recent_dtype = "q8"`, [`ring_words`](Self::ring_words)
+    /// words a slot: codes, then the f16 step) rather than binary16 ones.
+    pub(crate) window_q8: bool,
     pub(crate) max_rewind: usize,
-    /// The CPU stream's `oldest_recent`: tokens before it lost their copies in the CPU's ring
-    /// of `recent + max_rewind` slots (mirrored so rewinds are refused exactly where the CPU
-    /// refuses them).
-    pub(crate) oldest_recent: usize,
     pub(crate) fp: wgpu::Buffer,
 }
 
@@ -208,38 +220,120 @@ impl std::fmt::Debug for GpuKvCache {
     }
 }
 
-/// One window per layer: every stream of `cache` outside a ring must keep `sinks` sink copies
-/// and a `recent`-token window (the GPU copies ring and the kernels' window starts are one per
-/// layer). An allocation can give streams windows of their own (`recent_fp_tokens` in a stream
-/// table): a stream with none beside one with some is refused too, as is a CPU cache whose
-/// windows are not the ones a GPU copy was built with (it would read codes where the CPU reads
-/// copies). The copies must be binary16: f32 copies are not implemented, and an 8-bit window's
-/// tokens have no codes at all on the CPU (`recent_dtype = "q8"`).
-pub(crate) fn check_windows(cache: &KvCache, sinks: usize, recent: usize) -> Result<(), GpuError> {
-    let f16 = |spec: &tq_cache::CodecSpec| matches!(spec, tq_cache::CodecSpec::F16 { .. });
+/// The sinks and windows `cache`'s streams keep (`[keys per head.., values per head..]`; none
+/// on a sliding layer).
+pub(crate) fn windows_of(cache: &KvCache) -> (usize, RecentWindows) {
+    let heads = cache.layout().kv_heads;
+    if cache.layout().ring_slots().is_some() {
+        return (0, RecentWindows::none(heads));
+    }
+    let tokens = (0..heads)
+        .map(|h| cache.keys(h).layout().recent_tokens)
+        .chain((0..heads).map(|h| cache.values(h).layout().recent_tokens))
+        .collect();
+    (
+        cache.keys(0).layout().sink_tokens,
+        RecentWindows::new(heads, tokens),
+    )
+}
+
+/// A GPU copy built with `sinks` sinks and `windows` reads `cache`'s records right only if
+/// `cache` keeps the same (else it would read codes where the CPU reads copies): the same sinks
+/// in every stream (one sink count per layer), the same window per stream and KV head (windows
+/// may differ between streams and heads: an allocation's per-stream `recent_fp_tokens`).
+/// Sink copies must be binary16 (f32 copies are not implemented), window copies binary16 or
+/// 8-bit (`recent_dtype = "q8"`), the same in every stream (`window_q8`: one ring layout per
+/// layer).
+pub(crate) fn check_windows(
+    cache: &KvCache,
+    sinks: usize,
+    windows: &RecentWindows,
+    window_q8: bool,
+) -> Result<(), GpuError> {
+    use tq_cache::CodecSpec;
+    let f16 = |spec: &CodecSpec| matches!(spec, CodecSpec::F16 { .. });
     for h in 0..cache.layout().kv_heads {
-        for (name, stream) in [("keys", cache.keys(h)), ("values", cache.values(h))] {
+        for (s, name, stream) in [(0, "keys", cache.keys(h)), (1, "values", cache.values(h))] {
             let l = stream.layout();
-            if l.ring_slots.is_none()
-                && l.sink_tokens + l.recent_tokens > 0
-                && !(f16(&l.fp) && l.recent.as_ref().is_none_or(f16))
-            {
+            if l.ring_slots.is_some() {
+                continue;
+            }
+            if l.sink_tokens + l.recent_tokens > 0 && !f16(&l.fp) {
                 return Err(GpuError::Unsupported(format!(
-                    "attention sinks or recent windows other than binary16 copies (the {name} of \
-                     KV head {h}: an f32 or 8-bit window, fp_dtype / recent_dtype)"
+                    "attention sinks or recent windows with f32 copies (the {name} of KV head \
+                     {h}: fp_dtype)"
                 )));
             }
-            if l.ring_slots.is_none() && (l.sink_tokens != sinks || l.recent_tokens != recent) {
+            let q8 = matches!(l.recent, Some(CodecSpec::Q8 { .. }));
+            if l.recent_tokens > 0 && q8 != window_q8 {
                 return Err(GpuError::Unsupported(format!(
-                    "attention sinks and recent windows with the same counts in every stream of \
-                     a layer: the {name} of KV head {h} keep {} sinks and a {}-token window, \
-                     the layer's GPU cache {sinks} and {recent}",
-                    l.sink_tokens, l.recent_tokens
+                    "a recent window whose copies differ from the layer's GPU copy (the {name} \
+                     of KV head {h} keep {} copies, the GPU cache {}: recent_dtype)",
+                    if q8 { "8-bit" } else { "binary16" },
+                    if window_q8 { "8-bit" } else { "binary16" },
+                )));
+            }
+            if l.sink_tokens != sinks {
+                return Err(GpuError::Unsupported(format!(
+                    "attention sinks with the same count in every stream of a layer: the {name} \
+                     of KV head {h} keep {}, the layer's GPU cache {sinks}",
+                    l.sink_tokens
+                )));
+            }
+            if l.recent_tokens != windows.of(s, h) {
+                return Err(GpuError::Unsupported(format!(
+                    "a CPU cache with other recent windows than this GPU copy was built with: \
+                     the {name} of KV head {h} keep a {}-token window, the GPU copy {}",
+                    l.recent_tokens,
+                    windows.of(s, h)
                 )));
             }
         }
     }
     Ok(())
+}
+
+/// Token `t`'s record and scales as `stream` stores them — or, for a token of an 8-bit window
+/// that has no codes yet, as it will store them when the token leaves the window: its window
+/// copy decoded, then encoded (`Stream::push`). The GPU writes every token's codes when it
+/// arrives and reads the copy while the token is in the window.
+pub(crate) fn stored_codes(
+    stream: &tq_cache::stream::Stream,
+    t: usize,
+    scratch: &mut tq_cache::codec::CodecScratch,
+) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
+    let missing = GpuError::Shape {
+        what: "stored token",
+        expected: t,
+        actual: stream.first_stored(),
+    };
+    if t >= stream.first_stored() && t < stream.body_tokens(stream.len()) {
+        let (record, halves) = stream.body().record(stream.body_slot(t)).ok_or(missing)?;
+        return Ok((record.to_vec(), halves.to_vec()));
+    }
+    let (window, record, halves) = stream.recent_copy(t).ok_or(missing)?;
+    let mut decoded = vec![0.0f32; stream.layout().head_dim()];
+    window.decode_into(record, halves, scratch, &mut decoded)?;
+    let codec = stream.codec();
+    let mut codes = vec![0u32; codec.record_words()];
+    let mut scales = vec![f16::ZERO; codec.scales_per_token()];
+    codec.encode_into(&decoded, scratch, &mut codes, &mut scales)?;
+    Ok((codes, scales))
+}
+
+/// Words of one ring slot: binary16 copies `⌈d/2⌉`; 8-bit copies `⌈d/4⌉` of codes and one
+/// holding the f16 step (`host_encode::ring_words`).
+fn ring_slot_words(head_dim: usize, window_q8: bool) -> usize {
+    if window_q8 {
+        head_dim.div_ceil(4) + 1
+    } else {
+        head_dim.div_ceil(2)
+    }
+}
+
+/// Words of one KV head's copies of one stream: its binary16 sink slots, then its ring.
+fn fp_head_words(sinks: usize, fp_ring: usize, head_dim: usize, window_q8: bool) -> usize {
+    sinks * head_dim.div_ceil(2) + fp_ring * ring_slot_words(head_dim, window_q8)
 }
 
 impl GpuKvCache {
@@ -249,24 +343,25 @@ impl GpuKvCache {
     /// Two-tier streams (TQ_mse tiers), data-aware bases, mean-centered streams, attention
     /// sinks and recent windows are scored and summed by the kernels and encoded on the host
     /// with `cache`'s codecs, calibrating from the first batch (means, outlier channels, bases)
-    /// as the CPU cache does and writing the binary16 copies.
+    /// as the CPU cache does and writing the copies (binary16 sinks; binary16 or 8-bit windows,
+    /// one per stream and KV head).
     ///
-    /// Errors: sinks or windows with f32 copies or different counts per stream (an allocation's
-    /// per-stream `recent_fp_tokens`), a two-tier codec with a QJL or debiased tier, heads of one stream with
-    /// different codec kinds, a head dimension above 512, or a page of one token that does not
-    /// fit one binding.
+    /// Errors: sinks or windows with f32 copies, sink counts that differ between streams, a
+    /// two-tier codec with a QJL or debiased tier, heads of one stream with different codec
+    /// kinds, a head dimension above 512, or a page of one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
-        let first = cache.keys(0).layout();
-        check_windows(cache, first.sink_tokens, first.recent_tokens)?;
-        let (sinks, recent) = match layout.ring_slots() {
-            Some(_) => (0, 0),
-            None => {
-                let l = cache.keys(0).layout();
-                (l.sink_tokens, l.recent_tokens)
-            }
-        };
+        let (sinks, windows) = windows_of(cache);
+        let recent = windows.longest();
+        let window_q8 = recent > 0
+            && (0..heads)
+                .flat_map(|h| [cache.keys(h), cache.values(h)])
+                .any(|s| {
+                    s.layout().recent_tokens > 0
+                        && matches!(s.layout().recent, Some(tq_cache::CodecSpec::Q8 { .. }))
+                });
+        check_windows(cache, sinks, &windows, window_q8)?;
         // The copies' ring holds every token a query may read from its window: the window, the
         // rewind margin, and one chunk of `forward`.
         let fp_ring = if recent > 0 {
@@ -292,11 +387,12 @@ impl GpuKvCache {
                 &host.value_codecs(),
                 &host.value_means(),
                 layout.head_dim,
+                window_q8,
             )?,
             None => {
                 let key_codecs: Vec<_> = (0..heads).map(|h| cache.keys(h).codec()).collect();
                 let value_codecs: Vec<_> = (0..heads).map(|h| cache.values(h).codec()).collect();
-                build_tables(ctx, &key_codecs, &value_codecs, &[], layout.head_dim)?
+                build_tables(ctx, &key_codecs, &value_codecs, &[], layout.head_dim, false)?
             }
         };
         let limit = ctx.split_limits().max_binding_bytes;
@@ -314,7 +410,7 @@ impl GpuKvCache {
                 limit,
             });
         }
-        let fp_words = 2 * heads * (sinks + fp_ring) * layout.head_dim.div_ceil(2);
+        let fp_words = 2 * heads * fp_head_words(sinks, fp_ring, layout.head_dim, window_q8);
         ctx.check_binding("full-precision copies", 4 * fp_words as u64)?;
         let fp = ctx.storage_buffer("full-precision copies", 4 * fp_words as u64);
         Ok(Self {
@@ -323,9 +419,10 @@ impl GpuKvCache {
             head_dim: layout.head_dim,
             sinks,
             recent,
+            windows,
             fp_ring,
+            window_q8,
             max_rewind: layout.max_rewind,
-            oldest_recent: 0,
             fp,
             key,
             value,
@@ -366,71 +463,114 @@ impl GpuKvCache {
         self.replace_host(HostEncoder::new(cache))
     }
 
-    /// Writes the CPU stream's full-precision copies of tokens `from..cache.len()` that this
-    /// cache keeps: the sinks, and with a recent window the window's.
+    /// Writes the CPU stream's copies of tokens `from..cache.len()` that this cache keeps: the
+    /// sinks' (binary16), and with a recent window the window's (binary16 or 8-bit).
     pub(crate) fn upload_copies(&self, cache: &KvCache, from: usize) -> Result<(), GpuError> {
-        // The CPU stream shows its window's copies only (`full_precision` past its recent
-        // start), though its ring may hold `max_rewind` older ones.
-        let ring_from = cache.len().saturating_sub(self.recent);
-        let copied = |t: usize| t < self.sinks || (self.recent > 0 && t >= ring_from);
-        let mut run: Option<(usize, Vec<u32>, Vec<u32>)> = None;
-        for t in from..cache.len() {
-            if !copied(t) {
-                if let Some((first, ks, vs)) = run.take() {
-                    self.write_copies(first, &ks, &vs);
-                }
-                continue;
-            }
-            let (_, ks, vs) = run.get_or_insert_with(|| (t, Vec::new(), Vec::new()));
+        let missing = |t: usize, stream: &tq_cache::stream::Stream| GpuError::Shape {
+            what: "full-precision copy",
+            expected: t,
+            actual: stream.len(),
+        };
+        let sink_end = self.sinks.min(cache.len());
+        for t in from..sink_end {
+            let (mut ks, mut vs) = (Vec::new(), Vec::new());
             for h in 0..self.kv_heads {
-                for (stream, out) in [(cache.keys(h), &mut *ks), (cache.values(h), &mut *vs)] {
-                    let (_, record, _) = stream.full_precision(t).ok_or(GpuError::Shape {
-                        what: "full-precision copy",
-                        expected: t,
-                        actual: stream.len(),
-                    })?;
+                for (stream, out) in [(cache.keys(h), &mut ks), (cache.values(h), &mut vs)] {
+                    let (_, record, _) = stream.full_precision(t).ok_or(missing(t, stream))?;
                     out.extend_from_slice(record);
                 }
             }
+            self.write_sink_copies(t, &ks, &vs);
         }
-        if let Some((first, ks, vs)) = run {
-            self.write_copies(first, &ks, &vs);
+        if self.recent == 0 {
+            return Ok(());
         }
+        // The CPU stream shows its window's copies only (`recent_copy` past its recent start),
+        // though its ring may hold `max_rewind` older ones; a stream with a shorter window than
+        // the longest gets zeros it never reads. A sink's window copy is never read here (the
+        // sink's own copy is).
+        let first = from
+            .max(cache.len().saturating_sub(self.recent))
+            .max(self.sinks);
+        let words = self.ring_words();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for t in first..cache.len() {
+            for h in 0..self.kv_heads {
+                for (s, stream, out) in [(0, cache.keys(h), &mut ks), (1, cache.values(h), &mut vs)]
+                {
+                    if t + self.windows.of(s, h) < cache.len() {
+                        out.extend(std::iter::repeat_n(0u32, words));
+                        continue;
+                    }
+                    let (codec, record, scales) =
+                        stream.recent_copy(t).ok_or(missing(t, stream))?;
+                    out.extend(crate::host_encode::ring_words_of(codec, record, scales));
+                }
+            }
+        }
+        self.write_ring_copies(first, &ks, &vs);
         Ok(())
     }
 
-    /// Word offset of the value copies in `fp`, and words per copy.
-    pub(crate) fn fp_layout(&self) -> (usize, usize) {
-        let words = self.head_dim.div_ceil(2);
-        (self.kv_heads * (self.sinks + self.fp_ring) * words, words)
+    /// Words of one ring copy: binary16 `⌈d/2⌉`, or 8-bit `⌈d/4⌉` codes and the step.
+    pub(crate) fn ring_words(&self) -> usize {
+        ring_slot_words(self.head_dim, self.window_q8)
     }
 
-    /// Writes binary16 copies of tokens `first..first + n` (`[n, kv_heads, ⌈d/2⌉]` words each
-    /// for keys and values) into `fp`: sink tokens into their slots, and, with a recent
-    /// window, the batch's last `fp_ring` tokens into the ring.
-    pub(crate) fn write_copies(&self, first: usize, keys: &[u32], values: &[u32]) {
-        let (value_offset, words) = self.fp_layout();
+    /// Word offset of the value copies in `fp` (the keys' start at 0).
+    pub(crate) fn fp_values(&self) -> usize {
+        self.kv_heads * fp_head_words(self.sinks, self.fp_ring, self.head_dim, self.window_q8)
+    }
+
+    /// Word offset of slot `slot` of KV head `h` in the keys' copies (`fp` holds, per head,
+    /// `sinks` binary16 slots, then `fp_ring` ring slots).
+    fn fp_slot(&self, h: usize, slot: usize) -> usize {
+        let head = h * fp_head_words(self.sinks, self.fp_ring, self.head_dim, self.window_q8);
+        let sink_words = self.head_dim.div_ceil(2);
+        if slot < self.sinks {
+            head + slot * sink_words
+        } else {
+            head + self.sinks * sink_words + (slot - self.sinks) * self.ring_words()
+        }
+    }
+
+    /// Writes the binary16 sink copies of token `t` (< sinks): `[kv_heads, ⌈d/2⌉]` words each
+    /// for keys and values.
+    pub(crate) fn write_sink_copies(&self, t: usize, keys: &[u32], values: &[u32]) {
+        let words = self.head_dim.div_ceil(2);
+        self.write_slots(t, words, keys, values);
+    }
+
+    /// Writes the ring copies of tokens `first..first + n` (`[n, kv_heads, ring_words]` words
+    /// each for keys and values): the last `fp_ring` of them, the others would be overwritten.
+    pub(crate) fn write_ring_copies(&self, first: usize, keys: &[u32], values: &[u32]) {
+        let words = self.ring_words();
         let n = keys.len() / (self.kv_heads * words).max(1);
-        let slots = self.sinks + self.fp_ring;
-        for i in 0..n {
+        for i in n.saturating_sub(self.fp_ring)..n {
             let t = first + i;
-            let slot = if t < self.sinks {
-                t
-            } else if self.fp_ring > 0 && i + self.fp_ring >= n {
-                self.sinks + t % self.fp_ring
-            } else {
-                continue;
-            };
-            for h in 0..self.kv_heads {
-                let at = (h * slots + slot) * words;
-                let from = (i * self.kv_heads + h) * words;
-                for (base, data) in [(0, keys), (value_offset, values)] {
-                    self.ctx.write(
-                        &self.fp,
-                        4 * (base + at) as u64,
-                        bytemuck::cast_slice(&data[from..from + words]),
-                    );
-                }
+            let at = i * self.kv_heads * words;
+            let end = at + self.kv_heads * words;
+            self.write_slots(
+                self.sinks + t % self.fp_ring,
+                words,
+                &keys[at..end],
+                &values[at..end],
+            );
+        }
+    }
+
+    /// Writes one slot of every KV head, keys and values (`[kv_heads, words]` each).
+    fn write_slots(&self, slot: usize, words: usize, keys: &[u32], values: &[u32]) {
+        let value_offset = self.fp_values();
+        for h in 0..self.kv_heads {
+            let at = self.fp_slot(h, slot);
+            let from = h * words;
+            for (base, data) in [(0, keys), (value_offset, values)] {
+                self.ctx.write(
+                    &self.fp,
+                    4 * (base + at) as u64,
+                    bytemuck::cast_slice(&data[from..from + words]),
+                );
             }
         }
     }
@@ -446,6 +586,7 @@ impl GpuKvCache {
             &host.value_codecs(),
             &host.value_means(),
             self.head_dim,
+            self.window_q8,
         )
     }
 
@@ -580,7 +721,7 @@ impl GpuKvCache {
                 actual: layout.kv_heads * layout.head_dim,
             });
         }
-        check_windows(cache, self.sinks, self.recent)?;
+        check_windows(cache, self.sinks, &self.windows, self.window_q8)?;
         self.adopt_calibration(cache, true)?;
         for h in 0..self.kv_heads {
             let (k, v) = (cache.keys(h).codec(), cache.values(h).codec());
@@ -596,7 +737,14 @@ impl GpuKvCache {
         }
         self.len = cache.len();
         self.first_stored = cache.first_stored();
-        let slots = cache.keys(0).body().len();
+        // An 8-bit window's tokens have no codes on the CPU yet: their slots follow the body's,
+        // with the codes they will have (`stored_codes`).
+        let body_slots = cache.keys(0).body().len();
+        let slots = if self.window_q8 {
+            cache.len()
+        } else {
+            body_slots
+        };
         self.positions = vec![0; slots];
         for slot in 0..slots {
             let t = self.token_in_slot(slot);
@@ -605,6 +753,7 @@ impl GpuKvCache {
             }
         }
         self.ensure_slots(slots);
+        let mut scratch = tq_cache::codec::CodecScratch::new(self.head_dim);
         for page in &self.pages {
             let filled = slots.saturating_sub(page.first_slot).min(page.tokens);
             if filled == 0 {
@@ -631,8 +780,9 @@ impl GpuKvCache {
                     ),
                 ] {
                     let body = stream.body();
+                    let from_body = body.len().saturating_sub(page.first_slot).min(filled);
                     let mut local = 0;
-                    while local < filled {
+                    while local < from_body {
                         let Some((records, halves, n)) =
                             body.run(page.first_slot + local, filled - local)
                         else {
@@ -647,6 +797,17 @@ impl GpuKvCache {
                         }
                         local += n;
                     }
+                    for local in from_body..filled {
+                        let t = page.first_slot + local;
+                        let (record, halves) = stored_codes(stream, t, &mut scratch)?;
+                        let row = h * page.tokens + local;
+                        words[row * rw..(row + 1) * rw].copy_from_slice(&record);
+                        for (i, s) in halves.iter().enumerate() {
+                            let index = row * spt + i;
+                            words[scales_at + index / 2] |=
+                                u32::from(s.to_bits()) << (16 * (index % 2));
+                        }
+                    }
                 }
             }
             kw[l.k_positions_offset..l.k_positions_offset + filled]
@@ -657,7 +818,7 @@ impl GpuKvCache {
         // The copies the CPU stream shows: its sinks and its window. Older ones it may keep for
         // rewinds are not readable, so this copy cannot rewind past its window (a typed
         // `RewindTooFar`, where the CPU cache might still rewind).
-        self.oldest_recent = cache.len().saturating_sub(self.recent);
+        self.windows.uploaded(cache.len());
         self.upload_copies(cache, 0)?;
         self.ctx.submit("upload", |_| Ok(()))
     }
@@ -676,7 +837,7 @@ impl GpuKvCache {
             }
             .into());
         }
-        if self.recent > 0 && self.oldest_recent > new_len.saturating_sub(self.recent) {
+        if self.windows.rewind_blocked(new_len) {
             return Err(tq_cache::CacheError::RewindTooFar {
                 requested: self.len - new_len,
                 reason: "full-precision copies of the tokens that would become recent are gone \
@@ -684,7 +845,7 @@ impl GpuKvCache {
             }
             .into());
         }
-        self.oldest_recent = self.oldest_recent.min(new_len);
+        self.windows.truncated(new_len);
         // An emptied CPU stream calibrates again on its next first batch.
         if new_len == 0
             && let Some(host) = &self.host

@@ -28,6 +28,15 @@ struct HostStream {
 }
 
 impl HostStream {
+    /// Whether this stream writes a token's codes from its 8-bit window copy
+    /// (`Stream::defers_codes`: an 8-bit window of its own on a growing layer).
+    fn defers_codes(&self) -> bool {
+        let l = &self.layout;
+        l.ring_slots.is_none()
+            && l.recent_tokens > 0
+            && matches!(l.recent, Some(tq_cache::CodecSpec::Q8 { .. }))
+    }
+
     /// Calibrates on `batch` (`[n, head_dim]`) where the stream has not chosen yet
     /// ([`StreamLayout::calibrated`], as the CPU stream does), rebuilding the codec if the
     /// outlier channels or the basis changed; whether anything changed.
@@ -170,17 +179,35 @@ impl HostEncoder {
     }
 
     /// Encodes `x` (`[n, kv_heads, head_dim]`) with the keys' (`keys`) or values' codecs:
-    /// records `[n, kv_heads, record_words]` and scales `[n, kv_heads, scales]`.
+    /// records `[n, kv_heads, record_words]` and scales `[n, kv_heads, scales]`. With an 8-bit
+    /// window the codes are those the CPU stream writes when the token leaves its window: of
+    /// the 8-bit copy decoded (they depend on nothing that happens in between, so they go up
+    /// with the token; the kernels read the copy while the token is in the window).
     pub(crate) fn encode(&self, keys: bool, x: &[f32]) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
         let streams = if keys { &self.keys } else { &self.values };
         let first = &streams[0].codec;
-        self.encode_with(streams, x, |s| &s.codec, first)
+        let through = if streams.iter().any(HostStream::defers_codes) {
+            Some(self.window_codec(true)?)
+        } else {
+            None
+        };
+        self.encode_with(streams, x, |s| &s.codec, first, through.as_ref())
     }
 
-    /// The full-precision copies (the stream's `fp` codec, binary16 for the GPU) of the first
-    /// `tokens` tokens of `x` (`[n, kv_heads, head_dim]`), as a CPU stream keeps them for its
-    /// attention sinks: `[tokens, kv_heads, ⌈d/2⌉]` words.
-    pub(crate) fn encode_copies(
+    /// The window copies' codec: 8-bit (`q8`) or the sinks' binary16 (`fp`).
+    fn window_codec(&self, q8: bool) -> Result<TokenCodec, GpuError> {
+        let spec = if q8 {
+            tq_cache::CodecSpec::Q8 { dim: self.head_dim }
+        } else {
+            self.keys[0].layout.fp
+        };
+        Ok(TokenCodec::new(&spec)?)
+    }
+
+    /// The copies of the attention sinks (the stream's `fp` codec, binary16 for the GPU) of the
+    /// first `tokens` tokens of `x` (`[n, kv_heads, head_dim]`): `[tokens, kv_heads, ⌈d/2⌉]`
+    /// words.
+    pub(crate) fn encode_sink_copies(
         &self,
         keys: bool,
         x: &[f32],
@@ -190,17 +217,35 @@ impl HostEncoder {
         let fp = TokenCodec::new(&streams[0].layout.fp)?;
         let width = streams.len() * self.head_dim;
         let x = &x[..(tokens * width).min(x.len())];
-        Ok(self.encode_with(streams, x, |_| &fp, &fp)?.0)
+        Ok(self.encode_with(streams, x, |_| &fp, &fp, None)?.0)
+    }
+
+    /// The recent window's copies of every token of `x` (`[n, kv_heads, head_dim]`), 8-bit
+    /// (`q8`, the layer's `recent_dtype`) or binary16: `[n, kv_heads, ring_words]` words, each
+    /// copy's record followed by its scales, one per word.
+    pub(crate) fn encode_ring_copies(
+        &self,
+        keys: bool,
+        x: &[f32],
+        q8: bool,
+    ) -> Result<Vec<u32>, GpuError> {
+        let streams = if keys { &self.keys } else { &self.values };
+        let codec = self.window_codec(q8)?;
+        let (records, scales) = self.encode_with(streams, x, |_| &codec, &codec, None)?;
+        Ok(ring_words_of(&codec, &records, &scales))
     }
 
     /// Encodes every vector of `x` with `codec(stream)` of its KV head's stream (`first`: the
-    /// sizes), the stream's mean subtracted first as `Stream::push` does.
+    /// sizes), the stream's mean subtracted first as `Stream::push` does — for a stream that
+    /// defers its codes, through the 8-bit window codec `through` first (encoded, decoded,
+    /// then encoded by the codec, as its token is when it leaves the window).
     fn encode_with<'a>(
         &self,
         streams: &'a [HostStream],
         x: &[f32],
         codec: impl Fn(&'a HostStream) -> &'a TokenCodec,
         first: &TokenCodec,
+        through: Option<&TokenCodec>,
     ) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
         let d = self.head_dim;
         let (rw, sc) = (first.record_words(), first.scales_per_token());
@@ -209,6 +254,13 @@ impl HostEncoder {
         let mut scales = vec![f16::ZERO; vectors * sc];
         let mut scratch = CodecScratch::new(d);
         let mut centered = vec![0.0f32; d];
+        let mut copy = through.map(|c| {
+            (
+                vec![0u32; c.record_words()],
+                vec![f16::ZERO; c.scales_per_token()],
+                vec![0.0f32; d],
+            )
+        });
         for (v, vector) in x.chunks_exact(d).enumerate() {
             let stream = &streams[v % streams.len()];
             // A centered stream stores `x − μ` (body and copies), computed as `Stream::push` does.
@@ -221,6 +273,14 @@ impl HostEncoder {
                 }
                 None => vector,
             };
+            let stored = match (through, &mut copy) {
+                (Some(window), Some((record, halves, decoded))) if stream.defers_codes() => {
+                    window.encode_into(stored, &mut scratch, record, halves)?;
+                    window.decode_into(record, halves, &mut scratch, decoded)?;
+                    &decoded[..]
+                }
+                _ => stored,
+            };
             codec(stream).encode_into(
                 stored,
                 &mut scratch,
@@ -230,4 +290,21 @@ impl HostEncoder {
         }
         Ok((records, scales))
     }
+}
+
+/// Records `[n, record_words]` and scales `[n, scales]` of `codec` as ring copies
+/// (`[n, ring_words]`).
+pub(crate) fn ring_words_of(codec: &TokenCodec, records: &[u32], scales: &[f16]) -> Vec<u32> {
+    let (rw, sc) = (codec.record_words(), codec.scales_per_token());
+    let n = records.len() / rw.max(1);
+    let mut out = Vec::with_capacity(n * (rw + sc));
+    for i in 0..n {
+        out.extend_from_slice(&records[i * rw..(i + 1) * rw]);
+        out.extend(
+            scales[i * sc..(i + 1) * sc]
+                .iter()
+                .map(|h| u32::from(h.to_bits())),
+        );
+    }
+    out
 }

@@ -23,14 +23,15 @@
 //! or Hadamard sketch), one codec per stream (per-head seeds); two tiers of TQ_mse (`tq3.5`,
 //! `tq2.5`); a data-aware basis (`basis = "planes"` or `"pca"`: several code groups of
 //! different widths, the scales folded into the query); mean-centering; attention sinks and
-//! full-precision recent windows (binary16 copies; a prefill gives every query its own window,
-//! as decoding does) — so every preset, the recommended `rec*` included; head dimension ≤ 512,
+//! recent windows (binary16 or 8-bit copies, `recent_dtype = "q8"`; a window per stream and KV
+//! head; a prefill gives every query its own window, as decoding does) — so every preset and
+//! lever file, the recommended `rec*` and their 8-bit-window versions included; head dimension ≤ 512,
 //! growing or sliding layers. Streams with any of the levers after the first are encoded on the
 //! host, which calibrates them from the first batch (means, outlier channels, bases — a plane
 //! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
-//! tiers; sink and window copies in f32; streams of one layer with different window counts
-//! (an allocation's per-stream `recent_fp_tokens`: one window per layer, layers may differ). All arithmetic is f32 (no `SHADER_F16` path yet).
+//! tiers; sink and window copies in f32; sink counts that differ between the streams of a
+//! layer. All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append
@@ -49,6 +50,7 @@ mod error;
 mod host_encode;
 pub mod kernels;
 mod tables;
+mod windows;
 
 pub use append::EncodedTokens;
 pub use cache::{Downloaded, GpuKvCache, MAX_PAGE_TOKENS};

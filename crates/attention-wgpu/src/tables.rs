@@ -100,7 +100,7 @@ fn head_codec(codec: &TokenCodec) -> Result<HeadCodec<'_>, GpuError> {
 }
 
 /// Π (d×d, row-major f64) as f32 column-major: entry (i, j) at `j·d + i`.
-fn column_major(dense: &[f64], d: usize) -> Vec<f32> {
+pub(crate) fn column_major(dense: &[f64], d: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; d * d];
     for i in 0..d {
         for j in 0..d {

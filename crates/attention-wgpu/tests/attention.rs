@@ -421,84 +421,190 @@ fn recent_windows_match_the_cpu_cache() {
     }
 }
 
-/// One window per layer on the GPU: an allocation whose keys and values (or two KV heads) have
-/// windows of their own (`recent_fp_tokens` per stream) is refused with a typed error, the
-/// keys' window without sinks included (the stream without copies must not inherit the other's
-/// window silently); the same window in every stream is accepted. A copy refuses to take the
-/// records of a CPU cache with other windows (`upload_all`, `sync_from`): it would read codes
-/// where the CPU reads copies.
+/// Windows of their own per stream and KV head (an allocation's per-stream
+/// `recent_fp_tokens`, with binary16 and with 8-bit copies): each stream of each head reads its
+/// own window from the copies — through a prefill longer than one chunk, decode steps, a
+/// rewind, and in copies uploaded from or following the CPU cache — as the CPU cache does, the
+/// keys' window without sinks or values' windows included. A copy refuses the records of a CPU
+/// cache with other windows (`upload_all`, `sync_from`): it would read codes where the CPU reads
+/// copies.
 #[test]
-fn windows_that_differ_between_streams_are_refused() {
+fn windows_per_stream_and_head_match_the_cpu_cache() {
     let Some(ctx) = context() else { return };
-    let text = |sinks: usize, keys: usize, values: usize, head1_values: usize| {
+    let text = |sinks: usize, keys: usize, values: usize, head1_values: usize, dtype: &str| {
         format!(
-            "name = \"w\"\nsink_tokens = {sinks}\n\
+            "name = \"w\"\nsink_tokens = {sinks}\nrecent_dtype = \"{dtype}\"\n\
              key = {{ codec = \"mse\", bits = 3, recent_fp_tokens = {keys} }}\n\
              value = {{ codec = \"mse\", bits = 2, recent_fp_tokens = {values} }}\n\
              [[override]]\nlayers = [0]\nheads = [1]\nvalue = {{ recent_fp_tokens = {head1_values} }}\n"
         )
     };
-    let cpu = |sinks, keys, values, head1_values| {
+    let mut layout = growing(2, 64);
+    layout.max_rewind = 4;
+    let cpu = |sinks, keys, values, head1_values, dtype: &str| {
         let allocation =
-            Allocation::from_toml_str(&text(sinks, keys, values, head1_values)).unwrap();
-        KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap()
+            Allocation::from_toml_str(&text(sinks, keys, values, head1_values, dtype)).unwrap();
+        KvCache::with_allocation(layout, &allocation, 0, 1).unwrap()
     };
-    let refused = |result: Result<(), GpuError>, case: &str| match result {
-        Err(GpuError::Unsupported(what)) => {
+    for dtype in ["f16", "q8"] {
+        for (sinks, keys, values, head1_values) in [
+            (0, 8, 0, 0),
+            (0, 0, 8, 8),
+            (2, 8, 4, 4),
+            (2, 8, 8, 4),
+            (2, 12, 6, 20),
+        ] {
+            let case = format!("{dtype} {sinks}/{keys}/{values}/{head1_values}");
+            eprintln!("case {case}");
+            let mut cpu = cpu(sinks, keys, values, head1_values, dtype);
+            let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+            forward_both(&mut cpu, &mut gpu, 0, 90, 31);
+            for t in 90..93u32 {
+                forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t));
+            }
+            compare(&mut gpu, &cpu, 4, &[92], 32);
+            cpu.truncate(90).unwrap();
+            gpu.truncate(90).unwrap();
+            forward_both(&mut cpu, &mut gpu, 90, 2, 33);
+            compare(&mut gpu, &cpu, 4, &[91], 34);
+            assert!(cpu.truncate(80).is_err(), "{case}");
             assert!(
-                what.contains("same counts in every stream"),
-                "{case}: {what}"
-            )
-        }
-        other => panic!("{case}: {other:?}"),
-    };
-    for (sinks, keys, values, head1_values, accepted) in [
-        (0, 8, 0, 0, false),
-        (0, 0, 8, 8, false),
-        (2, 8, 4, 4, false),
-        (2, 8, 8, 4, false),
-        (2, 8, 8, 8, true),
-    ] {
-        let case = format!("{sinks}/{keys}/{values}/{head1_values}");
-        match GpuKvCache::new(&ctx, &cpu(sinks, keys, values, head1_values)) {
-            Ok(_) => assert!(accepted, "{case} accepted"),
-            Err(e) => {
-                assert!(!accepted, "{case} refused");
-                refused(Err(e), &case);
+                matches!(gpu.truncate(80), Err(GpuError::Cache(_))),
+                "{case}"
+            );
+            // Every token's codes, those still waiting in an 8-bit window included, are the
+            // ones the GPU wrote itself.
+            let written = gpu.download().unwrap();
+            let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+            compare(&mut uploaded, &cpu, 4, &[91], 35);
+            assert_eq!(uploaded.download().unwrap(), written, "{case}: upload_all");
+            let mut follower = GpuKvCache::new(&ctx, &cpu).unwrap();
+            follower.sync_from(&cpu).unwrap();
+            compare(&mut follower, &cpu, 4, &[91], 36);
+            assert_eq!(follower.download().unwrap(), written, "{case}: sync_from");
+            for copy in [&mut uploaded, &mut follower] {
+                assert!(
+                    matches!(copy.truncate(90), Err(GpuError::Cache(_))),
+                    "{case}"
+                );
             }
         }
     }
-    let mut gpu = GpuKvCache::new(&ctx, &cpu(2, 8, 8, 8)).unwrap();
-    let other = cpu(2, 16, 16, 16);
+    let refused = |result: Result<(), GpuError>, case: &str| match result {
+        Err(GpuError::Unsupported(what)) => {
+            assert!(what.contains("other recent windows"), "{case}: {what}")
+        }
+        other => panic!("{case}: {other:?}"),
+    };
+    let mut gpu = GpuKvCache::new(&ctx, &cpu(2, 8, 8, 8, "f16")).unwrap();
+    let other = cpu(2, 8, 8, 4, "f16");
     refused(gpu.upload_all(&other), "upload_all");
     refused(gpu.sync_from(&other), "sync_from");
-    assert!(gpu.upload_all(&cpu(2, 8, 8, 8)).is_ok());
+    assert!(gpu.upload_all(&cpu(2, 8, 8, 8, "f16")).is_ok());
 }
 
-/// An 8-bit window (`recent_dtype = "q8"`, CPU only: its tokens have no codes until they leave
-/// it) is a typed refusal naming the option, not a copy that would read missing codes — when a
-/// GPU cache is built from it, and when its records are offered to one built with f16 copies.
+/// An 8-bit window (`recent_dtype = "q8"`, with sinks, centering and a plane basis: the
+/// levers of the `-q8` lever files): the GPU scores its copies against the query rotated once
+/// and sums them in the window rotation's coordinates, and writes each token's codes when it
+/// arrives — those the CPU writes when the token leaves the window, from the copy — so through
+/// a prefill longer than one chunk, decode steps, a rewind and stored-cache attention it
+/// attends as the CPU cache does, and its records of the tokens outside the window are the
+/// CPU's bit for bit. A copy uploaded from the CPU cache, or following it, computes the
+/// window's codes from the CPU's copies and agrees too. A copy built with binary16 windows
+/// refuses the records of a cache with 8-bit ones (and the reverse), naming the option.
 #[test]
-fn eight_bit_windows_are_refused() {
+fn eight_bit_windows_match_the_cpu_cache() {
     let Some(ctx) = context() else { return };
-    let cpu = |dtype: &str| {
-        let allocation = Allocation::from_toml_str(&format!(
-            "name = \"w\"\nsink_tokens = 2\nrecent_fp_tokens = 8\nrecent_dtype = \"{dtype}\"\n\
-             key = {{ codec = \"mse\", bits = 3 }}\nvalue = {{ codec = \"mse\", bits = 2 }}\n"
-        ))
-        .unwrap();
-        KvCache::with_allocation(growing(2, 64), &allocation, 0, 1).unwrap()
+    let text = |dtype: &str| {
+        format!(
+            "name = \"w8\"\nsink_tokens = 2\nrecent_fp_tokens = 24\nrecent_dtype = \"{dtype}\"\n\
+             key = {{ codec = \"mse\", bits = 3, basis = \"planes\", center = \"first-chunk\" }}\n\
+             value = {{ codec = \"mse\", bits = 2, center = \"first-chunk\", norm_correction = true }}\n"
+        )
     };
+    let allocation = |dtype: &str| Allocation::from_toml_str(&text(dtype)).unwrap();
+    let mut layout = growing(2, 64);
+    layout.max_rewind = 4;
+    let mut cpu = KvCache::with_allocation(layout, &allocation("q8"), 3, 8).unwrap();
+    assert!(
+        cpu.keys(0).defers_codes(),
+        "the CPU stream writes codes on leaving"
+    );
+    let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+    forward_both(&mut cpu, &mut gpu, 0, 150, 21);
+    for t in 150..155u32 {
+        forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t));
+    }
+    compare(&mut gpu, &cpu, 4, &[154], 22);
+    // The records of the tokens that left the window are the CPU's (its body holds no others).
+    let body = cpu.keys(0).body_tokens(cpu.len());
+    assert_eq!(body, 155 - 24);
+    let down = gpu.download().unwrap();
+    let (mut kr, mut vr) = (vec![], vec![]);
+    for t in 0..body {
+        for h in 0..2 {
+            kr.extend_from_slice(body_record(cpu.keys(h), t));
+            vr.extend_from_slice(body_record(cpu.values(h), t));
+        }
+    }
+    let (kw, vw) = (kr.len() / body, vr.len() / body);
+    assert_eq!(down.key_records[..body * kw], kr[..]);
+    assert_eq!(down.value_records[..body * vw], vr[..]);
+    cpu.truncate(151).unwrap();
+    gpu.truncate(151).unwrap();
+    forward_both(&mut cpu, &mut gpu, 151, 3, 77);
+    compare(&mut gpu, &cpu, 4, &[153], 23);
+    // The codes of the tokens that re-entered the window and left it again are the same.
+    for t in 154..160u32 {
+        forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t) ^ 5);
+    }
+    let body = cpu.keys(0).body_tokens(cpu.len());
+    let down = gpu.download().unwrap();
+    for h in 0..2 {
+        for t in 0..body {
+            let at = (t * 2 + h) * kw / 2;
+            assert_eq!(
+                down.key_records[at..at + kw / 2],
+                *body_record(cpu.keys(h), t),
+                "token {t} head {h} after the rewind"
+            );
+        }
+    }
+    let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    compare(&mut uploaded, &cpu, 4, &[159], 24);
+    assert_eq!(
+        uploaded.download().unwrap(),
+        down,
+        "upload_all writes the same codes"
+    );
+    let mut follower = GpuKvCache::new(&ctx, &cpu).unwrap();
+    follower.sync_from(&cpu).unwrap();
+    compare(&mut follower, &cpu, 4, &[159], 25);
+    // Decode steps on the CPU, synced one at a time.
+    for t in 160..163u32 {
+        let keys = vectors(1, 2 * 64, u64::from(t));
+        let values = vectors(1, 2 * 64, u64::from(t) ^ 9);
+        cpu.append(&keys, &values, &[t]).unwrap();
+        follower.sync_from(&cpu).unwrap();
+        compare(&mut follower, &cpu, 4, &[t], u64::from(t));
+    }
+    // One ring layout per layer: binary16 and 8-bit windows do not mix.
     let refused = |result: Result<(), GpuError>, case: &str| match result {
         Err(GpuError::Unsupported(what)) => {
             assert!(what.contains("recent_dtype"), "{case}: {what}")
         }
         other => panic!("{case}: {other:?}"),
     };
-    refused(GpuKvCache::new(&ctx, &cpu("q8")).map(|_| ()), "new");
-    let mut gpu = GpuKvCache::new(&ctx, &cpu("f16")).unwrap();
-    refused(gpu.upload_all(&cpu("q8")), "upload_all");
-    refused(gpu.sync_from(&cpu("q8")), "sync_from");
+    let f16_cpu = KvCache::with_allocation(layout, &allocation("f16"), 3, 8).unwrap();
+    let mut f16_gpu = GpuKvCache::new(&ctx, &f16_cpu).unwrap();
+    refused(f16_gpu.upload_all(&cpu), "upload_all into binary16");
+    refused(f16_gpu.sync_from(&cpu), "sync_from into binary16");
+    let mut q8_gpu = GpuKvCache::new(
+        &ctx,
+        &KvCache::with_allocation(layout, &allocation("q8"), 3, 8).unwrap(),
+    )
+    .unwrap();
+    refused(q8_gpu.upload_all(&f16_cpu), "upload_all into 8-bit");
 }
 
 /// A batch that fails (a position gap, a non-finite value) changes nothing, calibration

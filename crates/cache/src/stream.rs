@@ -729,6 +729,18 @@ impl Stream {
         if t < self.sink_end() {
             return self.sinks.record(t).map(|r| with(&self.fp_codec, r));
         }
+        self.recent_copy(t)
+    }
+
+    /// Token `t`'s copy in the recent window (or the current step), in
+    /// [`recent_codec`](Self::recent_codec) — also for a sink, whose window copy
+    /// [`full_precision`](Self::full_precision) does not show: an 8-bit window writes every
+    /// token's codes from this copy, sinks included. `None` when the stream holds none.
+    pub fn recent_copy(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
+        if t >= self.len {
+            return None;
+        }
+        let with = |codec, (record, scales)| (codec, record, scales);
         if self.recent_slots > 0 && t >= self.recent_start() && t >= self.oldest_recent {
             return self
                 .recent

@@ -1,8 +1,9 @@
 //! The wgpu attention backend in the real model (SmolLM2-135M: 30 layers, 9 query / 3 KV
 //! heads, d = 64) against the CPU backend with the same allocation: `mse-k4v4`, `k5v4`, `f16`,
 //! the two-tier `tq3.5`, the mean-centered `k5v3-c`, `rec4.25-global` (centered, 4 f16
-//! sinks) and the recommended `rec4.25` (plane basis, sinks, recent window, centering; these
-//! four encoded on the host), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
+//! sinks), the recommended `rec4.25` (plane basis, sinks, recent window, centering; these
+//! four encoded on the host) and 8-bit windows of 6 key and 4 value tokens (`recent_dtype =
+//! "q8"`, with `rec4.25`'s levers), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
 //!
 //! # What is compared, and the tolerances
 //!
@@ -54,6 +55,28 @@ const PRESETS: [&str; 7] = [
     "rec4.25-global",
     "rec4.25",
 ];
+
+/// 8-bit windows short enough that tokens leave them during the prompt, of their own length
+/// per stream (`rec4.25-q8`'s levers with 6 key and 4 value tokens instead of 256 and 160): the
+/// GPU scores the copies in the window rotation's coordinates, reads each stream's own window,
+/// and writes the codes a token will have when it leaves.
+const EIGHT_BIT_WINDOW: &str = "name = \"rec4.25-q8-k6v4\"\nsink_tokens = 2\n\
+    recent_dtype = \"q8\"\n\
+    key = { codec = \"mse\", bits = 4, center = \"first-chunk\", basis = \"planes\", \
+    recent_fp_tokens = 6 }\n\
+    value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
+    recent_fp_tokens = 4 }\n";
+
+/// The presets, then the 8-bit window.
+fn allocations() -> Vec<(String, Allocation)> {
+    let mut all: Vec<(String, Allocation)> = PRESETS
+        .iter()
+        .map(|p| (p.to_string(), Allocation::preset(p).unwrap()))
+        .collect();
+    let window = Allocation::from_toml_str(EIGHT_BIT_WINDOW).unwrap();
+    all.push((window.name.clone(), window));
+    all
+}
 
 /// Tokens per prefill chunk: the 23-token prompt runs as 8 + 8 + 7, so later chunks attend to
 /// a cached past and to themselves.
@@ -134,8 +157,7 @@ fn wgpu_attention_equals_cpu_layer_by_layer() {
         return;
     };
     const DECODE_STEPS: usize = 3;
-    for preset in PRESETS {
-        let allocation = Allocation::preset(preset).unwrap();
+    for (preset, allocation) in allocations() {
         let mut cache = model.new_cache(&allocation, 64).unwrap();
         let mut paired = Paired {
             cpu: CpuAttention {
@@ -266,8 +288,7 @@ fn wgpu_greedy_generation_equals_cpu() {
         kernel: AttentionKernel::Fused,
         stop_tokens: Vec::new(),
     };
-    for preset in PRESETS {
-        let allocation = Allocation::preset(preset).unwrap();
+    for (preset, allocation) in allocations() {
         let cpu = cpu_greedy(&model, &allocation, &prompt, options.max_tokens);
         for (step, &(token, margin)) in cpu.iter().enumerate() {
             assert!(

@@ -23,7 +23,7 @@ pub(crate) const BINDINGS: [Binding; 6] = [
     b(7, "fp", Access::Read),
 ];
 
-/// `AttnParams` of `attn_params.wgsl` (288 bytes).
+/// `AttnParams` of `attn_params.wgsl` (304 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct AttnParams {
@@ -53,6 +53,10 @@ pub(crate) struct AttnParams {
     pub fp_values: u32,
     pub fp_coords: u32,
     pub fp_ring: u32,
+    pub ring_words: u32,
+    pub q8_query: u32,
+    pub q8_coords: u32,
+    pub q8_rotation: u32,
 }
 
 /// `DispatchParams` of `attn_params.wgsl`.

@@ -22,10 +22,11 @@
 var<workgroup> cv: array<f32, MAX_LEVELS>;
 /// Scores, then weights exp(score − max): [MAX_GROUP, MAX_BLOCK].
 var<workgroup> p_sh: array<f32, 2048>;
-/// Per token of the block: 0 hidden, 1 read from the page, 2 read from its full-precision copy
-/// (an attention sink).
+/// Per token of the block, where its value is read: 0 hidden, 1 from the page, 2 from its
+/// binary16 copy (an attention sink, a binary16 window), 3 from its 8-bit window copy.
 var<workgroup> live_sh: array<u32, MAX_BLOCK>;
-/// Value norm and γ (two tiers: the second tier's norm) per token of the block: [MAX_BLOCK, 2].
+/// Value norm and γ (two tiers: the second tier's norm) per token of the block: [MAX_BLOCK, 2];
+/// for a token read from an 8-bit copy, the value copy's step.
 var<workgroup> vscale: array<f32, 512>;
 /// Reduction scratch [MAX_GROUP, WG].
 var<workgroup> red: array<f32, 512>;
@@ -150,21 +151,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let local = blk * bt + k;
         let visible = slot_visible(launch.first_slot + local, local, qpos);
         let slot = launch.first_slot + local;
-        let from_fp = visible && reads_fp(slot, qi);
-        live_sh[k] = select(select(0u, 1u, visible), 2u, from_fp);
-        if (from_fp) {
-            let s = fp_key_scores(row0, kvh, slot);
+        // Keys and values each read the copy inside their own window (they may differ).
+        var source = select(0u, 1u, visible);
+        if (visible && reads_copy(slot, qi, 1u, kvh)) {
+            source = select(2u, 3u, copy_is_q8(slot));
+        }
+        live_sh[k] = source;
+        if (visible) {
+            var s: array<f32, MAX_GROUP>;
+            if (reads_copy(slot, qi, 0u, kvh)) {
+                s = fp_key_scores(row0, kvh, slot);
+            } else {
+                s = key_scores(row0, kvh, local);
+            }
             for (var g = 0u; g < CHUNK; g += 1u) {
                 p_sh[g * MAX_BLOCK + k] = s[g];
                 local_max[g] = max(local_max[g], s[g]);
             }
-        } else if (visible) {
-            let s = key_scores(row0, kvh, local);
-            for (var g = 0u; g < CHUNK; g += 1u) {
-                p_sh[g * MAX_BLOCK + k] = s[g];
-                local_max[g] = max(local_max[g], s[g]);
-            }
-            if (coded_values) {
+            if (source == 3u) {
+                vscale[2u * k] = q8_step(fp_slot_word(params.fp_values, kvh, slot));
+            } else if (source == 1u && coded_values) {
                 vscale[2u * k] = value_scale(kvh, local, 0u);
                 if (value.scales > 1u) {
                     vscale[2u * k + 1u] = value_scale(kvh, local, 1u);
@@ -222,27 +228,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     // Weighted value sums, one coordinate per thread at a time, tokens in order: the page's
-    // records in their accumulation domain, then the full-precision copies' (original domain)
-    // in the last fp_coords accumulators.
+    // records in their accumulation domain, then the binary16 copies' (original domain) in the
+    // next fp_coords accumulators, then the 8-bit copies' (Π₈'s coordinates) in the last
+    // q8_coords.
     var coords = value.dim;
     if (value.kind == KIND_PROD) {
         coords = 2u * value.dim;
     }
-    for (var c = lid; c < coords + params.fp_coords; c += WG) {
+    let fp_end = coords + params.fp_coords;
+    for (var c = lid; c < fp_end + params.q8_coords; c += WG) {
         var acc: array<f32, MAX_GROUP>;
         for (var g = 0u; g < MAX_GROUP; g += 1u) {
             acc[g] = 0.0;
         }
-        let from_fp = c >= coords;
+        var source = 1u;
+        if (c >= fp_end) {
+            source = 3u;
+        } else if (c >= coords) {
+            source = 2u;
+        }
         var at = CodeAt(0u, 0u, 0u, 0u);
         if (coded_values && c < value.dim) {
             at = code_at(kvh, c);
         }
         for (var k = 0u; k < bt; k += 1u) {
-            if (live_sh[k] == select(1u, 2u, from_fp)) {
+            if (live_sh[k] == source) {
+                let slot = launch.first_slot + blk * bt + k;
                 var x: f32;
-                if (from_fp) {
-                    x = fp_coordinate(params.fp_values, kvh, launch.first_slot + blk * bt + k, c - coords);
+                if (source == 3u) {
+                    x = vscale[2u * k] * q8_code(fp_slot_word(params.fp_values, kvh, slot), c - fp_end);
+                } else if (source == 2u) {
+                    x = fp_coordinate(params.fp_values, kvh, slot, c - coords);
                 } else {
                     x = value_coordinate(kvh, blk * bt + k, k, c, at);
                 }

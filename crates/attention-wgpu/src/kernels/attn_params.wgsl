@@ -46,9 +46,11 @@ struct AttnParams {
     score_stride: u32,
     /// Attention sinks and recent windows (growing layers): tokens `t < sink_end` (min(sinks,
     /// len)) and `t ≥` the query's window start (after the positions in `prepared`) are read
-    /// from their full-precision (binary16) copies in `fp` instead of the page: keys at word
-    /// 0, values at word `fp_values`, each `[kv_heads, fp_slots, ceil(dim/2)]` with slots
-    /// `0..sinks` for the sinks and `sinks + t mod fp_ring` for the window's ring.
+    /// from their copies in `fp` instead of the page: keys at word 0, values at word
+    /// `fp_values`, each per KV head `sinks` binary16 slots of ceil(dim/2) words (slot t for
+    /// sink t), then `fp_ring` slots of `ring_words` (token t at `sinks + t mod fp_ring`):
+    /// binary16 copies, or 8-bit ones (`q8_coords` ≠ 0: ceil(dim/4) words of signed bytes of
+    /// the rotated vector Π₈x, then the f16 step in the low half of one word).
     sink_end: u32,
     fp_slots: u32,
     /// Where a prepared row holds `scale·q` for scoring those copies (0 for f32 / f16 keys).
@@ -58,6 +60,15 @@ struct AttnParams {
     /// (`dim`, or 0 without sinks).
     fp_coords: u32,
     fp_ring: u32,
+    /// Words per ring slot (see `sink_end`).
+    ring_words: u32,
+    /// 8-bit ring copies: where a prepared row holds Π₈·(scale·q), which scores them without
+    /// decoding (`q·Π₈ᵀ(s·c) = s·(Π₈q)·c`); their values' accumulators (in Π₈'s coordinates,
+    /// turned back once by the finish kernel) are the last `q8_coords` (= dim) of a partial
+    /// record; Π₈ is column-major at `q8_rotation` in `tables`. `q8_coords` 0: binary16 ring.
+    q8_query: u32,
+    q8_coords: u32,
+    q8_rotation: u32,
 }
 
 struct DispatchParams {

@@ -1,7 +1,7 @@
 // finish.wgsl — decode attention, pass 2b: divides each row's accumulators by its softmax sum
 // and maps them back once: out = Π_Vᵀ·(acc + α·s·S_Vᵀ·sketch_acc) / sum for coded values,
 // acc / sum for f32 / f16 values, plus the attention sinks' original-domain sums / sum, plus
-// μ_V for a mean-centered stream. A row that saw no token outputs zeros.
+// an 8-bit window's sums turned back (Π₈ᵀ·w / sum), plus μ_V for a mean-centered stream. A row that saw no token outputs zeros.
 //
 // Workgroup: WG = 64 threads, one workgroup per row (row = query·q_heads + head).
 //
@@ -16,6 +16,8 @@
 
 var<workgroup> a_sh: array<f32, MAX_DIM>;
 var<workgroup> t_sh: array<f32, MAX_DIM>;
+/// An 8-bit window's weighted sum, normalized, in Π₈'s coordinates.
+var<workgroup> w_sh: array<f32, MAX_DIM>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -32,9 +34,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         inv = 1.0 / sum;
     }
     let kvh = (row % params.q_heads) / params.group;
+    if (params.q8_coords != 0u) {
+        for (var j = lid; j < d; j += WG) {
+            w_sh[j] = state[own + params.rec - params.q8_coords + j] * inv;
+        }
+        workgroupBarrier();
+    }
     if (value.kind == KIND_F32 || value.kind == KIND_F16) {
         for (var j = lid; j < d; j += WG) {
-            out[row * d + j] = with_mean(state[own + 2u + j] * inv + sinks(own, j, inv), kvh, j, sum);
+            out[row * d + j] = with_mean(state[own + 2u + j] * inv + sinks(own, j, inv) + window8(j), kvh, j, sum);
         }
         return;
     }
@@ -74,17 +82,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < d; j += 1u) {
             acc += tables[pi + k * d + j] * a_sh[j];
         }
-        out[row * d + k] = with_mean(acc + sinks(own, k, inv), kvh, k, sum);
+        out[row * d + k] = with_mean(acc + sinks(own, k, inv) + window8(k), kvh, k, sum);
     }
 }
 
-/// Coordinate `k` of the attention sinks' weighted values (original domain, the last
-/// `fp_coords` accumulators of the row's state), normalized; 0 without sinks.
+/// Coordinate `k` of the binary16 copies' weighted values (sinks and a binary16 window:
+/// original domain, the `fp_coords` accumulators before the 8-bit window's), normalized; 0
+/// without copies.
 fn sinks(own: u32, k: u32, inv: f32) -> f32 {
     if (params.fp_coords == 0u) {
         return 0.0;
     }
-    return state[own + params.rec - params.fp_coords + k] * inv;
+    return state[own + params.rec - params.q8_coords - params.fp_coords + k] * inv;
+}
+
+/// Coordinate `k` of an 8-bit window's weighted values turned back once: (Π₈ᵀ·w)_k, Π₈
+/// column-major (entry (j, k) at k·d + j); 0 without one.
+fn window8(k: u32) -> f32 {
+    if (params.q8_coords == 0u) {
+        return 0.0;
+    }
+    let d = params.value.dim;
+    var acc = 0.0;
+    for (var j = 0u; j < d; j += 1u) {
+        acc += tables[params.q8_rotation + k * d + j] * w_sh[j];
+    }
+    return acc;
 }
 
 /// Output coordinate `k` of KV head `kvh` with a centered stream's mean added back, as the CPU

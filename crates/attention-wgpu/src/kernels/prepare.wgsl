@@ -8,7 +8,8 @@
 //   4 prepared  storage rw  f32 [rows, qstride]     output (positions after it are the host's)
 //
 // Coded keys: q̃ = correction·Π_K·(scale·q) and s̃ = α·s·S_K·(Π_K·(scale·q)), the CPU fused
-// kernel's order. f32 / f16 keys: scale·q.
+// kernel's order. f32 / f16 keys: scale·q. Then scale·q for sink copies beside coded keys, and
+// Π₈·(scale·q) for an 8-bit window's copies.
 
 @group(0) @binding(2) var<storage, read> queries: array<f32>;
 @group(0) @binding(3) var<storage, read> tables: array<f32>;
@@ -35,6 +36,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (params.fp_coords != 0u && params.fp_query != 0u) {
         for (var j = lid; j < d; j += WG) {
             prepared[out + params.fp_query + j] = q_sh[j];
+        }
+    }
+    // An 8-bit window scores its copies in the window rotation's coordinates: Π₈·(scale·q),
+    // Π₈ column-major (entry (j, i) at i·d + j).
+    if (params.q8_coords != 0u) {
+        for (var j = lid; j < d; j += WG) {
+            var acc = 0.0;
+            for (var i = 0u; i < d; i += 1u) {
+                acc += tables[params.q8_rotation + i * d + j] * q_sh[i];
+            }
+            prepared[out + params.q8_query + j] = acc;
         }
     }
     if (key.kind == KIND_F32 || key.kind == KIND_F16) {

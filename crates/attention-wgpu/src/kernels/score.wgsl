@@ -9,9 +9,10 @@
 //   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words],
 //                          scales (binary16 pairs) at k_scales_offset, positions at
 //                          k_positions_offset
-//   7 fp        storage r  u32, full-precision (binary16) copies of the attention sinks: keys
-//                          [kv_heads, fp_slots, ceil(dim/2)] at 0, values the same at
-//                          fp_values (a 16-byte placeholder without sinks)
+//   7 fp        storage r  u32, the copies of the attention sinks (binary16) and of the recent
+//                          window's ring (binary16 or 8-bit): keys at 0, values at fp_values,
+//                          per KV head the sink slots then the ring's (see AttnParams.sink_end;
+//                          a 16-byte placeholder without copies)
 //
 // A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
 // `Σ_G norm_G·⟨q̃_G, c_G[idx]⟩` for keys of several code groups (two tiers, a basis),
@@ -130,39 +131,79 @@ fn code_group(table: u32, i: u32) -> CodeGroup {
     );
 }
 
-/// Whether the token in slot `slot` is read from its full-precision copy rather than the
-/// page by query `qi`: an attention sink, or a token of the query's recent window (both exist
-/// on growing layers only, where slot = token). Window starts follow the query positions in
-/// `prepared` (`len` for a query without a window).
-fn reads_fp(slot: u32, qi: u32) -> bool {
+/// Whether the token in slot `slot` is read from its copy rather than the page by query `qi`
+/// in stream `stream` (0 keys, 1 values) of KV head `kvh`: an attention sink, or a token of that
+/// stream's recent window for the query (both exist on growing layers only, where slot =
+/// token). Window starts follow the query positions in `prepared`, `[queries, 2, kv_heads]`
+/// (`len` where a stream has no window).
+fn reads_copy(slot: u32, qi: u32, stream: u32, kvh: u32) -> bool {
     if (params.fp_coords == 0u) {
         return false;
     }
-    let start = bitcast<u32>(prepared[params.positions_offset + params.queries + qi]);
+    let at = params.positions_offset + params.queries + (qi * 2u + stream) * params.kv_heads + kvh;
+    let start = bitcast<u32>(prepared[at]);
     return slot < params.sink_end || slot >= start;
 }
 
-/// Coordinate `j` of the full-precision copy of token `t` (a sink, or in the recent ring) of KV
+/// Word of `fp` where the copy of token `t` (a sink, or in the recent ring) of KV head `kvh`
+/// starts, keys (`base` 0) or values (`base` fp_values).
+fn fp_slot_word(base: u32, kvh: u32, t: u32) -> u32 {
+    let sink_words = (params.key.dim + 1u) / 2u;
+    let sinks = params.fp_slots - params.fp_ring;
+    let head = base + kvh * (sinks * sink_words + params.fp_ring * params.ring_words);
+    if (t < sinks) {
+        return head + t * sink_words;
+    }
+    return head + sinks * sink_words + (t % max(params.fp_ring, 1u)) * params.ring_words;
+}
+
+/// Whether token `t`'s copy is an 8-bit one (in the ring of an 8-bit window; sinks keep
+/// binary16 copies).
+fn copy_is_q8(t: u32) -> bool {
+    return params.q8_coords != 0u && t >= params.fp_slots - params.fp_ring;
+}
+
+/// Coordinate `j` of the binary16 copy of token `t` (a sink, or in a binary16 ring) of KV
 /// head `kvh`, keys (`base` 0) or values (`base` fp_values).
 fn fp_coordinate(base: u32, kvh: u32, t: u32, j: u32) -> f32 {
-    let words = (params.key.dim + 1u) / 2u;
-    let sinks = params.fp_slots - params.fp_ring;
-    var slot = t;
-    if (t >= sinks) {
-        slot = sinks + t % max(params.fp_ring, 1u);
-    }
-    let w = fp[base + (kvh * params.fp_slots + slot) * words + j / 2u];
+    let w = fp[fp_slot_word(base, kvh, t) + j / 2u];
     return f16_value((w >> (16u * (j % 2u))) & 0xffffu);
 }
 
+/// Code `j` (a signed byte, in Π₈'s coordinates) of the 8-bit copy starting at word `at`.
+fn q8_code(at: u32, j: u32) -> f32 {
+    let byte = (fp[at + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+    return f32(bitcast<i32>(byte << 24u) >> 24u);
+}
+
+/// The step of the 8-bit copy starting at word `at` (its last word's low half, binary16).
+fn q8_step(at: u32) -> f32 {
+    return f16_value(fp[at + params.ring_words - 1u] & 0xffffu);
+}
+
 /// Scores `⟨scale·q, k⟩` of the full-precision key copy of token `t` against prepared rows
-/// `row0 .. row0 + CHUNK` (their `scale·q` at `fp_query`).
+/// `row0 .. row0 + CHUNK`: a binary16 copy against their `scale·q` at `fp_query`, an 8-bit one
+/// as `s·⟨Π₈·scale·q, c⟩` against `q8_query`.
 fn fp_key_scores(row0: u32, kvh: u32, t: u32) -> array<f32, MAX_GROUP> {
     var out: array<f32, MAX_GROUP>;
     for (var g = 0u; g < MAX_GROUP; g += 1u) {
         out[g] = 0.0;
     }
     let qs = params.qstride;
+    if (copy_is_q8(t)) {
+        let at = fp_slot_word(0u, kvh, t);
+        for (var j = 0u; j < params.key.dim; j += 1u) {
+            let c = q8_code(at, j);
+            for (var g = 0u; g < CHUNK; g += 1u) {
+                out[g] += prepared[(row0 + g) * qs + params.q8_query + j] * c;
+            }
+        }
+        let step = q8_step(at);
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] *= step;
+        }
+        return out;
+    }
     for (var j = 0u; j < params.key.dim; j += 1u) {
         let x = fp_coordinate(0u, kvh, t, j);
         for (var g = 0u; g < CHUNK; g += 1u) {

@@ -33,7 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = bitcast<u32>(prepared[params.positions_offset + qi]);
     var s = bitcast<f32>(0xff800000u);
     if (slot_visible(slot, local, qpos)) {
-        if (reads_fp(slot, qi)) {
+        if (reads_copy(slot, qi, 0u, kvh)) {
             s = fp_key_scores(row, kvh, slot)[0];
         } else {
             s = key_scores(row, kvh, local)[0];

@@ -39,8 +39,8 @@
 //!
 //! [[override]]
 //! layers = [10]
-//! key = { recent_fp_tokens = 120 } # these streams' own window (replaces the top-level one;
-//! value = { recent_fp_tokens = 120 } # the GPU backend needs one window per layer)
+//! key = { recent_fp_tokens = 160 } # these streams' own window (replaces the top-level one)
+//! value = { recent_fp_tokens = 96 }
 //!
 //! [[override]]
 //! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,

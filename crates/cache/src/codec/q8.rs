@@ -53,6 +53,12 @@ impl Q8Window {
         self.rotation.dim()
     }
 
+    /// The window rotation `Π` (a randomized Hadamard transform, seed [`Q8_ROTATION_SEED`]):
+    /// what a kernel that scores copies elsewhere (the GPU) rotates its queries with.
+    pub fn rotation(&self) -> &Rotation {
+        &self.rotation
+    }
+
     /// `u32` words per record.
     pub fn record_words(&self) -> usize {
         self.dim().div_ceil(4)

@@ -11,7 +11,7 @@
 //!
 //! What the GPU kernels do not implement is a typed error when the backend is built
 //! ([`ModelError::Gpu`] wrapping [`GpuError::Unsupported`]): two tiers with QJL tiers,
-//! shared-KV or fixed states, and streams of one layer with different window counts.
+//! shared-KV or fixed states, and sink or window copies in f32.
 
 use std::sync::Arc;
 
