@@ -322,7 +322,7 @@ pub(crate) fn stored_codes(
 }
 
 /// Words of one ring slot: binary16 copies `⌈d/2⌉`; 8-bit copies `⌈d/4⌉` of codes and one
-/// holding the f16 step (`host_encode::ring_words`).
+/// holding the f16 step (`host_encode::ring_words_of`).
 fn ring_slot_words(head_dim: usize, window_q8: bool) -> usize {
     if window_q8 {
         head_dim.div_ceil(4) + 1

@@ -139,9 +139,32 @@ proptest! {
     }
 }
 
-/// Token `t`'s compressed record (`Stream::token` would name a sink's full-precision copy).
-fn body_record(stream: &tq_cache::stream::Stream, t: usize) -> &[u32] {
-    stream.body().record(stream.body_slot(t)).unwrap().0
+/// Token `t`'s compressed record (`Stream::token` would name a sink's full-precision copy) —
+/// for a token still in an 8-bit window, which has no codes yet, the record the stream will
+/// write when it leaves: its window copy decoded, then encoded (`Stream::push`).
+fn body_record(stream: &tq_cache::stream::Stream, t: usize) -> Vec<u32> {
+    if t < stream.body_tokens(stream.len()) {
+        return stream
+            .body()
+            .record(stream.body_slot(t))
+            .unwrap()
+            .0
+            .to_vec();
+    }
+    let (window, copy, step) = stream.recent_copy(t).unwrap();
+    let d = stream.layout().head_dim();
+    let mut scratch = CodecScratch::new(d);
+    let mut decoded = vec![0.0f32; d];
+    window
+        .decode_into(copy, step, &mut scratch, &mut decoded)
+        .unwrap();
+    let codec = stream.codec();
+    let mut record = vec![0u32; codec.record_words()];
+    let mut scales = vec![half::f16::ZERO; codec.scales_per_token()];
+    codec
+        .encode_into(&decoded, &mut scratch, &mut record, &mut scales)
+        .unwrap();
+    record
 }
 
 fn preset_cache(name: &str, layout: KvLayout) -> KvCache {
@@ -278,8 +301,8 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
             let (mut kr, mut vr) = (vec![], vec![]);
             for t in cpu.first_stored()..cpu.len() {
                 for h in 0..2 {
-                    kr.extend_from_slice(body_record(cpu.keys(h), t));
-                    vr.extend_from_slice(body_record(cpu.values(h), t));
+                    kr.extend_from_slice(&body_record(cpu.keys(h), t));
+                    vr.extend_from_slice(&body_record(cpu.values(h), t));
                 }
             }
             assert_eq!(down.key_records, kr, "{name} round {round}");
@@ -329,8 +352,8 @@ fn forward_both(cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, s
     }
 }
 
-/// The recommended presets (plane basis on the keys, sinks, a recent window, centering,
-/// norm-corrected values) and a principal-component basis: a GPU cache built empty fits the
+/// The recommended presets (plane basis on the keys, sinks, 8-bit recent windows of their own
+/// per stream, centering, norm-corrected values) and a principal-component basis: a GPU cache built empty fits the
 /// same bases from the first batch and its queries as the CPU cache (same records), attends
 /// alike through prefill and decode, and a copy uploaded from the fitted CPU cache attends
 /// alike too.
@@ -365,8 +388,8 @@ fn fitted_bases_match_the_cpu_cache() {
         let (mut kr, mut vr) = (vec![], vec![]);
         for t in 0..cpu.len() {
             for h in 0..2 {
-                kr.extend_from_slice(body_record(cpu.keys(h), t));
-                vr.extend_from_slice(body_record(cpu.values(h), t));
+                kr.extend_from_slice(&body_record(cpu.keys(h), t));
+                vr.extend_from_slice(&body_record(cpu.values(h), t));
             }
         }
         assert_eq!(down.key_records, kr, "{name}");
@@ -543,8 +566,8 @@ fn eight_bit_windows_match_the_cpu_cache() {
     let (mut kr, mut vr) = (vec![], vec![]);
     for t in 0..body {
         for h in 0..2 {
-            kr.extend_from_slice(body_record(cpu.keys(h), t));
-            vr.extend_from_slice(body_record(cpu.values(h), t));
+            kr.extend_from_slice(&body_record(cpu.keys(h), t));
+            vr.extend_from_slice(&body_record(cpu.values(h), t));
         }
     }
     let (kw, vw) = (kr.len() / body, vr.len() / body);
@@ -565,7 +588,7 @@ fn eight_bit_windows_match_the_cpu_cache() {
             let at = (t * 2 + h) * kw / 2;
             assert_eq!(
                 down.key_records[at..at + kw / 2],
-                *body_record(cpu.keys(h), t),
+                body_record(cpu.keys(h), t)[..],
                 "token {t} head {h} after the rewind"
             );
         }

@@ -358,8 +358,9 @@ struct Model {
     first_queries: [Vec<f32>; 2],
     /// The sliding layer's oldest intact ring record.
     ring_oldest: usize,
-    /// The growing layer's oldest intact full-precision recent copy.
-    recent_oldest: usize,
+    /// The growing layer's oldest intact full-precision recent copy, per window length of its
+    /// streams (`Limits::recents`).
+    recent_oldest: Vec<usize>,
     /// The most tokens the growing layer's pages ever held (pages stay allocated).
     high_water: usize,
     fixed: Vec<f32>,
@@ -373,7 +374,7 @@ impl Model {
             first: Vec::new(),
             first_queries: [Vec::new(), Vec::new()],
             ring_oldest: 0,
-            recent_oldest: 0,
+            recent_oldest: Vec::new(),
             high_water: 0,
             fixed: vec![0.0; FIXED_LEN],
             touched: false,
@@ -391,27 +392,31 @@ enum Refusal {
 }
 
 /// Limits the allocation and layouts put on rewinds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Limits {
     window: usize,
     ring_slots: usize,
-    /// Recent full-precision tokens of the growing layer and the slots of their ring.
-    recent: usize,
-    recent_slots: usize,
+    /// The recent windows of the growing layer's streams (each distinct length once; streams
+    /// may have windows of their own) — a stream's ring holds `window + growing_rewind` copies.
+    recents: Vec<usize>,
+    growing_rewind: usize,
 }
 
 impl Limits {
-    fn new(params: &Params, allocation: &Allocation) -> Self {
-        let recent = allocation.recent_fp_tokens;
+    fn new(params: &Params, cache: &ModelCache) -> Self {
+        let kv = cache.kv(0).unwrap();
+        let mut recents: Vec<usize> = (0..KV)
+            .flat_map(|h| [kv.keys(h), kv.values(h)])
+            .map(|s| s.layout().recent_tokens)
+            .filter(|&w| w > 0)
+            .collect();
+        recents.sort_unstable();
+        recents.dedup();
         Self {
             window: params.window,
             ring_slots: params.window + params.ring_rewind,
-            recent,
-            recent_slots: if recent == 0 {
-                0
-            } else {
-                recent + params.growing_rewind
-            },
+            recents,
+            growing_rewind: params.growing_rewind,
         }
     }
 
@@ -427,8 +432,10 @@ impl Limits {
         if model.ring_oldest > (new_len + 1).saturating_sub(self.window) {
             return Err(Refusal::TooFar);
         }
-        if self.recent_slots > 0 && model.recent_oldest > new_len.saturating_sub(self.recent) {
-            return Err(Refusal::TooFar);
+        for (&recent, &oldest) in self.recents.iter().zip(&model.recent_oldest) {
+            if oldest > new_len.saturating_sub(recent) {
+                return Err(Refusal::TooFar);
+            }
         }
         Ok(())
     }
@@ -440,10 +447,9 @@ impl Limits {
         model.tokens.extend_from_slice(ids);
         let len = model.tokens.len();
         model.ring_oldest = model.ring_oldest.max(len.saturating_sub(self.ring_slots));
-        if self.recent_slots > 0 {
-            model.recent_oldest = model
-                .recent_oldest
-                .max(len.saturating_sub(self.recent_slots));
+        model.recent_oldest.resize(self.recents.len(), 0);
+        for (&recent, oldest) in self.recents.iter().zip(&mut model.recent_oldest) {
+            *oldest = (*oldest).max(len.saturating_sub(recent + self.growing_rewind));
         }
         model.high_water = model.high_water.max(len);
     }
@@ -454,7 +460,9 @@ impl Limits {
         }
         model.tokens.truncate(new_len);
         model.ring_oldest = model.ring_oldest.min(new_len);
-        model.recent_oldest = model.recent_oldest.min(new_len);
+        for oldest in &mut model.recent_oldest {
+            *oldest = (*oldest).min(new_len);
+        }
         if new_len == 0 {
             model.first.clear();
             model.first_queries = [Vec::new(), Vec::new()];
@@ -496,8 +504,8 @@ fn bits(x: &[f32]) -> Vec<u32> {
 impl Session {
     fn new(params: Params) -> Self {
         let allocation = allocation(params.allocation);
-        let limits = Limits::new(&params, &allocation);
         let cache = ModelCache::with_allocation(params.specs(), &allocation).unwrap();
+        let limits = Limits::new(&params, &cache);
         let mut session = Self {
             tokens: Tokens {
                 seed: params.seed,
@@ -677,7 +685,7 @@ impl Session {
                 .unwrap();
             calls.push((queries, out));
         }
-        let limits = self.limits;
+        let limits = self.limits.clone();
         let entry = &mut self.pool[index];
         if entry.model.tokens.is_empty() {
             // The producers' queries of the calibration batch (layers 0 and 1).
@@ -736,7 +744,7 @@ impl Session {
     }
 
     fn rewind(&mut self, index: usize, new_len: usize) {
-        let limits = self.limits;
+        let limits = self.limits.clone();
         let entry = &mut self.pool[index];
         let len = entry.model.tokens.len();
         let expected = limits.rewind(&entry.model, new_len);
@@ -752,7 +760,7 @@ impl Session {
             }
             _ => panic!(
                 "rewind {len} → {new_len}: expected {expected:?}, got {result:?} ({limits:?}, \
-                 ring oldest {}, recent oldest {})",
+                 ring oldest {}, recent oldest {:?})",
                 entry.model.ring_oldest, entry.model.recent_oldest
             ),
         }
@@ -804,13 +812,19 @@ impl Session {
             // pages this cache ever allocated.
             assert_eq!(kv.bytes_per_token(), oracle.bytes_per_token());
             assert_eq!(kv.fixed_bytes(), oracle.fixed_bytes());
-            let slots = match kv.layout().ring_slots() {
+            // Positions for every slot; each stream's codes for the tokens it ever held outside
+            // an 8-bit window (which writes codes only as tokens leave it).
+            let slots = |tokens: usize| match kv.layout().ring_slots() {
                 Some(slots) => slots,
-                None => doubling_capacity(self.params.initial, model.high_water),
+                None => doubling_capacity(self.params.initial, tokens),
             };
+            let codes: usize = (0..KV)
+                .flat_map(|h| [kv.keys(h), kv.values(h)])
+                .map(|s| slots(s.body_tokens(model.high_water)) * s.codec().bytes_per_token())
+                .sum();
             assert_eq!(
                 kv.formula_bytes(),
-                slots * kv.bytes_per_token() + kv.fixed_bytes(),
+                4 * slots(model.high_water) + codes + kv.fixed_bytes(),
                 "layer {layer}: {len} tokens, at most {} ({} per token)",
                 model.high_water,
                 kv.bytes_per_token()

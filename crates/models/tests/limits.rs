@@ -253,14 +253,14 @@ fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
     assert!(check_cache_budget(&small, &shape, 8192, needed / 3).is_ok());
 }
 
-/// The 8-bit-window lever files stay within the bits their names promise at ctx 2048 on
-/// SmolLM2's shape (30 layers, 3 KV heads, d = 64), counted by the budget formula (codes of the
-/// tokens outside each window, 8-bit window copies, f16 sinks, means; the position tables left
-/// out as the all-in bits leave them out) plus a bound on the plane fits (data, at most 64 f32
-/// per key stream), use that budget (within 0.03 bits), and hold longer windows than their
-/// f16-window base files.
+/// The recommended presets and the 8-bit-window lever files stay within the bits their names
+/// promise at ctx 2048 on SmolLM2's shape (30 layers, 3 KV heads, d = 64), counted by the
+/// budget formula (codes of the tokens outside each window, 8-bit window copies, f16 sinks,
+/// means; the position tables left out as the all-in bits leave them out) plus a bound on the
+/// plane fits (data, at most 64 f32 per key stream), use that budget (within 0.03 bits), and
+/// hold windows more than twice as long as their f16-window versions.
 #[test]
-fn eight_bit_window_levers_stay_within_their_budget() {
+fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
     let shape = ModelShape {
         num_layers: 30,
         num_kv_heads: 3,
@@ -269,13 +269,21 @@ fn eight_bit_window_levers_stay_within_their_budget() {
     let presets = concat!(env!("CARGO_MANIFEST_DIR"), "/../cache/presets");
     let load = |path: String| Allocation::load(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     for (lever, base, budget) in [
-        ("rec4.25-q8", "rec4.25.toml", 4.25),
-        ("rec4.25-layers-q8", "levers/rec4.25-layers.toml", 4.25),
-        ("rec3.25-q8", "rec3.25.toml", 3.25),
-        ("rec3.25-layers-q8", "levers/rec3.25-layers.toml", 3.25),
-        ("rec2.5-q8", "rec2.5.toml", 2.5),
+        ("rec4.25.toml", "levers/rec4.25-w56.toml", 4.25),
+        (
+            "levers/rec4.25-layers-q8.toml",
+            "levers/rec4.25-layers.toml",
+            4.25,
+        ),
+        ("rec3.25.toml", "levers/rec3.25-w56.toml", 3.25),
+        (
+            "levers/rec3.25-layers-q8.toml",
+            "levers/rec3.25-layers.toml",
+            3.25,
+        ),
+        ("rec2.5.toml", "levers/rec2.5-w24.toml", 2.5),
     ] {
-        let a = load(format!("{presets}/levers/{lever}.toml"));
+        let a = load(format!("{presets}/{lever}"));
         let b = load(format!("{presets}/{base}"));
         assert!(a.window_defers_codes(), "{lever}");
         assert!(

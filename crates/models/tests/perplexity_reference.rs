@@ -131,10 +131,18 @@ fn kl_divergence_mode_orders_allocations() {
     let tokenizer = Tokenizer::from_gguf(model.file()).expect("tokenizer");
     let tokens = tokenizer.encode(text()).unwrap();
     let f16 = Allocation::preset("f16").unwrap();
-    let allocations: Vec<(String, Allocation)> = ["mse-k4v4", "tq2.5", "rec4.25"]
-        .iter()
-        .map(|n| (n.to_string(), Allocation::preset(n).unwrap()))
-        .collect();
+    // `rec4.25`'s levers with a 56-token f16 window (the preset until 2026-12-04): its 8-bit
+    // windows of 256 tokens would cover a whole 256-token chunk (a typed refusal; its all-in
+    // bits are pinned by `limits.rs`).
+    let w56 = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../cache/presets/levers/rec4.25-w56.toml"
+    );
+    let allocations: Vec<(String, Allocation)> = vec![
+        ("mse-k4v4".into(), Allocation::preset("mse-k4v4").unwrap()),
+        ("tq2.5".into(), Allocation::preset("tq2.5").unwrap()),
+        ("rec4.25-w56".into(), Allocation::load(w56).unwrap()),
+    ];
     let options = PerplexityOptions {
         ctx: 256,
         max_chunks: Some(2),
