@@ -294,10 +294,12 @@ impl GpuKvCache {
         while start < n {
             let end = (start + RECENT_CHUNK).min(n);
             let before = self.len;
-            // What the copies held before the chunk went in.
-            let held = self.windows.clone();
+            // From what the copies held before the chunk went in; the chunk adds end − start
+            // tokens.
+            let windows = self
+                .windows
+                .chunk_starts(before, end - start, before + end - start);
             self.append_host_batch(&batch, start..end, &new_positions[start..end])?;
-            let windows = held.chunk_starts(before, end - start, self.len);
             self.attend_with_windows(
                 &queries[start * q..end * q],
                 &new_positions[start..end],

@@ -117,6 +117,20 @@ fn run(cache: &mut ModelCache, from: usize, to: usize) -> Vec<f32> {
     outs
 }
 
+/// `cache` (40 tokens run) saves and reloads bit-identical, with the same memory, and both
+/// copies continue identically over 10 more tokens.
+fn assert_reload_continues(cache: &mut ModelCache, kind: usize) {
+    let bytes = to_bytes(cache).unwrap();
+    let mut reloaded = from_bytes(&bytes).unwrap();
+    assert_eq!(to_bytes(&reloaded).unwrap(), bytes, "codec {kind}");
+    assert_eq!(reloaded.memory(), cache.memory());
+    assert_eq!(
+        run(&mut reloaded, 40, 50),
+        run(cache, 40, 50),
+        "codec {kind}"
+    );
+}
+
 /// An 8-bit window — its tokens' codes written only as they leave it, so each body is a window
 /// shorter than its stream — reloads bit-identical and continues identically.
 #[test]
@@ -127,15 +141,7 @@ fn eight_bit_windows_reload_bit_identical() {
         let kv = cache.kv(0).unwrap();
         assert!(kv.keys(0).defers_codes());
         assert_eq!(kv.keys(0).body().len(), 40 - 7);
-        let bytes = to_bytes(&cache).unwrap();
-        let mut reloaded = from_bytes(&bytes).unwrap();
-        assert_eq!(to_bytes(&reloaded).unwrap(), bytes, "codec {kind}");
-        assert_eq!(reloaded.memory(), cache.memory());
-        assert_eq!(
-            run(&mut reloaded, 40, 50),
-            run(&mut cache, 40, 50),
-            "codec {kind}"
-        );
+        assert_reload_continues(&mut cache, kind);
     }
 }
 
@@ -144,15 +150,7 @@ fn reload_is_bit_identical_and_continues_identically() {
     for kind in 0..CODECS {
         let mut cache = build(kind, (kind + 3) % CODECS);
         run(&mut cache, 0, 40);
-        let bytes = to_bytes(&cache).unwrap();
-        let mut reloaded = from_bytes(&bytes).unwrap();
-        assert_eq!(to_bytes(&reloaded).unwrap(), bytes, "codec {kind}");
-        assert_eq!(reloaded.memory(), cache.memory());
-        assert_eq!(
-            run(&mut reloaded, 40, 50),
-            run(&mut cache, 40, 50),
-            "codec {kind}"
-        );
+        assert_reload_continues(&mut cache, kind);
     }
     let dir = std::env::temp_dir().join(format!("tq-persist-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -251,17 +251,8 @@ fn fused_matches_reference(mut c: KvCache) {
         &mut exact,
     )
     .unwrap();
-    // f32 against f64 sums of ≤ 300 tokens (attention_fused.rs: 2e-4·max|v| + 1e-5); a token
-    // read from the wrong record (code for copy) moves a row by ~1e-2 of max|v| at 3 bits.
     let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    for (i, (a, b)) in fused.iter().zip(&exact).enumerate() {
-        assert!(
-            (a - b).abs() <= 2e-4 * max_v + 1e-5,
-            "row {} coordinate {}: {a} vs {b}",
-            i / D,
-            i % D
-        );
-    }
+    common::assert_rows_match(&fused, &exact, max_v, D);
 }
 
 /// A rewind keeps the copies the next step's first queries need (the ring holds

@@ -228,17 +228,8 @@ fn the_fused_kernel_matches_the_reference_on_8_bit_windows() {
     ] {
         attend_in_step(&c, queries, &positions, SHAPE, kernel, out).unwrap();
     }
-    // f32 against f64 sums of ≤ 300 tokens (step_window.rs); a token read from the wrong
-    // record (codes for a copy) moves a row by ~1e-2 of max|v| at 3 bits.
     let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    for (i, (a, b)) in fused.iter().zip(&exact).enumerate() {
-        assert!(
-            (a - b).abs() <= 2e-4 * max_v + 1e-5,
-            "row {} coordinate {}: {a} vs {b}",
-            i / D,
-            i % D
-        );
-    }
+    common::assert_rows_match(&fused, &exact, max_v, D);
 }
 
 /// The window's tokens are read from their 8-bit copies: a stored key of the window comes back

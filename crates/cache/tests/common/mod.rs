@@ -91,3 +91,19 @@ pub fn two_heads(a: &[f32], b: &[f32], dim: usize) -> Vec<f32> {
         .flat_map(|(x, y)| x.iter().chain(y).copied())
         .collect()
 }
+
+/// The fused kernel's rows `fused` equal the reference kernel's `exact` (rows of `dim`) within
+/// what f32 against f64 sums of ≤ 300 tokens allow (attention_fused.rs: `2e-4·max|v| + 1e-5`,
+/// `max_v` the largest |value| stored); a token read from the wrong record (codes for a copy)
+/// moves a row by ~1e-2 of max|v| at 3 bits.
+pub fn assert_rows_match(fused: &[f32], exact: &[f32], max_v: f32, dim: usize) {
+    assert_eq!(fused.len(), exact.len());
+    for (i, (a, b)) in fused.iter().zip(exact).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-4 * max_v + 1e-5,
+            "row {} coordinate {}: {a} vs {b}",
+            i / dim,
+            i % dim
+        );
+    }
+}
