@@ -172,6 +172,23 @@ impl StepCopies {
         self.count += 1;
     }
 
+    /// The copies of tokens `t..t + n`, `n` at most `limit` and what the step holds.
+    fn run(&self, t: usize, limit: usize) -> Option<(&[u32], &[f16], usize)> {
+        let i = t.checked_sub(self.first).filter(|&i| i < self.count)?;
+        let n = limit.min(self.count - i);
+        let (w, s) = (
+            self.words.len() / self.count,
+            self.scales.len() / self.count,
+        );
+        (n > 0).then(|| {
+            (
+                &self.words[i * w..(i + n) * w],
+                &self.scales[i * s..(i + n) * s],
+                n,
+            )
+        })
+    }
+
     fn record(&self, t: usize) -> Option<(&[u32], &[f16])> {
         let i = t.checked_sub(self.first).filter(|&i| i < self.count)?;
         let (w, s) = (
@@ -748,6 +765,28 @@ impl Stream {
                 .map(|r| with(&self.recent_codec, r));
         }
         self.step.record(t).map(|r| with(&self.recent_codec, r))
+    }
+
+    /// The copies of consecutive tokens from `t`, as [`recent_copy`](Self::recent_copy) gives
+    /// them one at a time: `(codec, words, scales, n)` for tokens `t..t + n`, `n ≤ limit`, the
+    /// longest run that lies in one store (the ring up to its wrap, or the current step's
+    /// copies). `None` when the stream holds no copy of `t`. Kernels walk a window run by run.
+    pub fn recent_copies(
+        &self,
+        t: usize,
+        limit: usize,
+    ) -> Option<(&TokenCodec, &[u32], &[f16], usize)> {
+        let limit = limit.min(self.len.saturating_sub(t));
+        let ring_from = self.recent_start().max(self.oldest_recent);
+        let (words, scales, n) = if self.recent_slots > 0 && t >= ring_from {
+            let slot = t % self.recent_slots;
+            self.recent.run(slot, limit.min(self.recent_slots - slot))?
+        } else if self.recent_slots > 0 {
+            self.step.run(t, limit.min(ring_from - t))?
+        } else {
+            self.step.run(t, limit)?
+        };
+        Some((&self.recent_codec, words, scales, n))
     }
 
     /// The slot of token `t`'s compressed record in [`body`](Self::body).

@@ -521,14 +521,16 @@ key = { codec = "f16" }
     let window = |layer, head, stream| {
         a.resolve_stream(layer, LAYERS, head, DIM, stream)
             .unwrap()
-            .recent_fp_tokens
+            .recent
+            .tokens_for(None)
+            .unwrap()
     };
     assert_eq!(window(10, 1, StreamKind::Key), 120);
     assert_eq!(window(10, 0, StreamKind::Key), 16);
     assert_eq!(window(3, 1, StreamKind::Key), 16);
     assert_eq!(window(10, 1, StreamKind::Value), 4);
     assert_eq!(window(3, 0, StreamKind::Value), 4);
-    assert_eq!(a.longest_recent_window(), 120);
+    assert_eq!(a.longest_recent_window(2048), 120);
 
     let layout = KvLayout {
         max_rewind: 3,

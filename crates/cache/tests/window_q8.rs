@@ -201,6 +201,39 @@ fn the_window_holds_the_only_copy_and_its_bytes_are_the_8_bit_ring() {
     assert_eq!(short.keys(1).body().len(), 0);
 }
 
+/// `recent_copies` hands the window to the kernels in runs: every run is what `recent_copy`
+/// gives token by token, runs stop at the ring's wrap and at the limit, and they cover the
+/// window with no gap, whatever the limit.
+#[test]
+fn window_runs_are_the_copies_token_by_token() {
+    let t = tokens(100);
+    let mut c = q8(RECENT, 5);
+    forward(&mut c, &t, 0, 100, 100);
+    let slots = RECENT + 5;
+    for stream in (0..KV).flat_map(|h| [c.keys(h), c.values(h)]) {
+        let start = stream.recent_start();
+        assert_eq!(start, 100 - RECENT);
+        for limit in [1, 2, 3, RECENT, 1000] {
+            let mut t = start;
+            while t < 100 {
+                let (codec, words, scales, n) = stream.recent_copies(t, limit).unwrap();
+                assert!(n >= 1 && n <= limit && n <= 100 - t, "{t} {limit} {n}");
+                // One store: never across the ring's last slot.
+                assert!(t % slots + n <= slots, "{t} {n}");
+                let (w, s) = (words.len() / n, scales.len() / n);
+                for i in 0..n {
+                    let (one_codec, one_words, one_scales) = stream.recent_copy(t + i).unwrap();
+                    assert!(std::ptr::eq(codec, one_codec));
+                    assert_eq!(&words[i * w..(i + 1) * w], one_words, "{}", t + i);
+                    assert_eq!(&scales[i * s..(i + 1) * s], one_scales, "{}", t + i);
+                }
+                t += n;
+            }
+        }
+        assert!(stream.recent_copies(100, 5).is_none());
+    }
+}
+
 #[test]
 fn a_prefill_gives_every_query_what_decoding_gives_it_bit_for_bit() {
     let t = tokens(300);

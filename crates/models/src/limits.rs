@@ -137,7 +137,8 @@ pub fn cache_bytes_for_layers(
                 let (sinks, window) = if ring.is_some() {
                     (0, 0)
                 } else {
-                    (allocation.sink_tokens, r.recent_fp_tokens)
+                    // The cache is built for `tokens`: a window's fraction is of that capacity.
+                    (allocation.sink_tokens, r.recent.tokens_for(Some(tokens))?)
                 };
                 // An 8-bit window's tokens have no codes until they leave it.
                 let coded = if allocation.window_defers_codes() {

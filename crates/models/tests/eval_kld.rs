@@ -204,14 +204,27 @@ fn windows_covering_the_chunk_are_refused() {
     a.recent_fp_tokens = 510;
     let err = check_windows([&a], 512).unwrap_err().to_string();
     assert!(
-        err.contains("recent_fp_tokens (510,") && err.contains("sink_tokens (2)"),
+        err.contains("recent window (510 tokens") && err.contains("sink_tokens (2)"),
         "{err}"
     );
     assert!(check_windows([&a], 2048).is_ok());
     // One stream's own window counts too (the longest of any stream).
     let mut b = Allocation::preset("rec4.25").unwrap();
     b.value.recent_fp_tokens = Some(600);
+    b.value.recent_fraction = None;
     let err = check_windows([&b], 512).unwrap_err().to_string();
-    assert!(err.contains("recent_fp_tokens (600,"), "{err}");
+    assert!(err.contains("recent window (600 tokens"), "{err}");
     assert!(check_windows([&b], 1024).is_ok());
+    // A fraction is of the chunk: the same fraction covers it at every context, or at none.
+    b.value.recent_fraction = Some(0.9995);
+    for ctx in [512, 4096] {
+        let err = check_windows([&b], ctx).unwrap_err().to_string();
+        let window = (0.9995 * ctx as f64).round();
+        assert!(
+            err.contains(&format!("recent window ({window} tokens")),
+            "{err}"
+        );
+    }
+    b.value.recent_fraction = Some(0.5);
+    assert!(check_windows([&b], 512).is_ok() && check_windows([&b], 64).is_ok());
 }

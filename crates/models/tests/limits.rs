@@ -254,11 +254,12 @@ fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
 }
 
 /// The recommended presets and the 8-bit-window lever files stay within the bits their names
-/// promise at ctx 2048 on SmolLM2's shape (30 layers, 3 KV heads, d = 64), counted by the
-/// budget formula (codes of the tokens outside each window, 8-bit window copies, f16 sinks,
-/// means; the position tables left out as the all-in bits leave them out) plus a bound on the
-/// plane fits (data, at most 64 f32 per key stream), use that budget (within 0.03 bits), and
-/// hold windows more than twice as long as their f16-window versions.
+/// promise on SmolLM2's shape (30 layers, 3 KV heads, d = 64) at 2048 tokens and at every
+/// longer context (their windows are fractions of the capacity), counted by the budget formula
+/// (codes of the tokens outside each window, 8-bit window copies, f16 sinks, means; the
+/// position tables left out as the all-in bits leave them out) plus a bound on the plane fits
+/// (data, at most 64 f32 per key stream), use that budget (within 0.03 bits), and hold
+/// windows more than twice as long as their f16-window versions.
 #[test]
 fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
     let shape = ModelShape {
@@ -287,18 +288,21 @@ fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
         let b = load(format!("{presets}/{base}"));
         assert!(a.window_defers_codes(), "{lever}");
         assert!(
-            a.longest_recent_window() > 2 * b.longest_recent_window(),
+            a.longest_recent_window(2048) > 2 * b.longest_recent_window(2048),
             "{lever}"
         );
-        let tokens = 2048;
-        let values = (2 * shape.num_layers * shape.num_kv_heads * D * tokens) as f64;
-        let positions = (4 * tokens * shape.num_layers) as u64;
-        let bytes = cache_bytes_for(&a, &shape, tokens).unwrap() - positions;
-        let fits = (shape.num_layers * shape.num_kv_heads * 4 * D) as f64;
-        let bits = 8.0 * (bytes as f64 + fits) / values;
-        assert!(
-            bits <= budget && bits > budget - 0.03,
-            "{lever}: {bits} bits"
-        );
+        for tokens in [2048, 4096, 8192, 20000] {
+            let values = (2 * shape.num_layers * shape.num_kv_heads * D * tokens) as f64;
+            let positions = (4 * tokens * shape.num_layers) as u64;
+            let bytes = cache_bytes_for(&a, &shape, tokens).unwrap() - positions;
+            let fits = (shape.num_layers * shape.num_kv_heads * 4 * D) as f64;
+            let bits = 8.0 * (bytes as f64 + fits) / values;
+            // Sized at 2048: longer contexts spread the fixed costs (sinks, means) thinner.
+            let used = if tokens == 2048 { 0.03 } else { 0.06 };
+            assert!(
+                bits <= budget && bits > budget - used,
+                "{lever} at {tokens}: {bits} bits"
+            );
+        }
     }
 }

@@ -110,10 +110,16 @@ impl PyAllocation {
         self.inner.sink_tokens
     }
 
-    /// The newest tokens kept unquantized.
+    /// The newest tokens kept unquantized (the count; see `recent_fraction`).
     #[getter]
     fn recent_fp_tokens(&self) -> usize {
         self.inner.recent_fp_tokens
+    }
+
+    /// The recent window as a fraction of the cache's capacity, or None.
+    #[getter]
+    fn recent_fraction(&self) -> Option<f64> {
+        self.inner.recent_fraction
     }
 
     /// The allocation as TOML text (`from_toml` reads back an equal allocation).

@@ -12,8 +12,9 @@ impl Allocation {
     /// cache of the given layout: codecs and centering from
     /// [`resolve_stream_in`](Self::resolve_stream_in) (a sliding-window layout is a
     /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks from
-    /// the allocation, and the recent window the stream resolves to (its own
-    /// `recent_fp_tokens` or the allocation's).
+    /// the allocation, and the recent window the stream resolves to (its own or the
+    /// allocation's; a fraction of a static cache's capacity, the count for a cache that grows
+    /// in pages, see [`RecentWindow::tokens_for`](super::RecentWindow::tokens_for)).
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -24,6 +25,10 @@ impl Allocation {
         let (growth, kind) = match layout.kind {
             KvKind::Growing { growth } => (growth, LayerKind::Global),
             KvKind::Sliding { .. } => (Growth::Static { capacity: 0 }, LayerKind::Sliding),
+        };
+        let capacity = match growth {
+            Growth::Static { capacity } => Some(capacity),
+            Growth::Doubling { .. } => None,
         };
         (0..layout.kv_heads)
             .map(|head| {
@@ -47,7 +52,7 @@ impl Allocation {
                     recent: Some(self.recent_codec(layout.head_dim))
                         .filter(|r| *r != self.fp_codec(layout.head_dim)),
                     sink_tokens: self.sink_tokens,
-                    recent_tokens: resolved.recent_fp_tokens,
+                    recent_tokens: resolved.recent.tokens_for(capacity)?,
                     max_rewind: layout.max_rewind,
                     growth,
                     ring_slots: layout.ring_slots(),

@@ -8,7 +8,7 @@ use tq_rotation::RotationKind;
 
 use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
-use crate::allocation::plan::StreamKind;
+use crate::allocation::plan::{RecentWindow, StreamKind};
 use crate::allocation::schema::{CodecKind, StreamSettings};
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
@@ -71,7 +71,7 @@ pub(crate) struct Merged {
     norm_correction: Option<Sourced<bool>>,
     center: Option<Sourced<CenterPolicy>>,
     basis: Option<Sourced<BasisPolicy>>,
-    recent_fp_tokens: Option<Sourced<usize>>,
+    window: Option<Sourced<RecentWindow>>,
 }
 
 /// Fully resolved settings of one tier: every default filled in and every rule checked.
@@ -94,8 +94,8 @@ pub(crate) struct Resolved {
     pub basis: BasisPolicy,
     pub basis_path: Option<Origin>,
     /// The stream's own recent window, `None` when no table set one (the allocation's
-    /// top-level `recent_fp_tokens` applies).
-    pub recent_fp_tokens: Option<usize>,
+    /// top-level `recent_fp_tokens` / `recent_fraction` apply).
+    pub window: Option<RecentWindow>,
 }
 
 fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
@@ -118,7 +118,7 @@ impl Merged {
             norm_correction: None,
             center: None,
             basis: None,
-            recent_fp_tokens: None,
+            window: None,
         }
     }
 
@@ -127,7 +127,8 @@ impl Merged {
     /// A patch that names a codec first drops the inherited fields the new codec has no use
     /// for (so `key = { codec = "f16" }` over a `prod` base does not trip over the base's
     /// `qjl`), while fields the patch itself gives are kept and checked by [`Merged::finish`].
-    /// `center` and `recent_fp_tokens` apply to every codec and are never dropped.
+    /// `center` and the window apply to every codec and are never dropped. A patch that gives
+    /// `recent_fp_tokens`, `recent_fraction` or both replaces the whole window in force.
     pub fn apply(&mut self, patch: &StreamSettings, section: Section) {
         let origin = Origin {
             section,
@@ -157,7 +158,16 @@ impl Merged {
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
         set(&mut self.basis, patch.basis, origin);
-        set(&mut self.recent_fp_tokens, patch.recent_fp_tokens, origin);
+        if patch.recent_fp_tokens.is_some() || patch.recent_fraction.is_some() {
+            let window = RecentWindow {
+                tokens: patch.recent_fp_tokens,
+                fraction: patch.recent_fraction,
+            };
+            self.window = Some(Sourced {
+                value: window,
+                origin,
+            });
+        }
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.
@@ -189,13 +199,20 @@ impl Merged {
                 FieldProblem::WholeStreamOnly,
             ));
         }
-        if let Some(r) = self.recent_fp_tokens
-            && r.origin.section == Section::Outliers
-        {
-            return Err(AllocationError::field(
-                r.origin.path("recent_fp_tokens"),
-                FieldProblem::WholeStreamOnly,
-            ));
+        if let Some(w) = self.window {
+            let field = match w.value.tokens {
+                Some(_) => "recent_fp_tokens",
+                None => "recent_fraction",
+            };
+            if w.origin.section == Section::Outliers {
+                return Err(AllocationError::field(
+                    w.origin.path(field),
+                    FieldProblem::WholeStreamOnly,
+                ));
+            }
+            if let Some(f) = w.value.fraction {
+                check_window_fraction(f, &w.origin.path("recent_fraction"))?;
+            }
         }
         if let Some(b) = self.basis
             && b.value.fits_basis()
@@ -290,7 +307,7 @@ impl Merged {
             center: self.center.map_or(CenterPolicy::None, |c| c.value),
             basis: self.basis.map_or(BasisPolicy::None, |b| b.value),
             basis_path: self.basis.map(|b| b.origin),
-            recent_fp_tokens: self.recent_fp_tokens.map(|r| r.value),
+            window: self.window.map(|w| w.value),
         })
     }
 }
@@ -325,5 +342,17 @@ impl Resolved {
                 },
             }),
         }
+    }
+}
+
+/// A window fraction must lie in `[0, 1)`: a window as long as the cache would hold no codes.
+pub(crate) fn check_window_fraction(fraction: f64, path: &str) -> Result<(), AllocationError> {
+    if (0.0..1.0).contains(&fraction) {
+        Ok(())
+    } else {
+        Err(AllocationError::field(
+            path,
+            FieldProblem::BadWindowFraction { value: fraction },
+        ))
     }
 }

@@ -14,7 +14,9 @@
 //! description = "what it is for"   # optional
 //! seed = 1234                      # base seed, 0..=2^63-1 (default DEFAULT_SEED)
 //! recent_fp_tokens = 0             # newest tokens kept unquantized (default 0; a stream
-//!                                  # table's own recent_fp_tokens replaces it there)
+//!                                  # table's own window replaces it there)
+//! recent_fraction = 0.125          # or the window as a fraction of the cache's capacity
+//!                                  # (recent_fp_tokens is then for caches with none)
 //! sink_tokens = 0                  # first tokens kept unquantized (default 0)
 //! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
 //! recent_dtype = "q8"              # f16 | f32 | q8: the window's copies (default fp_dtype);
@@ -66,12 +68,17 @@
 //! | `center` | `none`, `first-chunk` (store `x − μ`, μ = mean of the stream's first batch) | `none` | all codecs; not in `[outliers]` |
 //! | `basis` | `none`, `pca` (principal components of the first batch, water-filled bits) | `none` | mse; not in, nor with, `[outliers]` |
 //! | `recent_fp_tokens` | 0, 1, … (this stream's newest tokens kept unquantized) | the top-level `recent_fp_tokens` | all codecs; not in `[outliers]`; ignored on sliding-window layers |
+//! | `recent_fraction` | in `[0, 1)`: the window as a fraction of the cache's capacity | the top-level `recent_fraction` | as `recent_fp_tokens` |
 //!
-//! A stream's own `recent_fp_tokens` lets the window differ per layer, KV head and stream, like
-//! every other stream setting. (On `rec4.25` and SmolLM2 no split measured beat the uniform
-//! window at the same bits: `presets/README.md`, "The step window".) The sinks stay one count
-//! for the whole allocation. The GPU backend needs one window for a layer's keys and values (it
-//! refuses a layer whose streams differ, with a typed error); layers may differ.
+//! A stream's own window lets it differ per layer, KV head and stream, like every other stream
+//! setting; a table that gives `recent_fp_tokens`, `recent_fraction` or both replaces the whole
+//! window in force. A fraction makes the window `round(fraction · capacity)` tokens in a cache
+//! of fixed capacity, so its share of the bits is the same at every context length (a fixed
+//! count costs more bits at a short context and buys less at a long one: `presets/README.md`,
+//! "A window that scales with the context"); a cache that grows in pages (a prompt cache) has
+//! no capacity and uses the count, and refuses a fraction given without one
+//! ([`FieldProblem::WindowNeedsCapacity`]). The sinks stay one count for the whole allocation.
+//! The GPU backend reads each stream's and head's own window.
 //!
 //! `center` mean-centers a stream: exact up to quantization error (keys: a softmax ignores a
 //! common shift of its scores; values: attention adds `μ` back, the weights summing to one), at
@@ -139,7 +146,7 @@ mod validate;
 
 pub use crate::center::CenterPolicy;
 pub use error::{AllocationError, FieldProblem};
-pub use plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
+pub use plan::{ModelShape, OutlierPlan, RecentWindow, ResolvedStream, StreamKind, StreamPlan};
 pub use schema::{
     Allocation, BoundaryRule, CodecKind, DEFAULT_SEED, FpDtype, LayerKind, LayerOverride,
     OutlierRule, RecentDtype, StreamSettings,

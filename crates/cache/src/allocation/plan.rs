@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::allocation::error::{AllocationError, FieldProblem};
+use crate::allocation::schema::fraction_of;
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 use crate::codec::packing::words_for;
@@ -171,9 +173,49 @@ pub struct ResolvedStream {
     pub center: CenterPolicy,
     /// Whether the stream fits a data-aware basis (see [`basis`](crate::basis)).
     pub basis: BasisPolicy,
-    /// The newest tokens the stream keeps unquantized: its own `recent_fp_tokens` if a table
-    /// set one, else the allocation's top-level value (ignored on sliding-window layers).
-    pub recent_fp_tokens: usize,
+    /// The newest tokens the stream keeps unquantized: its own window if a table set one, else
+    /// the allocation's top-level one (ignored on sliding-window layers). A count, a fraction
+    /// of the cache's capacity or both: [`RecentWindow::tokens_for`] gives a cache's count.
+    pub recent: RecentWindow,
+}
+
+/// A stream's recent window as the allocation gives it: a token count (`recent_fp_tokens`), a
+/// fraction of the cache's capacity (`recent_fraction`), or both.
+///
+/// ```
+/// use tq_cache::allocation::RecentWindow;
+/// let w = RecentWindow { tokens: Some(256), fraction: Some(0.125) };
+/// assert_eq!(w.tokens_for(Some(4096))?, 512); // a fixed capacity: the fraction
+/// assert_eq!(w.tokens_for(None)?, 256); // growing pages: the count
+/// assert!(RecentWindow { tokens: None, fraction: Some(0.125) }.tokens_for(None).is_err());
+/// # Ok::<(), tq_cache::allocation::AllocationError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RecentWindow {
+    /// Tokens (`recent_fp_tokens`): the window where no fraction is given, and in a cache
+    /// without a fixed capacity.
+    pub tokens: Option<usize>,
+    /// A fraction of the capacity (`recent_fraction`), in `[0, 1)`: `round(fraction ·
+    /// capacity)` tokens in a cache of fixed capacity.
+    pub fraction: Option<f64>,
+}
+
+impl RecentWindow {
+    /// The window's tokens in a cache of `capacity` tokens (`None`: a cache that grows in
+    /// pages, with no fixed capacity). A fraction with no count is refused there
+    /// ([`FieldProblem::WindowNeedsCapacity`](crate::allocation::FieldProblem)); nothing
+    /// given is no window.
+    pub fn tokens_for(&self, capacity: Option<usize>) -> Result<usize, AllocationError> {
+        match (self.fraction, capacity, self.tokens) {
+            (Some(f), Some(c), _) => Ok(fraction_of(f, c)),
+            (_, _, Some(tokens)) => Ok(tokens),
+            (Some(_), None, None) => Err(AllocationError::field(
+                "recent_fraction",
+                FieldProblem::WindowNeedsCapacity,
+            )),
+            (None, _, None) => Ok(0),
+        }
+    }
 }
 
 impl ResolvedStream {

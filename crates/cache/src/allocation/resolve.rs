@@ -4,7 +4,9 @@
 use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::merge::{Merged, Resolved, Section};
-use crate::allocation::plan::{ModelShape, OutlierPlan, ResolvedStream, StreamKind, StreamPlan};
+use crate::allocation::plan::{
+    ModelShape, OutlierPlan, RecentWindow, ResolvedStream, StreamKind, StreamPlan,
+};
 use crate::allocation::schema::{
     Allocation, FpDtype, LayerKind, OutlierRule, RecentDtype, StreamSettings,
 };
@@ -216,7 +218,7 @@ impl Allocation {
             plan,
             center,
             basis,
-            recent_fp_tokens: whole.recent_fp_tokens.unwrap_or(self.recent_fp_tokens),
+            recent: whole.window.unwrap_or(self.top_level_window()),
         })
     }
 
@@ -341,6 +343,17 @@ impl Allocation {
         }
         let values = shape.num_layers * shape.num_kv_heads * shape.head_dim;
         Ok(8.0 * bytes as f64 / values as f64)
+    }
+
+    /// The window of every stream whose own table sets none: the top-level `recent_fp_tokens`
+    /// and `recent_fraction`. A fraction with the count left at 0 gives no count, so a cache
+    /// without a fixed capacity refuses it rather than keeping no window.
+    pub fn top_level_window(&self) -> RecentWindow {
+        RecentWindow {
+            tokens: Some(self.recent_fp_tokens)
+                .filter(|&t| t > 0 || self.recent_fraction.is_none()),
+            fraction: self.recent_fraction,
+        }
     }
 
     /// The codec of the tokens kept unquantized (sinks and the recent window).

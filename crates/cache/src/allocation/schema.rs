@@ -60,6 +60,12 @@ pub struct Allocation {
     /// unless its own table sets one ([`StreamSettings::recent_fp_tokens`]).
     #[serde(default)]
     pub recent_fp_tokens: usize,
+    /// Every stream's window as a fraction of the cache's capacity, in `[0, 1)`, unless its own
+    /// table sets a window: `round(fraction · capacity)` tokens, so the window's share of the
+    /// bits is the same at every context length. A cache without a fixed capacity (growing
+    /// pages, as a prompt cache) uses `recent_fp_tokens` instead, which must then be given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_fraction: Option<f64>,
     /// The first tokens (attention sinks) kept unquantized, in `fp_dtype` (default 0).
     #[serde(default)]
     pub sink_tokens: usize,
@@ -88,11 +94,12 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    /// The longest recent window any stream of the allocation can have: the top-level
-    /// `recent_fp_tokens` or a longer one a stream table sets (base, `[boundary]`,
-    /// `[[override]]`). What a check against the context length needs. An upper bound, read
-    /// from the file without a model: it also counts a top-level count every stream table
-    /// replaces and windows given to sliding-window layers (which ignore them).
+    /// The longest recent window any stream of the allocation can have in a cache of
+    /// `capacity` tokens: the top-level window or a longer one a stream table sets (base,
+    /// `[boundary]`, `[[override]]`), counts and fractions of `capacity` alike. What a check
+    /// against the context length needs. An upper bound, read from the file without a model:
+    /// it also counts a top-level window every stream table replaces and windows given to
+    /// sliding-window layers (which ignore them).
     ///
     /// ```
     /// use tq_cache::allocation::Allocation;
@@ -104,19 +111,36 @@ impl Allocation {
     ///     [[override]]
     ///     layers = [10]
     ///     key = { recent_fp_tokens = 200 }
+    ///     [[override]]
+    ///     layers = [11]
+    ///     value = { recent_fraction = 0.125, recent_fp_tokens = 64 }
     /// "#)?;
-    /// assert_eq!(a.longest_recent_window(), 200);
+    /// assert_eq!(a.longest_recent_window(1024), 200);
+    /// assert_eq!(a.longest_recent_window(4096), 512); // an eighth of 4096
+    /// assert_eq!(a.longest_recent_window(64), 200);
     /// # Ok::<(), tq_cache::allocation::AllocationError>(())
     /// ```
-    pub fn longest_recent_window(&self) -> usize {
+    pub fn longest_recent_window(&self, capacity: usize) -> usize {
         let boundary = self.boundary.iter().flat_map(|b| [&b.key, &b.value]);
         let overrides = self.overrides.iter().flat_map(|o| [&o.key, &o.value]);
-        [&self.key, &self.value]
+        let tables = [&self.key, &self.value]
             .into_iter()
             .chain(boundary.chain(overrides).flatten())
-            .filter_map(|s| s.recent_fp_tokens)
-            .fold(self.recent_fp_tokens, usize::max)
+            .map(|s| (s.recent_fp_tokens, s.recent_fraction));
+        let of = |f: f64| fraction_of(f, capacity);
+        // In a cache of known capacity a table's fraction, where it gives one, is its window.
+        tables
+            .filter_map(|(tokens, fraction)| fraction.map(of).or(tokens))
+            .fold(
+                self.recent_fraction.map_or(self.recent_fp_tokens, of),
+                usize::max,
+            )
     }
+}
+
+/// `round(fraction · capacity)`, the window a fraction gives in a cache of `capacity` tokens.
+pub(crate) fn fraction_of(fraction: f64, capacity: usize) -> usize {
+    (fraction * capacity as f64).round() as usize
 }
 
 /// The storage format of the tokens an allocation keeps unquantized.
@@ -247,6 +271,12 @@ pub struct StreamSettings {
     /// layers, whose ring already holds what attention reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_fp_tokens: Option<usize>,
+    /// This stream's own window as a fraction of the cache's capacity, in `[0, 1)` (see
+    /// [`Allocation::recent_fraction`]). A table that gives `recent_fp_tokens`,
+    /// `recent_fraction` or both replaces the whole window in force: the count is then what a
+    /// cache without a fixed capacity uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_fraction: Option<f64>,
 }
 
 impl StreamSettings {

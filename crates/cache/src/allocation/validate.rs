@@ -3,7 +3,7 @@
 //! later at resolve time for some layers only.
 
 use crate::allocation::error::{AllocationError, FieldProblem};
-use crate::allocation::merge::{Merged, Section};
+use crate::allocation::merge::{Merged, Section, check_window_fraction};
 use crate::allocation::plan::StreamKind;
 use crate::allocation::resolve::stream_patch;
 use crate::allocation::schema::{Allocation, StreamSettings};
@@ -21,6 +21,9 @@ impl Allocation {
         if i64::try_from(self.seed).is_err() {
             let problem = FieldProblem::SeedTooLarge { seed: self.seed };
             return Err(AllocationError::field("seed", problem));
+        }
+        if let Some(f) = self.recent_fraction {
+            check_window_fraction(f, "recent_fraction")?;
         }
         for stream in StreamKind::BOTH {
             self.check_patch(stream, None)?;

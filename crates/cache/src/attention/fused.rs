@@ -27,7 +27,6 @@ use tq_rotation::Rotation;
 
 use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
-use crate::codec::Q8Window;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::stream::Stream;
@@ -330,7 +329,8 @@ struct PreparedGroup {
     /// `U·(scale·q)` for a basis stream (`[group, r]`), what its parts gather from.
     projected: Vec<f32>,
     /// `Π_w·(scale·q)` for a stream with an 8-bit window (`[group, d]`, empty otherwise): the
-    /// query in the coordinates of the window's codes ([`Q8Window::rotate`]).
+    /// query in the coordinates of the window's codes
+    /// ([`Q8Window::rotate`](crate::codec::Q8Window::rotate)).
     window: Vec<f32>,
     /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
@@ -502,12 +502,16 @@ struct BlockScratch {
     window_words: Vec<u32>,
 }
 
-/// The 8-bit copy `codes` (step `step`) as a one-record f32 plain run in the window codec's
-/// rotated coordinates, written into `words`.
-fn q8_as_f32<'w>(codes: &[u32], step: f16, d: usize, words: &'w mut Vec<u32>) -> PlainRun<'w> {
-    let step = step.to_f32();
+/// The 8-bit copies `codes` (one step per record in `steps`) as an f32 plain run in the window
+/// codec's rotated coordinates, `s·c_j` (exact in f32), written into `words`.
+fn q8_as_f32<'w>(codes: &[u32], steps: &[f16], d: usize, words: &'w mut Vec<u32>) -> PlainRun<'w> {
+    let record_words = codes.len() / steps.len();
     words.clear();
-    words.extend((0..d).map(|j| (f32::from(Q8Window::code(codes, j)) * step).to_bits()));
+    for (record, step) in codes.chunks_exact(record_words).zip(steps) {
+        let step = step.to_f32();
+        let bytes = record.iter().flat_map(|w| w.to_le_bytes()).take(d);
+        words.extend(bytes.map(|c| (f32::from(c as i8) * step).to_bits()));
+    }
     PlainRun {
         words,
         record_words: d,
@@ -559,8 +563,8 @@ enum Record {
 }
 
 /// Calls `visit(first_token, words, scales, tokens, record)` for consecutive runs of records
-/// covering `range`: body records in contiguous runs, copies (sinks, and the query's window
-/// from `window_start` on: [`Stream::window_start`]) one at a time.
+/// covering `range`: body records and the query's window copies (from `window_start` on:
+/// [`Stream::window_start`]) in contiguous runs, sinks one at a time.
 fn walk<'a>(
     stream: &'a Stream,
     range: std::ops::Range<usize>,
@@ -571,7 +575,20 @@ fn walk<'a>(
     let sink_end = stream.sink_end();
     let mut t = range.start;
     while t < range.end {
-        if t < sink_end || t >= window_start {
+        if t >= window_start && t >= sink_end {
+            // A token with no copy is skipped, as a missing body record ends the walk below.
+            match stream.recent_copies(t, range.end - t) {
+                Some((TokenCodec::Q8(_), w, s, n)) => {
+                    visit(t, w, s, n, Record::Q8);
+                    t += n;
+                }
+                Some((codec, w, s, n)) => {
+                    visit(t, w, s, n, Record::Plain(plain_kind(codec)));
+                    t += n;
+                }
+                None => t += 1,
+            }
+        } else if t < sink_end {
             match stream.full_precision(t) {
                 Some((TokenCodec::Q8(_), record, s)) => visit(t, record, s, 1, Record::Q8),
                 Some((codec, record, s)) => {
@@ -717,9 +734,9 @@ fn run_block_with(
             let out = &mut scores[t - start..];
             let record_words = words.len() / n;
             if let Record::Q8 = record {
-                // (Πq)·(s·c) per head: the copy as f32 in its rotated coordinates, through
+                // (Πq)·(s·c) per head: the copies as f32 in their rotated coordinates, through
                 // the plain kernel.
-                let run = q8_as_f32(words, halves[0], d, window_words);
+                let run = q8_as_f32(words, halves, d, window_words);
                 simd::score_plain(isa, &run, &prepared.window, out, len);
                 return;
             }
@@ -816,7 +833,7 @@ fn run_block_with(
             let record_words = words.len() / n;
             let weights = &probabilities[i * group..(i + n) * group];
             if let Record::Q8 = record {
-                let run = q8_as_f32(words, halves[0], d, window_words);
+                let run = q8_as_f32(words, halves, d, window_words);
                 simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));
                 return;
             }

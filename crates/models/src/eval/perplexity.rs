@@ -301,7 +301,8 @@ pub fn all_in_bits_per_value(
                 // in the cache's fixed bytes).
                 let coded = match ring {
                     None if allocation.window_defers_codes() => {
-                        held.saturating_sub(r.recent_fp_tokens)
+                        // The cache is built for `ctx` tokens (a window's fraction is of that).
+                        held.saturating_sub(r.recent.tokens_for(Some(ctx))?)
                     }
                     _ => held,
                 };
@@ -319,20 +320,20 @@ pub fn all_in_bits_per_value(
 }
 
 /// Refuses an allocation whose full-precision copies cover a whole chunk: with
-/// `sink_tokens + recent_fp_tokens ≥ ctx` nothing in the chunk is read from the compressed body,
+/// `sink_tokens + recent window ≥ ctx` nothing in the chunk is read from the compressed body,
 /// so its figures would measure f16, not the allocation (and its bits would count copies of
-/// every token twice). The window is the longest any stream has
+/// every token twice). The window is the longest any stream has in a cache of `ctx` tokens
 /// ([`Allocation::longest_recent_window`]). The error names the fields to shrink.
 pub fn check_windows<'a>(
     allocations: impl IntoIterator<Item = &'a Allocation>,
     ctx: usize,
 ) -> Result<(), EvalError> {
     for a in allocations {
-        let recent = a.longest_recent_window();
+        let recent = a.longest_recent_window(ctx);
         if a.sink_tokens + recent >= ctx {
             return Err(EvalError::InvalidCall(format!(
-                "allocation `{}`: sink_tokens ({}) + recent_fp_tokens ({recent}, the longest \
-                 window of any stream) cover the whole {ctx}-token chunk, so nothing would be \
+                "allocation `{}`: sink_tokens ({}) + the recent window ({recent} tokens at \
+                 this context, recent_fp_tokens or recent_fraction, the longest of any stream) cover the whole {ctx}-token chunk, so nothing would be \
                  read from the compressed cache; use a longer --ctx or a shorter window",
                 a.name, a.sink_tokens
             )));
