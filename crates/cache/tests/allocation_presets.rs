@@ -204,70 +204,94 @@ fn centered_presets_center_every_stream_and_pin_the_mean_bytes() {
     }
 }
 
-/// The recommended presets keep 2 f16 sink tokens and 8-bit step windows (codes written as
-/// tokens leave them) sized as fractions of the cache's capacity, are listed best quality (most
-/// bits) first, and fit the budget their names state on SmolLM2's shape (d = 64) at every
-/// context from 2048 tokens up (the windows grow with the capacity, so the bits stay put):
-/// per stream, the codes and norms of the tokens outside its window, its window's 8-bit copies
-/// (8 + 16/64 bits a value) and the f16 sinks (16), plus the f32 mean and the largest plane
-/// fit (192 bytes). Below 2048 the fixed costs (sinks, means, fits: 0.06 bits a value at 2048,
-/// 0.24 at 512) outgrow the slack; the windows' share still does not grow. (The exact count,
-/// from a built cache's bytes, is `tq_models::limits`'s test of the same budgets.)
+/// Bits per value on SmolLM2's shape (d = 64) at `tokens` tokens by the budget formula: per
+/// stream, the codes and norms of the tokens outside its window, its window's 8-bit copies
+/// (8 + 16/64 bits a value) and the f16 sinks (16), plus the f32 mean and the largest plane fit
+/// (192 bytes); with the windows' share of the tokens and the codes' bits per value.
+fn budget_bits(allocation: &Allocation, tokens: usize) -> (f64, f64, f64) {
+    let (mut all_in, mut codes, mut window_share) = (0.0, 0.0, 0.0);
+    for stream in StreamKind::BOTH {
+        let recent = allocation
+            .resolve_stream(0, 30, 0, 64, stream)
+            .unwrap()
+            .recent;
+        let window = recent.tokens_for(Some(tokens)).unwrap() as f64;
+        window_share += window / tokens as f64 / 2.0;
+        let per_token = allocation.bits_per_value(&SMALL, stream).unwrap();
+        codes += per_token / 2.0;
+        let body = (tokens as f64 - window) * per_token;
+        let copies = window * (8.0 + 16.0 / 64.0) + 2.0 * 16.0;
+        all_in += (body + copies) / tokens as f64 / 2.0;
+    }
+    let mean = 32.0 / tokens as f64;
+    let fit = 192.0 * 8.0 / (2.0 * tokens as f64 * 64.0);
+    (all_in + mean + fit, codes, window_share)
+}
+
+/// The recommended presets keep 2 f16 sink tokens and 8-bit step windows of fixed counts on
+/// both streams (codes written as tokens leave them), are listed best quality (most bits)
+/// first, and fit the budget their names state at 2048 tokens on SmolLM2's shape, using it.
+/// (The exact count, from a built cache's bytes, is `tq_models::limits`'s test of the same
+/// budgets.)
 #[test]
 fn recommended_presets_fit_their_budgets() {
     let names: Vec<_> = Allocation::recommended_names().collect();
     assert_eq!(names, ["rec4.25", "rec3.25", "rec2.5"]);
-    for tokens in [2048usize, 3000, 4096, 8192, 32768] {
-        let mut last = f64::INFINITY;
-        for (name, budget) in names.iter().zip([4.25, 3.25, 2.5]) {
-            let allocation = Allocation::preset(name).unwrap();
-            assert_eq!(allocation.sink_tokens, 2, "{name}");
-            assert!(allocation.window_defers_codes(), "{name}");
-            let mut all_in = 0.0;
-            let mut codes = 0.0;
-            let mut window_share = 0.0;
-            for stream in StreamKind::BOTH {
-                let recent = allocation
-                    .resolve_stream(0, 30, 0, 64, stream)
-                    .unwrap()
-                    .recent;
-                let window = recent.tokens_for(Some(tokens)).unwrap() as f64;
-                assert!(window > 0.0, "{name}");
-                // The count, for caches without a capacity, is the window at 2048.
-                let at_2048 = recent.tokens_for(Some(2048)).unwrap();
-                assert_eq!(recent.tokens_for(None).unwrap(), at_2048, "{name}");
-                window_share += window / tokens as f64 / 2.0;
-                let per_token = allocation.bits_per_value(&SMALL, stream).unwrap();
-                codes += per_token / 2.0;
-                let body = (tokens as f64 - window) * per_token;
-                let copies = window * (8.0 + 16.0 / 64.0) + 2.0 * 16.0;
-                all_in += (body + copies) / tokens as f64 / 2.0;
-            }
-            let mean = 32.0 / tokens as f64;
-            let fit = 192.0 * 8.0 / (2.0 * tokens as f64 * 64.0);
-            all_in += mean + fit;
+    let mut last = f64::INFINITY;
+    for (name, budget) in names.into_iter().zip([4.25, 3.25, 2.5]) {
+        let allocation = Allocation::preset(name).unwrap();
+        assert_eq!(allocation.sink_tokens, 2, "{name}");
+        assert!(allocation.window_defers_codes(), "{name}");
+        for stream in StreamKind::BOTH {
+            let recent = allocation
+                .resolve_stream(0, 30, 0, 64, stream)
+                .unwrap()
+                .recent;
+            assert!(
+                recent.fraction.is_none() && recent.tokens > Some(0),
+                "{name}"
+            );
+        }
+        let (all_in, codes, _) = budget_bits(&allocation, 2048);
+        assert!(all_in <= budget, "{name}: {all_in} bits per value");
+        assert!(all_in > budget - 0.05, "{name} uses its budget: {all_in}");
+        assert!(codes < last, "{name}");
+        last = codes;
+    }
+}
+
+/// The `-scaled` lever files are their presets with the windows as fractions of the capacity:
+/// the same windows at 2048 (and as the counts for caches without a capacity), the same share
+/// of the tokens at every context (up to rounding), so within the budget from 2048 to 32768
+/// tokens. Below 2048 the fixed costs (sinks, means, fits: 0.06 bits a value at 2048, 0.24 at
+/// 512) outgrow the slack; the windows' share still does not grow.
+#[test]
+fn scaled_window_levers_keep_their_budget_at_every_context() {
+    let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
+    for (name, budget) in [("rec4.25", 4.25), ("rec3.25", 3.25), ("rec2.5", 2.5)] {
+        let preset = Allocation::preset(name).unwrap();
+        let scaled = Allocation::load(levers.join(format!("{name}-scaled.toml"))).unwrap();
+        for stream in StreamKind::BOTH {
+            let window = |a: &Allocation| a.resolve_stream(0, 30, 0, 64, stream).unwrap().recent;
+            let (p, s) = (window(&preset), window(&scaled));
+            assert!(s.fraction.is_some(), "{name}");
+            assert_eq!(
+                s.tokens_for(Some(2048)).unwrap(),
+                p.tokens_for(None).unwrap()
+            );
+            assert_eq!(s.tokens_for(None).unwrap(), p.tokens_for(None).unwrap());
+        }
+        let (_, _, share_2048) = budget_bits(&scaled, 2048);
+        for tokens in [2048usize, 3000, 4096, 8192, 32768] {
+            let (all_in, _, share) = budget_bits(&scaled, tokens);
             assert!(
                 all_in <= budget,
                 "{name} at {tokens}: {all_in} bits per value"
             );
-            // The windows were sized at 2048; longer contexts spread the fixed costs thinner.
-            if tokens == 2048 {
-                assert!(all_in > budget - 0.05, "{name} uses its budget: {all_in}");
-            }
-            // The windows hold the same share of the tokens at every context (up to rounding).
-            let share_2048 = {
-                let w = |s| {
-                    let r = allocation.resolve_stream(0, 30, 0, 64, s).unwrap().recent;
-                    r.tokens_for(Some(2048)).unwrap() as f64 / 2048.0 / 2.0
-                };
-                w(StreamKind::Key) + w(StreamKind::Value)
-            };
             assert!(
-                (window_share - share_2048).abs() <= 1.0 / tokens as f64,
-                "{name}"
+                (share - share_2048).abs() <= 1.0 / tokens as f64,
+                "{name} at {tokens}"
             );
-            assert!(codes < last, "{name}");
-            last = codes;
         }
     }
 }

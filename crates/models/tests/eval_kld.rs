@@ -226,5 +226,5 @@ fn windows_covering_the_chunk_are_refused() {
         );
     }
     b.value.recent_fraction = Some(0.5);
-    assert!(check_windows([&b], 512).is_ok() && check_windows([&b], 64).is_ok());
+    assert!(check_windows([&b], 512).is_ok() && check_windows([&b], 4096).is_ok());
 }
