@@ -158,16 +158,7 @@ impl Merged {
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
         set(&mut self.basis, patch.basis, origin);
-        if patch.recent_fp_tokens.is_some() || patch.recent_fraction.is_some() {
-            let window = RecentWindow {
-                tokens: patch.recent_fp_tokens,
-                fraction: patch.recent_fraction,
-            };
-            self.window = Some(Sourced {
-                value: window,
-                origin,
-            });
-        }
+        set(&mut self.window, patch.window(), origin);
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.

@@ -201,19 +201,25 @@ pub struct RecentWindow {
 }
 
 impl RecentWindow {
+    /// The window's tokens in a cache of fixed `capacity`: the fraction of it where one is
+    /// given, else the count (none given: no window).
+    pub fn tokens_at(&self, capacity: usize) -> usize {
+        self.fraction
+            .map_or(self.tokens.unwrap_or(0), |f| fraction_of(f, capacity))
+    }
+
     /// The window's tokens in a cache of `capacity` tokens (`None`: a cache that grows in
-    /// pages, with no fixed capacity). A fraction with no count is refused there
-    /// ([`FieldProblem::WindowNeedsCapacity`](crate::allocation::FieldProblem)); nothing
-    /// given is no window.
+    /// pages, with no fixed capacity, which takes the count). A fraction with no count is
+    /// refused there ([`FieldProblem::WindowNeedsCapacity`](crate::allocation::FieldProblem)).
     pub fn tokens_for(&self, capacity: Option<usize>) -> Result<usize, AllocationError> {
-        match (self.fraction, capacity, self.tokens) {
-            (Some(f), Some(c), _) => Ok(fraction_of(f, c)),
-            (_, _, Some(tokens)) => Ok(tokens),
-            (Some(_), None, None) => Err(AllocationError::field(
+        match (capacity, self.tokens, self.fraction) {
+            (Some(c), _, _) => Ok(self.tokens_at(c)),
+            (None, Some(tokens), _) => Ok(tokens),
+            (None, None, Some(_)) => Err(AllocationError::field(
                 "recent_fraction",
                 FieldProblem::WindowNeedsCapacity,
             )),
-            (None, _, None) => Ok(0),
+            (None, None, None) => Ok(0),
         }
     }
 }

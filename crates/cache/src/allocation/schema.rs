@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tq_qjl::{SketchKind, SketchScale};
 use tq_rotation::RotationKind;
 
+use crate::allocation::plan::RecentWindow;
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 
@@ -123,18 +124,14 @@ impl Allocation {
     pub fn longest_recent_window(&self, capacity: usize) -> usize {
         let boundary = self.boundary.iter().flat_map(|b| [&b.key, &b.value]);
         let overrides = self.overrides.iter().flat_map(|o| [&o.key, &o.value]);
-        let tables = [&self.key, &self.value]
+        [&self.key, &self.value]
             .into_iter()
             .chain(boundary.chain(overrides).flatten())
-            .map(|s| (s.recent_fp_tokens, s.recent_fraction));
-        let of = |f: f64| fraction_of(f, capacity);
-        // In a cache of known capacity a table's fraction, where it gives one, is its window.
-        tables
-            .filter_map(|(tokens, fraction)| fraction.map(of).or(tokens))
-            .fold(
-                self.recent_fraction.map_or(self.recent_fp_tokens, of),
-                usize::max,
-            )
+            .filter_map(StreamSettings::window)
+            .chain([self.top_level_window()])
+            .map(|w| w.tokens_at(capacity))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -280,6 +277,17 @@ pub struct StreamSettings {
 }
 
 impl StreamSettings {
+    /// The window this table sets, `None` when it gives neither `recent_fp_tokens` nor
+    /// `recent_fraction` (a table that gives either replaces the whole window in force).
+    pub fn window(&self) -> Option<RecentWindow> {
+        (self.recent_fp_tokens.is_some() || self.recent_fraction.is_some()).then_some(
+            RecentWindow {
+                tokens: self.recent_fp_tokens,
+                fraction: self.recent_fraction,
+            },
+        )
+    }
+
     /// Settings naming only a codec (enough for `f16`/`f32`).
     pub fn codec_only(codec: CodecKind) -> Self {
         Self {

@@ -333,8 +333,9 @@ pub fn check_windows<'a>(
         if a.sink_tokens + recent >= ctx {
             return Err(EvalError::InvalidCall(format!(
                 "allocation `{}`: sink_tokens ({}) + the recent window ({recent} tokens at \
-                 this context, recent_fp_tokens or recent_fraction, the longest of any stream) cover the whole {ctx}-token chunk, so nothing would be \
-                 read from the compressed cache; use a longer --ctx or a shorter window",
+                 this context, recent_fp_tokens or recent_fraction, the longest of any stream) \
+                 cover the whole {ctx}-token chunk, so nothing would be read from the \
+                 compressed cache; use a longer --ctx or a shorter window",
                 a.name, a.sink_tokens
             )));
         }
