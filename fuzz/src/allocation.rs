@@ -2,9 +2,7 @@
 
 use crate::sample;
 use tq_cache::CacheError;
-use tq_cache::allocation::{
-    Allocation, AllocationError, FieldProblem, LayerKind, ModelShape, StreamKind,
-};
+use tq_cache::allocation::{Allocation, LayerKind, ModelShape, StreamKind};
 
 /// A Gemma-3-like mix: two sliding-window layers, then a global one, at another head size.
 const MIXED: ModelShape = ModelShape {
@@ -20,10 +18,8 @@ const MIXED_KINDS: [LayerKind; 3] = [LayerKind::Sliding, LayerKind::Sliding, Lay
 /// Panics when an accepted allocation does not survive TOML → value → TOML unchanged, when
 /// one that [`Allocation::validate_for`] accepted then fails to resolve a stream, reports
 /// non-positive or non-finite bits, or cannot build (and fill) the cache of that shape for any
-/// reason but memory ([`CacheError::StorageTooLarge`]) or a window given only as a fraction of
-/// a capacity the sample's growing cache does not have
-/// ([`FieldProblem::WindowNeedsCapacity`]), or when anything panics instead of returning its
-/// typed error.
+/// reason but memory ([`CacheError::StorageTooLarge`]), or when anything panics instead of
+/// returning its typed error.
 pub fn allocation(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -54,19 +50,6 @@ pub fn allocation(data: &[u8]) {
             // valid allocation whose full-precision copies no machine can hold (found by this
             // target; before `TokenStore::new` checked, the process aborted).
             Err(CacheError::StorageTooLarge { .. }) => return,
-            // A bare `recent_fraction` is valid and refused, by design, by a cache that grows in
-            // pages (the sample's layer 0): there is no capacity to take the fraction of.
-            Err(CacheError::Allocation(e))
-                if matches!(
-                    *e,
-                    AllocationError::Field {
-                        problem: FieldProblem::WindowNeedsCapacity,
-                        ..
-                    }
-                ) =>
-            {
-                return;
-            }
             built => built.expect("a validated allocation builds"),
         };
         crate::on_one_thread(|| {

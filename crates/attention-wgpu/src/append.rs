@@ -307,7 +307,7 @@ impl GpuKvCache {
         } else {
             (Vec::new(), Vec::new())
         };
-        let (key_ring, value_ring) = if self.recent > 0 {
+        let (key_ring, value_ring) = if self.windows.any() {
             (
                 encoder.encode_ring_copies(true, keys, self.window_q8)?,
                 encoder.encode_ring_copies(false, values, self.window_q8)?,
@@ -365,7 +365,8 @@ impl GpuKvCache {
                 &batch.value_sinks[i * words..(i + 1) * words],
             );
         }
-        if self.recent > 0 {
+        if self.windows.any() {
+            self.ensure_ring(self.len + range.len())?;
             let words = heads * self.ring_words();
             self.write_ring_copies(
                 self.len,
@@ -415,7 +416,7 @@ impl GpuKvCache {
         values: EncodedTokens<'_>,
         positions: &[u32],
     ) -> Result<(), GpuError> {
-        if (self.len < self.sinks || self.recent > 0) && !positions.is_empty() {
+        if (self.len < self.sinks || self.windows.any()) && !positions.is_empty() {
             return Err(GpuError::Unsupported(
                 "records without the full-precision copies of attention sinks or a recent \
                  window"
@@ -674,7 +675,7 @@ impl GpuKvCache {
         if let Some(ring) = self.ring_slots {
             self.first_stored = self.first_stored.max(new_len.saturating_sub(ring));
         }
-        self.windows.appended(new_len, self.max_rewind);
+        self.windows.appended(new_len);
         Ok(())
     }
 }

@@ -94,7 +94,7 @@ impl GpuKvCache {
         // Attention sinks and recent windows: their copies' values accumulate in the original
         // domain after the others, and coded keys need `scale·q` beside the prepared query to
         // score their copies.
-        let fp_coords = if self.sinks + self.recent > 0 {
+        let fp_coords = if self.sinks > 0 || self.windows.any() {
             self.head_dim
         } else {
             0
@@ -282,7 +282,7 @@ impl GpuKvCache {
         };
         let mut batch = self.encode_on_host(keys, values, energy.as_deref())?;
         self.commit_calibration(batch.calibrated.take())?;
-        if self.recent == 0 {
+        if !self.windows.any() {
             self.append_host_batch(&batch, 0..n, new_positions)?;
             return self.attend(queries, new_positions, shape, out);
         }

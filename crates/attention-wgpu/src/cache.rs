@@ -36,7 +36,7 @@ use crate::error::GpuError;
 use crate::host_encode::HostEncoder;
 use crate::kernels::MAX_BLOCK_TOKENS;
 use crate::tables::{StreamLayoutGpu, build_stream};
-use crate::windows::RecentWindows;
+use crate::windows::{RecentWindows, WindowRule};
 
 /// Largest page, in tokens.
 pub const MAX_PAGE_TOKENS: usize = 1 << 16;
@@ -195,16 +195,15 @@ pub struct GpuKvCache {
     /// Attention sinks: tokens `t < sinks` (growing layers) are read from their binary16
     /// copies in `fp`, keys `[kv_heads, sinks + fp_ring, ⌈d/2⌉]` words then values the same.
     pub(crate) sinks: usize,
-    /// Recent windows (growing layers): each query reads a stream's newest `windows.of(s, h)`
-    /// tokens from their copies, kept in one ring of `fp_ring` slots after the sinks' (token
-    /// `t` at `sinks + t mod fp_ring`); `recent` is the longest window.
-    pub(crate) recent: usize,
+    /// Recent windows (growing layers): each query reads a stream's newest tokens (its
+    /// window's rule at the tokens held) from their copies, kept in one ring of `fp_ring`
+    /// slots after the sinks' (token `t` at `sinks + t mod fp_ring`); the ring grows with a
+    /// window that grows with the context ([`ensure_ring`](Self::ensure_ring)).
     pub(crate) windows: RecentWindows,
     pub(crate) fp_ring: usize,
     /// The ring holds 8-bit copies (`recent_dtype = "q8"`, [`ring_words`](Self::ring_words)
     /// words a slot: codes, then the f16 step) rather than binary16 ones.
     pub(crate) window_q8: bool,
-    pub(crate) max_rewind: usize,
     pub(crate) fp: wgpu::Buffer,
 }
 
@@ -227,13 +226,21 @@ pub(crate) fn windows_of(cache: &KvCache) -> (usize, RecentWindows) {
     if cache.layout().ring_slots().is_some() {
         return (0, RecentWindows::none(heads));
     }
-    let tokens = (0..heads)
-        .map(|h| cache.keys(h).layout().recent_tokens)
-        .chain((0..heads).map(|h| cache.values(h).layout().recent_tokens))
+    let streams = || {
+        (0..heads)
+            .map(|h| cache.keys(h))
+            .chain((0..heads).map(|h| cache.values(h)))
+    };
+    let rules = streams()
+        .map(|s| WindowRule {
+            tokens: s.layout().recent_tokens,
+            fraction: s.layout().recent_fraction,
+        })
         .collect();
+    let slots = streams().map(|s| s.recent_slots()).collect();
     (
         cache.keys(0).layout().sink_tokens,
-        RecentWindows::new(heads, tokens),
+        RecentWindows::new(heads, rules, slots, cache.layout().max_rewind),
     )
 }
 
@@ -258,14 +265,15 @@ pub(crate) fn check_windows(
             if l.ring_slots.is_some() {
                 continue;
             }
-            if l.sink_tokens + l.recent_tokens > 0 && !f16(&l.fp) {
+            let windowed = windows.rule(s, h).is_some();
+            if (l.sink_tokens > 0 || windowed) && !f16(&l.fp) {
                 return Err(GpuError::Unsupported(format!(
                     "attention sinks or recent windows with f32 copies (the {name} of KV head \
                      {h}: fp_dtype)"
                 )));
             }
             let q8 = matches!(l.recent, Some(CodecSpec::Q8 { .. }));
-            if l.recent_tokens > 0 && q8 != window_q8 {
+            if windowed && q8 != window_q8 {
                 return Err(GpuError::Unsupported(format!(
                     "a recent window whose copies differ from the layer's GPU copy (the {name} \
                      of KV head {h} keep {} copies, the GPU cache {}: recent_dtype)",
@@ -280,12 +288,15 @@ pub(crate) fn check_windows(
                     l.sink_tokens
                 )));
             }
-            if l.recent_tokens != windows.of(s, h) {
+            let rule = WindowRule {
+                tokens: l.recent_tokens,
+                fraction: l.recent_fraction,
+            };
+            if rule != windows.rule(s, h) {
                 return Err(GpuError::Unsupported(format!(
                     "a CPU cache with other recent windows than this GPU copy was built with: \
-                     the {name} of KV head {h} keep a {}-token window, the GPU copy {}",
-                    l.recent_tokens,
-                    windows.of(s, h)
+                     the {name} of KV head {h} keep {rule:?}, the GPU copy {:?}",
+                    windows.rule(s, h)
                 )));
             }
         }
@@ -332,6 +343,17 @@ fn ring_slot_words(head_dim: usize, window_q8: bool) -> usize {
 }
 
 /// Words of one KV head's copies of one stream: its binary16 sink slots, then its ring.
+/// The copies' ring holds every token a query may read from its window with `held` tokens
+/// held: the longest ring of the CPU streams (window and rewind margin), and one chunk of
+/// `forward` (0 without windows).
+fn ring_slots_for(windows: &RecentWindows, held: usize) -> usize {
+    if windows.any() {
+        windows.slots_at(held) + crate::attention::RECENT_CHUNK
+    } else {
+        0
+    }
+}
+
 fn fp_head_words(sinks: usize, fp_ring: usize, head_dim: usize, window_q8: bool) -> usize {
     sinks * head_dim.div_ceil(2) + fp_ring * ring_slot_words(head_dim, window_q8)
 }
@@ -353,26 +375,20 @@ impl GpuKvCache {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
         let (sinks, windows) = windows_of(cache);
-        let recent = windows.longest();
-        let window_q8 = recent > 0
+        let window_q8 = windows.any()
             && (0..heads)
                 .flat_map(|h| [cache.keys(h), cache.values(h)])
                 .any(|s| {
-                    s.layout().recent_tokens > 0
+                    s.recent_slots() > 0
                         && matches!(s.layout().recent, Some(tq_cache::CodecSpec::Q8 { .. }))
                 });
         check_windows(cache, sinks, &windows, window_q8)?;
-        // The copies' ring holds every token a query may read from its window: the window, the
-        // rewind margin, and one chunk of `forward`.
-        let fp_ring = if recent > 0 {
-            recent + layout.max_rewind + crate::attention::RECENT_CHUNK
-        } else {
-            0
-        };
+        let fp_ring = ring_slots_for(&windows, 0);
         // Two-tier and centered streams, and the full-precision copies of attention sinks, are
         // encoded on the host (the encode kernel implements neither the tiers nor the mean and
         // its calibration, and writes no copies).
-        let host = (sinks + recent > 0
+        let host = (sinks > 0
+            || windows.any()
             || (0..heads)
                 .flat_map(|h| [cache.keys(h), cache.values(h)])
                 .any(|s| {
@@ -418,11 +434,9 @@ impl GpuKvCache {
             kv_heads: heads,
             head_dim: layout.head_dim,
             sinks,
-            recent,
             windows,
             fp_ring,
             window_q8,
-            max_rewind: layout.max_rewind,
             fp,
             key,
             value,
@@ -465,7 +479,7 @@ impl GpuKvCache {
 
     /// Writes the CPU stream's copies of tokens `from..cache.len()` that this cache keeps: the
     /// sinks' (binary16), and with a recent window the window's (binary16 or 8-bit).
-    pub(crate) fn upload_copies(&self, cache: &KvCache, from: usize) -> Result<(), GpuError> {
+    pub(crate) fn upload_copies(&mut self, cache: &KvCache, from: usize) -> Result<(), GpuError> {
         let missing = |t: usize, stream: &tq_cache::stream::Stream| GpuError::Shape {
             what: "full-precision copy",
             expected: t,
@@ -482,15 +496,20 @@ impl GpuKvCache {
             }
             self.write_sink_copies(t, &ks, &vs);
         }
-        if self.recent == 0 {
+        if !self.windows.any() {
             return Ok(());
         }
+        self.ensure_ring(cache.len())?;
         // The CPU stream shows its window's copies only (`recent_copy` past its recent start),
         // though its ring may hold `max_rewind` older ones; a stream with a shorter window than
         // the longest gets zeros it never reads. A sink's window copy is never read here (the
         // sink's own copy is).
         let first = from
-            .max(cache.len().saturating_sub(self.recent))
+            .max(
+                cache
+                    .len()
+                    .saturating_sub(self.windows.longest_at(cache.len())),
+            )
             .max(self.sinks);
         let words = self.ring_words();
         let (mut ks, mut vs) = (Vec::new(), Vec::new());
@@ -498,7 +517,7 @@ impl GpuKvCache {
             for h in 0..self.kv_heads {
                 for (s, stream, out) in [(0, cache.keys(h), &mut ks), (1, cache.values(h), &mut vs)]
                 {
-                    if t + self.windows.of(s, h) < cache.len() {
+                    if t + self.windows.rule(s, h).at(cache.len()) < cache.len() {
                         out.extend(std::iter::repeat_n(0u32, words));
                         continue;
                     }
@@ -532,6 +551,69 @@ impl GpuKvCache {
         } else {
             head + self.sinks * sink_words + (slot - self.sinks) * self.ring_words()
         }
+    }
+
+    /// Makes the copies' ring long enough for `held` tokens held (a window that grows with the
+    /// context needs more slots as it does): a longer ring, at least twice as long, takes
+    /// every copy of the old one to its token's new slot (`t mod fp_ring`), on the device.
+    pub(crate) fn ensure_ring(&mut self, held: usize) -> Result<(), GpuError> {
+        let needed = ring_slots_for(&self.windows, held);
+        if needed <= self.fp_ring {
+            return Ok(());
+        }
+        let slots = needed.max(2 * self.fp_ring);
+        let head_words = fp_head_words(self.sinks, slots, self.head_dim, self.window_q8);
+        let fp_words = 2 * self.kv_heads * head_words;
+        self.ctx
+            .check_binding("full-precision copies", 4 * fp_words as u64)?;
+        let fp = self
+            .ctx
+            .storage_buffer("full-precision copies", 4 * fp_words as u64);
+        let sink_words = self.sinks * self.head_dim.div_ceil(2);
+        let words = self.ring_words();
+        // The tokens the old ring holds (some slots may never have been written: copying
+        // them moves zeros).
+        let first = self.len.saturating_sub(self.fp_ring);
+        let old_values = self.fp_values();
+        let old_head = fp_head_words(self.sinks, self.fp_ring, self.head_dim, self.window_q8);
+        let mut runs = Vec::new();
+        let mut t = first;
+        while t < self.len {
+            let (from, to) = (t % self.fp_ring, t % slots);
+            let n = (self.len - t).min(self.fp_ring - from).min(slots - to);
+            runs.push((from, to, n));
+            t += n;
+        }
+        self.ctx.submit("grow the recent ring", |encoder| {
+            for (old_base, new_base) in [(0, 0), (old_values, self.kv_heads * head_words)] {
+                for h in 0..self.kv_heads {
+                    let (old, new) = (old_base + h * old_head, new_base + h * head_words);
+                    let mut copy = |from: usize, to: usize, n: usize| {
+                        if n > 0 {
+                            encoder.copy_buffer_to_buffer(
+                                &self.fp,
+                                4 * from as u64,
+                                &fp,
+                                4 * to as u64,
+                                4 * n as u64,
+                            );
+                        }
+                    };
+                    copy(old, new, sink_words);
+                    for &(from, to, n) in &runs {
+                        copy(
+                            old + sink_words + from * words,
+                            new + sink_words + to * words,
+                            n * words,
+                        );
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        self.fp = fp;
+        self.fp_ring = slots;
+        Ok(())
     }
 
     /// Writes the binary16 sink copies of token `t` (< sinks): `[kv_heads, ⌈d/2⌉]` words each

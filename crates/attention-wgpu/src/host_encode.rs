@@ -33,7 +33,7 @@ impl HostStream {
     fn defers_codes(&self) -> bool {
         let l = &self.layout;
         l.ring_slots.is_none()
-            && l.recent_tokens > 0
+            && l.has_window()
             && matches!(l.recent, Some(tq_cache::CodecSpec::Q8 { .. }))
     }
 

@@ -1,83 +1,167 @@
 //! [`RecentWindows`]: the recent window of every stream of a layer's GPU copy (keys and values,
-//! per KV head, as an allocation's per-stream `recent_fp_tokens` gives them), which copies each
-//! still holds, and where each query's window starts — the CPU stream's rules
-//! (`Stream::window_start`, `check_rewind`), one stream at a time.
+//! per KV head, as an allocation's per-stream `recent_fp_tokens` and `recent_fraction` give
+//! them), which copies each still holds, and where each query's window starts — the CPU
+//! stream's rules (`Stream::window_start`, `check_rewind`), one stream at a time.
+//!
+//! A window may grow with the context (a fraction of the tokens held,
+//! [`window_tokens`]): every start is computed from the tokens held at that query.
 //!
 //! The copies themselves share one ring per layer, as long as the longest window (plus the
 //! rewind margin and one chunk of `forward`); a stream reads only its own window's part of it.
 
+use tq_cache::stream::window_tokens;
+
+/// One stream's window: a floor of `tokens` and a `fraction` of the tokens held.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct WindowRule {
+    pub(crate) tokens: usize,
+    pub(crate) fraction: Option<f64>,
+}
+
+impl WindowRule {
+    /// A window of `tokens` tokens, whatever the length.
+    pub(crate) fn fixed(tokens: usize) -> Self {
+        Self {
+            tokens,
+            fraction: None,
+        }
+    }
+
+    /// Whether the stream keeps a window at all.
+    pub(crate) fn is_some(&self) -> bool {
+        self.tokens > 0 || self.fraction.is_some_and(|f| f > 0.0)
+    }
+
+    /// The window's tokens with `held` tokens held.
+    pub(crate) fn at(&self, held: usize) -> usize {
+        if self.is_some() {
+            window_tokens(self.tokens, self.fraction, held)
+        } else {
+            0
+        }
+    }
+}
+
 /// Windows and the oldest readable copy of each stream, indexed `stream·kv_heads + head`
 /// (stream 0 the keys, 1 the values).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct RecentWindows {
     kv_heads: usize,
-    /// Window length per stream (0: no window).
-    tokens: Vec<usize>,
+    /// Window per stream.
+    rules: Vec<WindowRule>,
+    /// The slots of the CPU stream's ring of copies when the copy was built (its window at the
+    /// template's capacity plus the rewind margin; 0 without a window).
+    slots: Vec<usize>,
+    max_rewind: usize,
     /// The CPU stream's `oldest_recent`: tokens before it lost their copies in the CPU's ring
-    /// of `window + max_rewind` slots, or were never shown to this copy (mirrored so rewinds
-    /// are refused exactly where the CPU refuses them).
+    /// (at least `window(len) + max_rewind` slots), or were never shown to this copy (mirrored
+    /// so rewinds are refused where the CPU refuses them).
     oldest: Vec<usize>,
 }
 
 impl RecentWindows {
-    /// Windows `[keys per head.., values per head..]` (each `0` for none).
-    pub(crate) fn new(kv_heads: usize, tokens: Vec<usize>) -> Self {
-        debug_assert_eq!(tokens.len(), 2 * kv_heads);
-        let oldest = vec![0; tokens.len()];
+    /// Windows `[keys per head.., values per head..]`, with the CPU rings' slots the same way.
+    pub(crate) fn new(
+        kv_heads: usize,
+        rules: Vec<WindowRule>,
+        slots: Vec<usize>,
+        max_rewind: usize,
+    ) -> Self {
+        debug_assert_eq!(rules.len(), 2 * kv_heads);
+        debug_assert_eq!(slots.len(), 2 * kv_heads);
+        let oldest = vec![0; rules.len()];
         Self {
             kv_heads,
-            tokens,
+            rules,
+            slots,
+            max_rewind,
             oldest,
         }
     }
 
+    /// Fixed windows of `tokens` (each `0` for none) in rings of `window + max_rewind` slots.
+    #[cfg(test)]
+    pub(crate) fn fixed(kv_heads: usize, tokens: Vec<usize>, max_rewind: usize) -> Self {
+        let slots = tokens
+            .iter()
+            .map(|&w| if w > 0 { w + max_rewind } else { 0 })
+            .collect();
+        let rules = tokens.into_iter().map(WindowRule::fixed).collect();
+        Self::new(kv_heads, rules, slots, max_rewind)
+    }
+
     /// No windows (a sliding layer, or an allocation without them).
     pub(crate) fn none(kv_heads: usize) -> Self {
-        Self::new(kv_heads, vec![0; 2 * kv_heads])
+        let n = 2 * kv_heads;
+        Self::new(kv_heads, vec![WindowRule::fixed(0); n], vec![0; n], 0)
     }
 
-    /// The window of stream `stream` (0 keys, 1 values) of KV head `head`.
-    pub(crate) fn of(&self, stream: usize, head: usize) -> usize {
-        self.tokens[stream * self.kv_heads + head]
+    /// The window rule of stream `stream` (0 keys, 1 values) of KV head `head`.
+    pub(crate) fn rule(&self, stream: usize, head: usize) -> WindowRule {
+        self.rules[stream * self.kv_heads + head]
     }
 
-    /// The longest window (0: none).
-    pub(crate) fn longest(&self) -> usize {
-        self.tokens.iter().copied().max().unwrap_or(0)
+    /// Whether some stream keeps a window.
+    pub(crate) fn any(&self) -> bool {
+        self.rules.iter().any(WindowRule::is_some)
+    }
+
+    /// The ring slots the copies need with `held` tokens held: the longest CPU ring, and the
+    /// longest window at `held` plus the rewind margin (0: no window).
+    pub(crate) fn slots_at(&self, held: usize) -> usize {
+        self.rules
+            .iter()
+            .zip(&self.slots)
+            .map(|(r, &s)| {
+                if r.is_some() {
+                    s.max(r.at(held) + self.max_rewind)
+                } else {
+                    0
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The longest window with `held` tokens held (0: none).
+    pub(crate) fn longest_at(&self, held: usize) -> usize {
+        self.rules.iter().map(|r| r.at(held)).max().unwrap_or(0)
     }
 
     /// Where attention over the stored cache of `len` tokens reads copies from, per stream
-    /// (`len − window`; `len` without a window): `[2, kv_heads]`.
+    /// (`len − window(len)`; `len` without a window): `[2, kv_heads]`.
     pub(crate) fn stored_starts(&self, len: usize) -> Vec<u32> {
-        self.tokens
+        self.rules
             .iter()
-            .map(|&w| len.saturating_sub(w) as u32)
+            .map(|r| len.saturating_sub(r.at(len)) as u32)
             .collect()
     }
 
     /// The window starts of `count` queries appended as one chunk after `before` tokens (query
-    /// `i` at token `before + i`, the cache now `len` long): each reads its own newest `window`
-    /// tokens from copies, as a decode step at it would, where the copies are still held, and
-    /// at least the stream's window of the stored cache (`Stream::window_start` in a step):
-    /// `[count, 2, kv_heads]`.
+    /// `i` at token `before + i`, the cache now `len` long): each reads its own newest
+    /// `window(before + i + 1)` tokens from copies, as a decode step at it would, where the
+    /// copies are still held, and at least the stream's window of the stored cache
+    /// (`Stream::window_start` in a step): `[count, 2, kv_heads]`.
     pub(crate) fn chunk_starts(&self, before: usize, count: usize, len: usize) -> Vec<u32> {
-        let mut out = Vec::with_capacity(count * self.tokens.len());
+        let mut out = Vec::with_capacity(count * self.rules.len());
         for i in 0..count {
-            for (&w, &oldest) in self.tokens.iter().zip(&self.oldest) {
-                let recent = len.saturating_sub(w);
-                let covered = (before + 1).saturating_sub(w).max(oldest).min(recent);
-                out.push((before + i + 1).saturating_sub(w).max(covered).min(recent) as u32);
+            for (r, &oldest) in self.rules.iter().zip(&self.oldest) {
+                let recent = len.saturating_sub(r.at(len));
+                let covered = before.saturating_sub(r.at(before)).max(oldest).min(recent);
+                let end = before + i + 1;
+                out.push(end.saturating_sub(r.at(end)).max(covered).min(recent) as u32);
             }
         }
         out
     }
 
-    /// The cache grew to `len` tokens: a stream's CPU ring of `window + max_rewind` copies
-    /// forgets the oldest.
-    pub(crate) fn appended(&mut self, len: usize, max_rewind: usize) {
-        for (&w, oldest) in self.tokens.iter().zip(&mut self.oldest) {
-            if w > 0 {
-                *oldest = (*oldest).max(len.saturating_sub(w + max_rewind));
+    /// The cache grew to `len` tokens: a stream's CPU ring (its slots, at least its window at
+    /// `len` plus the rewind margin) forgets the oldest.
+    pub(crate) fn appended(&mut self, len: usize) {
+        for ((r, &s), oldest) in self.rules.iter().zip(&self.slots).zip(&mut self.oldest) {
+            if r.is_some() {
+                let slots = s.max(r.at(len) + self.max_rewind);
+                *oldest = (*oldest).max(len.saturating_sub(slots));
             }
         }
     }
@@ -85,16 +169,17 @@ impl RecentWindows {
     /// The copy took the CPU cache's copies when it was `len` long (`upload_all`): the CPU
     /// shows each stream's window only, so nothing older can be read again.
     pub(crate) fn uploaded(&mut self, len: usize) {
-        for (&w, oldest) in self.tokens.iter().zip(&mut self.oldest) {
-            *oldest = len.saturating_sub(w);
+        for (r, oldest) in self.rules.iter().zip(&mut self.oldest) {
+            *oldest = len.saturating_sub(r.at(len));
         }
     }
 
     /// The copy, `had` tokens long, follows a CPU cache now `len` long (`sync_from`): tokens
     /// that left a stream's window in between were never shown with their copies.
     pub(crate) fn followed(&mut self, had: usize, len: usize) {
-        for (&w, oldest) in self.tokens.iter().zip(&mut self.oldest) {
-            if w > 0 && had + w < len {
+        for (r, oldest) in self.rules.iter().zip(&mut self.oldest) {
+            let w = r.at(len);
+            if r.is_some() && had + w < len {
                 *oldest = (*oldest).max(len - w);
             }
         }
@@ -103,10 +188,10 @@ impl RecentWindows {
     /// Whether dropping tokens from `new_len` on would make some stream read a copy it no
     /// longer holds (`Stream::check_rewind`).
     pub(crate) fn rewind_blocked(&self, new_len: usize) -> bool {
-        self.tokens
+        self.rules
             .iter()
             .zip(&self.oldest)
-            .any(|(&w, &oldest)| w > 0 && oldest > new_len.saturating_sub(w))
+            .any(|(r, &oldest)| r.is_some() && oldest > new_len.saturating_sub(r.at(new_len)))
     }
 
     /// Tokens from `new_len` on were dropped.
@@ -125,7 +210,7 @@ mod tests {
     /// lengths each read their own newest tokens.
     #[test]
     fn chunk_starts_follow_each_streams_window() {
-        let w = RecentWindows::new(1, vec![4, 2]);
+        let w = RecentWindows::fixed(1, vec![4, 2], 2);
         // Queries at tokens 10, 11 after 10 tokens, cache now 12 long.
         let starts = w.chunk_starts(10, 2, 12);
         // Each query reads its own window from copies (keys: 7.., 8..; values: 9.., 10..),
@@ -143,19 +228,19 @@ mod tests {
     /// would need, each stream by its own window.
     #[test]
     fn rewinds_follow_each_streams_ring() {
-        let mut w = RecentWindows::new(1, vec![4, 0]);
-        w.appended(20, 2);
+        let mut w = RecentWindows::fixed(1, vec![4, 0], 2);
+        w.appended(20);
         assert!(!w.rewind_blocked(18));
         assert!(w.rewind_blocked(17));
         w.truncated(18);
         assert!(!w.rewind_blocked(18));
-        let mut up = RecentWindows::new(1, vec![4, 2]);
+        let mut up = RecentWindows::fixed(1, vec![4, 2], 2);
         up.uploaded(20);
         assert!(
             up.rewind_blocked(19),
             "an uploaded copy holds only the windows"
         );
-        let mut follower = RecentWindows::new(1, vec![4, 2]);
+        let mut follower = RecentWindows::fixed(1, vec![4, 2], 2);
         follower.followed(0, 20);
         assert_eq!(follower, up);
     }

@@ -526,6 +526,63 @@ fn windows_per_stream_and_head_match_the_cpu_cache() {
     assert!(gpu.upload_all(&cpu(2, 8, 8, 8, "f16")).is_ok());
 }
 
+/// Windows that grow with the context (`recent_fraction`: keys an eighth of the tokens held
+/// over a floor of 8, values a quarter over 4 or over none, so the first token leaves the
+/// values' window as it arrives; binary16 and 8-bit copies) in a CPU cache that
+/// grows in pages: the GPU copy, built when both were empty, grows its ring of copies on the
+/// device as the windows grow, and through a prefill longer than one chunk, decode steps, a
+/// rewind and stored-cache attention each query reads its own window at its own length, as
+/// the CPU cache does; copies uploaded from the CPU cache or following it agree too, with the
+/// same codes.
+#[test]
+fn windows_that_grow_with_the_context_match_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    for (dtype, floor) in [("f16", 4), ("q8", 4), ("q8", 0)] {
+        let allocation = Allocation::from_toml_str(&format!(
+            "name = \"grow\"\nsink_tokens = 2\nrecent_dtype = \"{dtype}\"\n\
+             key = {{ codec = \"mse\", bits = 3, center = \"first-chunk\", recent_fp_tokens = 8, recent_fraction = 0.125 }}\n\
+             value = {{ codec = \"mse\", bits = 2, recent_fp_tokens = {floor}, recent_fraction = 0.25 }}\n"
+        ))
+        .unwrap();
+        let mut layout = growing(2, 64);
+        layout.max_rewind = 4;
+        let mut cpu = KvCache::with_allocation(layout, &allocation, 3, 8).unwrap();
+        let built = cpu.values(0).recent_slots();
+        let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+        forward_both(&mut cpu, &mut gpu, 0, 150, 41);
+        assert_eq!(cpu.keys(0).recent_start(), 150 - 19, "{dtype}");
+        assert_eq!(cpu.values(1).recent_start(), 150 - 38, "{dtype}");
+        assert!(
+            cpu.values(0).recent_slots() > built,
+            "{dtype}: the CPU ring grew"
+        );
+        for t in 150..160u32 {
+            forward_both(&mut cpu, &mut gpu, t, 1, u64::from(t));
+        }
+        compare(&mut gpu, &cpu, 4, &[159], 42);
+        cpu.truncate(156).unwrap();
+        gpu.truncate(156).unwrap();
+        forward_both(&mut cpu, &mut gpu, 156, 3, 43);
+        compare(&mut gpu, &cpu, 4, &[158], 44);
+        assert!(cpu.truncate(100).is_err(), "{dtype}");
+        assert!(
+            matches!(gpu.truncate(100), Err(GpuError::Cache(_))),
+            "{dtype}"
+        );
+        let written = gpu.download().unwrap();
+        let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        compare(&mut uploaded, &cpu, 4, &[158], 45);
+        assert_eq!(uploaded.download().unwrap(), written, "{dtype}: upload_all");
+        let mut follower = GpuKvCache::new(&ctx, &cpu).unwrap();
+        follower.sync_from(&cpu).unwrap();
+        compare(&mut follower, &cpu, 4, &[158], 46);
+        // Both go on growing with the CPU cache.
+        forward_both(&mut cpu, &mut uploaded, 159, 90, 47);
+        let mut again = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        compare(&mut again, &cpu, 4, &[248], 48);
+    }
+}
+
 /// An 8-bit window (`recent_dtype = "q8"`, with sinks, centering and a plane basis: the
 /// levers of the `-q8` lever files): the GPU scores its copies against the query rotated once
 /// and sums them in the window rotation's coordinates, and writes each token's codes when it

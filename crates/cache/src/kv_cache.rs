@@ -113,6 +113,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             recent: None,
             sink_tokens: 0,
             recent_tokens: 0,
+            recent_fraction: None,
             max_rewind: layout.max_rewind,
             growth,
             ring_slots: layout.ring_slots(),

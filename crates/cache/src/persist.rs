@@ -482,6 +482,27 @@ impl<'a> ByteReader<'a> {
     }
 
     /// Refills an empty store with records written by [`ByteWriter::store`].
+    /// The record count of the store [`store`](Self::store) would read next into `store`
+    /// (not consumed), once its records are known to be in the input.
+    pub(crate) fn store_len(&self, store: &TokenStore) -> Result<usize, PersistError> {
+        let mut ahead = ByteReader {
+            bytes: self.bytes,
+            offset: self.offset,
+        };
+        let n = ahead.usize()?;
+        let per_token = 4 * store.record_words() + 2 * store.scales_per_token();
+        let needed = n
+            .checked_mul(per_token)
+            .ok_or(PersistError::Inconsistent("record count overflows"))?;
+        if needed > ahead.bytes.len() - ahead.offset {
+            return Err(PersistError::Truncated {
+                offset: ahead.offset,
+                needed: needed - (ahead.bytes.len() - ahead.offset),
+            });
+        }
+        Ok(n)
+    }
+
     pub(crate) fn store(&mut self, store: &mut TokenStore) -> Result<(), PersistError> {
         let n = self.usize()?;
         let per_token = 4 * store.record_words() + 2 * store.scales_per_token();

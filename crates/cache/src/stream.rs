@@ -96,14 +96,37 @@ pub struct StreamLayout {
     pub recent: Option<CodecSpec>,
     /// First tokens kept at full precision.
     pub sink_tokens: usize,
-    /// Newest tokens kept at full precision.
+    /// Newest tokens kept at full precision: at least this many, and with `recent_fraction`
+    /// that fraction of the tokens held ([`window_tokens`]).
     pub recent_tokens: usize,
+    /// The recent window as a fraction of the tokens the stream holds, in `[0, 1)`: with `n`
+    /// tokens held the window is `max(recent_tokens, round(fraction · n))` tokens, so it
+    /// grows with the context and its share of the bytes stays the same at every length
+    /// (`None`: the count alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_fraction: Option<f64>,
     /// Tokens a rewind may drop while staying exact.
     pub max_rewind: usize,
     /// Growth of the body (ignored in ring mode).
     pub growth: Growth,
     /// `Some(slots)` for a ring buffer of that many records.
     pub ring_slots: Option<usize>,
+}
+
+/// The recent window with `held` tokens held: at least `count` tokens, and `round(fraction ·
+/// held)` where a fraction is given. A fraction below one makes it at most one token longer
+/// than with `held − 1` held, so a token that left the window never comes back to it as the
+/// context grows (its window start never moves back).
+///
+/// ```
+/// use tq_cache::stream::window_tokens;
+/// assert_eq!(window_tokens(256, Some(0.125), 1024), 256); // the count is a floor
+/// assert_eq!(window_tokens(256, Some(0.125), 4096), 512); // then an eighth of the context
+/// assert_eq!(window_tokens(0, Some(0.125), 100), 13); // 12.5 rounds half away from zero
+/// assert_eq!(window_tokens(64, None, 4096), 64);
+/// ```
+pub fn window_tokens(count: usize, fraction: Option<f64>, held: usize) -> usize {
+    fraction.map_or(count, |f| count.max((f * held as f64).round() as usize))
 }
 
 /// The stored tokens of one stream.
@@ -127,8 +150,17 @@ pub struct Stream {
     sinks: TokenStore,
     recent: TokenStore,
     sink_tokens: usize,
+    /// The window's floor and fraction ([`window_tokens`]); `windowed` whether it has one.
     recent_tokens: usize,
+    recent_fraction: Option<f64>,
+    windowed: bool,
+    /// Slots of the recent ring: the longest window the stream may need plus the rewind
+    /// margin. A window that grows with the context in a stream without a fixed capacity
+    /// grows its ring ([`grow_ring`](Self::grow_ring)); a grown ring is always full, so a saved
+    /// stream's ring records its slots.
     recent_slots: usize,
+    /// The ring's slots when the stream was built (what a cleared stream returns to).
+    initial_slots: usize,
     ring_slots: Option<usize>,
     len: usize,
     /// Oldest token whose body record is intact (rings overwrite the oldest).
@@ -203,6 +235,12 @@ impl StepCopies {
 }
 
 impl StreamLayout {
+    /// Whether the layout keeps a recent window (a count or a positive fraction; a ring
+    /// layout ignores it).
+    pub fn has_window(&self) -> bool {
+        self.recent_tokens > 0 || self.recent_fraction.is_some_and(|f| f > 0.0)
+    }
+
     /// Whether a stream of this layout must calibrate on its first batch: choose the mean of a
     /// centered stream, the outlier channels of a two-tier one or the basis of a basis one.
     pub fn needs_calibration(&self) -> bool {
@@ -410,22 +448,38 @@ impl Stream {
                 "a ring needs at least one slot".into(),
             ));
         }
-        let (sink_tokens, recent_tokens) = if ring.is_some() {
-            (0, 0)
+        if let Some(f) = layout.recent_fraction
+            && !(0.0..1.0).contains(&f)
+        {
+            return Err(CacheError::InvalidConfig(format!(
+                "a recent window's fraction must be in [0, 1), got {f}"
+            )));
+        }
+        let (sink_tokens, recent_tokens, recent_fraction) = if ring.is_some() {
+            (0, 0, None)
         } else {
-            (layout.sink_tokens, layout.recent_tokens)
+            let fraction = layout.recent_fraction.filter(|&f| f > 0.0);
+            (layout.sink_tokens, layout.recent_tokens, fraction)
         };
-        let recent_slots = if recent_tokens == 0 {
-            0
+        let windowed = ring.is_none() && layout.has_window();
+        // The longest window the stream will need: at its capacity where it has one; a
+        // growing stream starts with its floor and grows its ring as the window does.
+        let longest = match layout.growth {
+            Growth::Static { capacity } => window_tokens(recent_tokens, recent_fraction, capacity),
+            Growth::Doubling { .. } => recent_tokens,
+        };
+        let recent_slots = if windowed {
+            (longest + layout.max_rewind).max(1)
         } else {
-            recent_tokens + layout.max_rewind
+            0
         };
         let deferred = recent_slots > 0 && matches!(recent_codec, TokenCodec::Q8(_));
         let body_growth = match (ring, layout.growth) {
             (Some(slots), _) => Growth::Static { capacity: slots },
-            // The window's tokens have no codes: a static body needs room for the rest only.
+            // The window's tokens have no codes: a static body needs room for the rest only
+            // (the most at its capacity, as `n − window(n)` never falls as `n` grows).
             (None, Growth::Static { capacity }) if deferred => Growth::Static {
-                capacity: capacity.saturating_sub(recent_tokens),
+                capacity: capacity - longest.min(capacity),
             },
             (None, growth) => growth,
         };
@@ -462,7 +516,10 @@ impl Stream {
             deferred,
             sink_tokens,
             recent_tokens,
+            recent_fraction,
+            windowed,
             recent_slots,
+            initial_slots: recent_slots,
             ring_slots: ring,
             len: 0,
             oldest_body: 0,
@@ -509,13 +566,28 @@ impl Stream {
     }
 
     /// Records the body holds when `len` tokens were appended (growing streams): `len`, or
-    /// `len − recent_tokens` when the window's tokens wait for their codes.
+    /// `len − window(len)` when the window's tokens wait for their codes.
     pub fn body_tokens(&self, len: usize) -> usize {
         if self.deferred {
-            len.saturating_sub(self.recent_tokens)
+            len.saturating_sub(self.window(len))
         } else {
             len
         }
+    }
+
+    /// The recent window's tokens when `held` tokens are held ([`window_tokens`] of the
+    /// layout's count and fraction; 0 without a window and in ring mode).
+    pub fn window(&self, held: usize) -> usize {
+        if self.windowed {
+            window_tokens(self.recent_tokens, self.recent_fraction, held)
+        } else {
+            0
+        }
+    }
+
+    /// Slots of the recent ring now (0 without a window): see [`grow_ring`](Self::grow_ring).
+    pub fn recent_slots(&self) -> usize {
+        self.recent_slots
     }
 
     /// The compressed records.
@@ -607,6 +679,17 @@ impl Stream {
     /// [`push`](Self::push) of a vector already in the stored domain.
     fn push_stored(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
         let t = self.len;
+        // A body whose window's tokens wait for their codes may still have room when the
+        // window grows: the capacity bounds the tokens, not the records.
+        if let (None, Growth::Static { capacity }) = (self.ring_slots, self.layout.growth)
+            && t >= capacity
+        {
+            return Err(CacheError::ContextOverflow { capacity });
+        }
+        let needed = self.window(t + 1) + self.layout.max_rewind;
+        if self.recent_slots > 0 && needed > self.recent_slots {
+            self.grow_ring(needed.max(2 * self.recent_slots))?;
+        }
         match self.ring_slots {
             Some(slots) => {
                 let (record, scales) = if t % slots < self.body.len() {
@@ -618,26 +701,13 @@ impl Stream {
                 self.oldest_body = self.oldest_body.max((t + 1).saturating_sub(slots));
             }
             None if self.deferred => {
-                // Token t − W leaves the window: its codes are written now, from its copy,
-                // before token t's copy may take its slot.
-                if let Some(old) = t.checked_sub(self.recent_tokens) {
-                    let (record, scales) = self.recent.record(old % self.recent_slots).ok_or(
-                        CacheError::ShapeMismatch {
-                            what: "window copy of the token leaving the window",
-                            expected: old,
-                            actual: self.recent.len(),
-                        },
-                    )?;
-                    self.recent_codec
-                        .decode_into(record, scales, scratch, &mut self.evicted)?;
-                    let (record, scales) = self.body.push()?;
-                    if let Err(e) = self
-                        .codec
-                        .encode_into(&self.evicted, scratch, record, scales)
-                    {
-                        self.body.truncate(old);
-                        return Err(e.into());
-                    }
+                // Token t − W(t) leaves the window unless the window grows by one: its codes
+                // are written now, from its copy, before token t's copy may take its slot. A
+                // window of no tokens yet (a fraction of few tokens held) lets token t leave
+                // as it arrives: its codes come from its copy once written, below.
+                let old = self.body.len();
+                if old < self.body_tokens(t + 1) && old < t {
+                    self.write_codes_from_copy(old, scratch)?;
                 }
             }
             None => {
@@ -648,7 +718,11 @@ impl Stream {
                 }
             }
         }
-        if let Err(e) = self.push_copies(t, x, scratch) {
+        let mut copied = self.push_copies(t, x, scratch);
+        if copied.is_ok() && self.deferred && self.body.len() < self.body_tokens(t + 1) {
+            copied = self.write_codes_from_copy(t, scratch);
+        }
+        if let Err(e) = copied {
             // Leave the stream as it was: no codes (or copies) for a token that did not go in.
             if self.ring_slots.is_none() {
                 self.body.truncate(self.body_tokens(t));
@@ -657,6 +731,75 @@ impl Stream {
             return Err(e);
         }
         self.len += 1;
+        Ok(())
+    }
+
+    /// Writes token `t`'s codes (the next record of the body) from its window copy: what an
+    /// 8-bit window does as a token leaves it.
+    fn write_codes_from_copy(
+        &mut self,
+        t: usize,
+        scratch: &mut CodecScratch,
+    ) -> Result<(), CacheError> {
+        let (record, scales) =
+            self.recent
+                .record(t % self.recent_slots)
+                .ok_or(CacheError::ShapeMismatch {
+                    what: "window copy of the token leaving the window",
+                    expected: t,
+                    actual: self.recent.len(),
+                })?;
+        self.recent_codec
+            .decode_into(record, scales, scratch, &mut self.evicted)?;
+        let (record, scales) = self.body.push()?;
+        if let Err(e) = self
+            .codec
+            .encode_into(&self.evicted, scratch, record, scales)
+        {
+            self.body.truncate(t);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Moves the recent ring to `slots` slots (more than it has): every copy still held keeps
+    /// its token, now at `t mod slots`. The new ring is filled to all its slots, so a saved
+    /// stream records its slots in its ring's length.
+    fn grow_ring(&mut self, slots: usize) -> Result<(), CacheError> {
+        let mut ring = TokenStore::new(
+            self.recent_codec.record_words(),
+            self.recent_codec.scales_per_token(),
+            Growth::Static { capacity: slots },
+        )?;
+        for _ in 0..slots {
+            ring.push()?;
+        }
+        let from = self
+            .oldest_recent
+            .max(self.len.saturating_sub(self.recent_slots));
+        for t in from..self.len {
+            if let Some((words, scales)) = self.recent.record(t % self.recent_slots) {
+                let (to, to_scales) = ring.record_mut(t % slots)?;
+                to.copy_from_slice(words);
+                to_scales.copy_from_slice(scales);
+            }
+        }
+        self.recent = ring;
+        self.recent_slots = slots;
+        Ok(())
+    }
+
+    /// The ring as the stream was built (a cleared stream's, or a fresh one about to read a
+    /// saved ring of `slots` slots).
+    fn reset_ring(&mut self, slots: usize) -> Result<(), CacheError> {
+        if slots != self.recent_slots || self.recent.len() > slots {
+            self.recent = TokenStore::new(
+                self.recent_codec.record_words(),
+                self.recent_codec.scales_per_token(),
+                Growth::Static { capacity: slots },
+            )?;
+            self.recent_slots = slots;
+        }
         Ok(())
     }
 
@@ -701,7 +844,7 @@ impl Stream {
         // of it): a batch that fails part-way is rolled back from these copies (`truncate`).
         let first = self
             .len
-            .saturating_sub(self.recent_tokens)
+            .saturating_sub(self.window(self.len))
             .max(self.oldest_recent);
         self.step.clear(first);
         for t in first..self.len {
@@ -715,14 +858,14 @@ impl Stream {
     /// a full-precision copy rather than the codes (sinks aside; `len` when none does).
     ///
     /// Without `in_step` — attention over a stored cache — that is the recent window
-    /// `[len − recent_tokens, len)`, whatever the query. With `in_step` — the queries of the
-    /// batch just appended — each query reads its own newest
-    /// `recent_tokens` tokens, `[end − recent_tokens, end)`: what a decode step at that query
-    /// reads, so a prefill batch of any length gives every query the window decoding would
-    /// (a superset of the recent window for the tokens the query sees).
+    /// `[len − window(len), len)`, whatever the query. With `in_step` — the queries of the
+    /// batch just appended — each query reads its own newest `window(end)` tokens,
+    /// `[end − window(end), end)`: what a decode step at that query reads, so a prefill batch
+    /// of any length gives every query the window decoding would (a superset of the recent
+    /// window for the tokens the query sees).
     pub fn window_start(&self, end: usize, in_step: bool) -> usize {
         let recent = self.recent_start();
-        if !in_step || self.recent_tokens == 0 || self.ring_slots.is_some() {
+        if !in_step || !self.windowed || self.ring_slots.is_some() {
             return recent;
         }
         let covered = if self.step.count == 0 {
@@ -730,7 +873,7 @@ impl Stream {
         } else {
             self.step.first.min(recent)
         };
-        end.saturating_sub(self.recent_tokens)
+        end.saturating_sub(self.window(end))
             .max(covered)
             .min(recent)
     }
@@ -815,7 +958,7 @@ impl Stream {
         }
         if t < self.sink_tokens {
             TokenSource::Sink(t)
-        } else if self.recent_tokens > 0 && t + self.recent_tokens >= self.len {
+        } else if self.windowed && t + self.window(self.len) >= self.len {
             TokenSource::Recent(t % self.recent_slots)
         } else {
             TokenSource::Body(t)
@@ -824,11 +967,7 @@ impl Stream {
 
     /// Tokens from here to `len` are read from full-precision recent copies (`len` if none).
     pub fn recent_start(&self) -> usize {
-        if self.ring_slots.is_some() || self.recent_tokens == 0 {
-            self.len
-        } else {
-            self.len.saturating_sub(self.recent_tokens)
-        }
+        self.len.saturating_sub(self.window(self.len))
     }
 
     /// Tokens before this are read from full-precision sink copies.
@@ -943,6 +1082,9 @@ impl Stream {
         self.body.truncate(0);
         self.sinks.truncate(0);
         self.recent.truncate(0);
+        // A ring that grew returns to its first size, as a saved empty stream reloads it (the
+        // size it was built with, so this cannot fail).
+        let _ = self.reset_ring(self.initial_slots);
         self.step.clear(0);
     }
 
@@ -963,8 +1105,7 @@ impl Stream {
                 reason: "the ring buffer has overwritten tokens the window would need again",
             });
         }
-        if self.recent_tokens > 0 && self.oldest_recent > new_len.saturating_sub(self.recent_tokens)
-        {
+        if self.windowed && self.oldest_recent > new_len.saturating_sub(self.window(new_len)) {
             return Err(CacheError::RewindTooFar {
                 requested,
                 reason: "full-precision copies of the tokens that would become recent are gone (raise max_rewind)",
@@ -988,7 +1129,7 @@ impl Stream {
         // without `check_rewind`) come back from the step's copies of the window before it, so
         // the window is whole again; an 8-bit window writes its tokens' codes from them later.
         if self.recent_slots > 0 {
-            let from = new_len.saturating_sub(self.recent_tokens);
+            let from = new_len.saturating_sub(self.window(new_len));
             let mut restored = new_len;
             for t in (from..new_len).rev() {
                 let Some((record, scales)) = self.step.record(t) else {
@@ -1049,6 +1190,19 @@ impl Stream {
         self.oldest_recent = input.usize()?;
         input.store(&mut self.body)?;
         input.store(&mut self.sinks)?;
+        // A ring longer than the built one grew with its window (grown rings are full).
+        let saved = input.store_len(&self.recent)?;
+        if saved > self.initial_slots {
+            let grows = self.recent_fraction.is_some()
+                && matches!(self.layout.growth, Growth::Doubling { .. });
+            if !grows {
+                return Err(crate::persist::PersistError::Inconsistent(
+                    "a recent ring longer than its stream's window needs",
+                ));
+            }
+            self.reset_ring(saved)
+                .map_err(crate::persist::PersistError::Cache)?;
+        }
         input.store(&mut self.recent)?;
         let stored = self.body.len();
         let consistent = match self.ring_slots {

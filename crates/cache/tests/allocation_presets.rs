@@ -215,7 +215,7 @@ fn budget_bits(allocation: &Allocation, tokens: usize) -> (f64, f64, f64) {
             .resolve_stream(0, 30, 0, 64, stream)
             .unwrap()
             .recent;
-        let window = recent.tokens_for(Some(tokens)).unwrap() as f64;
+        let window = recent.tokens_at(tokens) as f64;
         window_share += window / tokens as f64 / 2.0;
         let per_token = allocation.bits_per_value(&SMALL, stream).unwrap();
         codes += per_token / 2.0;
@@ -228,11 +228,11 @@ fn budget_bits(allocation: &Allocation, tokens: usize) -> (f64, f64, f64) {
     (all_in + mean + fit, codes, window_share)
 }
 
-/// The recommended presets keep 2 f16 sink tokens and 8-bit step windows of fixed counts on
-/// both streams (codes written as tokens leave them), are listed best quality (most bits)
-/// first, and fit the budget their names state at 2048 tokens on SmolLM2's shape, using it.
-/// (The exact count, from a built cache's bytes, is `tq_models::limits`'s test of the same
-/// budgets.)
+/// The recommended presets keep 2 f16 sink tokens and 8-bit step windows on both streams
+/// (codes written as tokens leave them) that grow with the context beyond 2048 tokens, are
+/// listed best quality (most bits) first, and fit the budget their names state at 2048 tokens
+/// on SmolLM2's shape, using it. (The exact count, from a built cache's bytes, is
+/// `tq_models::limits`'s test of the same budgets.)
 #[test]
 fn recommended_presets_fit_their_budgets() {
     let names: Vec<_> = Allocation::recommended_names().collect();
@@ -248,7 +248,7 @@ fn recommended_presets_fit_their_budgets() {
                 .unwrap()
                 .recent;
             assert!(
-                recent.fraction.is_none() && recent.tokens > Some(0),
+                recent.fraction.is_some() && recent.tokens > Some(0),
                 "{name}"
             );
         }
@@ -260,30 +260,29 @@ fn recommended_presets_fit_their_budgets() {
     }
 }
 
-/// The `-scaled` lever files are their presets with the windows as fractions of the capacity:
-/// the same windows at 2048 (and as the counts for caches without a capacity), the same share
-/// of the tokens at every context (up to rounding), so within the budget from 2048 to 32768
-/// tokens. Below 2048 the fixed costs (sinks, means, fits: 0.06 bits a value at 2048, 0.24 at
-/// 512) outgrow the slack; the windows' share still does not grow.
+/// The presets' windows are their `-fixed` lever files' counts up to 2048 tokens (the floors;
+/// the same rows there) and the same share of the tokens beyond (up to rounding), so within the
+/// budget from 2048 to 32768 tokens, where the fixed windows' share — and bits — fall. Below
+/// 2048 the floors and the fixed costs (sinks, means, fits: 0.06 bits a value at 2048, 0.24 at
+/// 512) outgrow the budget, as for the fixed windows.
 #[test]
-fn scaled_window_levers_keep_their_budget_at_every_context() {
+fn preset_windows_keep_their_budget_at_every_context() {
     let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
     for (name, budget) in [("rec4.25", 4.25), ("rec3.25", 3.25), ("rec2.5", 2.5)] {
         let preset = Allocation::preset(name).unwrap();
-        let scaled = Allocation::load(levers.join(format!("{name}-scaled.toml"))).unwrap();
+        let fixed = Allocation::load(levers.join(format!("{name}-fixed.toml"))).unwrap();
         for stream in StreamKind::BOTH {
             let window = |a: &Allocation| a.resolve_stream(0, 30, 0, 64, stream).unwrap().recent;
-            let (p, s) = (window(&preset), window(&scaled));
-            assert!(s.fraction.is_some(), "{name}");
-            assert_eq!(
-                s.tokens_for(Some(2048)).unwrap(),
-                p.tokens_for(None).unwrap()
-            );
-            assert_eq!(s.tokens_for(None).unwrap(), p.tokens_for(None).unwrap());
+            let (p, f) = (window(&preset), window(&fixed));
+            assert!(f.fraction.is_none(), "{name}");
+            for tokens in [1, 100, 1000, 2048] {
+                assert_eq!(p.tokens_at(tokens), f.tokens_at(tokens), "{name}");
+            }
+            assert!(p.tokens_at(4096) > f.tokens_at(4096), "{name}");
         }
-        let (_, _, share_2048) = budget_bits(&scaled, 2048);
+        let (_, _, share_2048) = budget_bits(&preset, 2048);
         for tokens in [2048usize, 3000, 4096, 8192, 32768] {
-            let (all_in, _, share) = budget_bits(&scaled, tokens);
+            let (all_in, _, share) = budget_bits(&preset, tokens);
             assert!(
                 all_in <= budget,
                 "{name} at {tokens}: {all_in} bits per value"
@@ -292,6 +291,13 @@ fn scaled_window_levers_keep_their_budget_at_every_context() {
                 (share - share_2048).abs() <= 1.0 / tokens as f64,
                 "{name} at {tokens}"
             );
+            let (fixed_bits, _, fixed_share) = budget_bits(&fixed, tokens);
+            if tokens > 2048 {
+                assert!(
+                    fixed_share < share && fixed_bits < all_in,
+                    "{name} at {tokens}"
+                );
+            }
         }
     }
 }

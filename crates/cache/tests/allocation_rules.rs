@@ -522,8 +522,7 @@ key = { codec = "f16" }
         a.resolve_stream(layer, LAYERS, head, DIM, stream)
             .unwrap()
             .recent
-            .tokens_for(None)
-            .unwrap()
+            .tokens_at(2048)
     };
     assert_eq!(window(10, 1, StreamKind::Key), 120);
     assert_eq!(window(10, 0, StreamKind::Key), 16);

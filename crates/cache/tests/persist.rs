@@ -61,6 +61,16 @@ fn build(key: usize, value: usize) -> ModelCache {
 
 /// [`build`] with the windows' copies in `window` (`None`: f16).
 fn build_with(key: usize, value: usize, window: Option<CodecSpec>) -> ModelCache {
+    build_growing(key, value, window, None)
+}
+
+/// [`build_with`] with windows that also grow as `fraction` of the tokens held.
+fn build_growing(
+    key: usize,
+    value: usize,
+    window: Option<CodecSpec>,
+    fraction: Option<f64>,
+) -> ModelCache {
     ModelCache::new(specs(), |layer, layout| {
         let streams = |c, recent: usize| {
             uniform_streams(layout, c)
@@ -69,6 +79,7 @@ fn build_with(key: usize, value: usize, window: Option<CodecSpec>) -> ModelCache
                 .map(|(head, mut s)| {
                     s.sink_tokens = 3;
                     s.recent_tokens = recent - head;
+                    s.recent_fraction = fraction;
                     s.recent = window;
                     s
                 })
@@ -142,6 +153,25 @@ fn eight_bit_windows_reload_bit_identical() {
         assert!(kv.keys(0).defers_codes());
         assert_eq!(kv.keys(0).body().len(), 40 - 7);
         assert_reload_continues(&mut cache, kind);
+    }
+}
+
+/// Windows that grow with the context (a quarter of the tokens held, over floors of 4–7) in a
+/// cache that grows in pages: their rings grew past the slots they were built with (floor +
+/// rewind margin), and still reload bit-identical and continue identically (f16 and 8-bit
+/// copies).
+#[test]
+fn growing_windows_reload_bit_identical() {
+    for window in [None, Some(CodecSpec::Q8 { dim: 64 })] {
+        let mut cache = build_growing(5, 3, window, Some(0.25));
+        run(&mut cache, 0, 40);
+        let kv = cache.kv(0).unwrap();
+        for h in 0..2 {
+            let keys = kv.keys(h);
+            assert_eq!(keys.recent_start(), 30, "{window:?}");
+            assert!(keys.recent_slots() >= 10 + 4 && keys.recent_slots() > 7 - h + 4);
+        }
+        assert_reload_continues(&mut cache, 5);
     }
 }
 

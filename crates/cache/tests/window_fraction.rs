@@ -1,24 +1,367 @@
-//! `recent_fraction`: a recent window given as a fraction of the cache's capacity. What a built
-//! cache holds at several capacities, the count a cache without a capacity falls back to, which
-//! table's window wins, and the typed errors for fractions out of range, in `[outliers]`, or
-//! with no count where a cache has no capacity.
+//! `recent_fraction`: a recent window that grows with the context, `max(recent_fp_tokens,
+//! round(fraction · n))` tokens with `n` held. Its start never moves back; a cache of fixed
+//! capacity and one that grows in pages keep the same windows and give the same rows bit for
+//! bit (the second grows its ring of copies); a prefill gives every query what decoding gives
+//! it; an 8-bit window writes codes exactly as tokens leave it; a rewind gives the rows of a
+//! straight-line cache; which table's window wins; and the typed errors for bad fractions.
 
 mod common;
 
+use common::{codec, vectors};
+use proptest::prelude::*;
 use tq_cache::allocation::{Allocation, AllocationError, FieldProblem, RecentWindow, StreamKind};
-use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+use tq_cache::attention::{AttentionKernel, AttentionShape, attend_in_step};
+use tq_cache::center::CenterPolicy;
+use tq_cache::kv_cache::{KvCache, KvKind, KvLayout, uniform_streams};
+use tq_cache::stream::window_tokens;
 use tq_cache::token_store::Growth;
+use tq_cache::{CodecSpec, TokenCodec};
 
 const LAYERS: usize = 30;
 const DIM: usize = 64;
+const KV: usize = 2;
+const Q: usize = 6;
+const SINKS: usize = 2;
+/// The window: at least 8 tokens, an eighth of the tokens held beyond 64.
+const FLOOR: usize = 8;
+const FRACTION: f64 = 0.125;
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        rng_seed: prop::test_runner::RngSeed::Fixed(0x71_4e),
+        ..ProptestConfig::default()
+    })]
+
+    /// Deterministic, no statistics: for any floor and fraction in `[0, 1)` the window grows by
+    /// at most one token a token (so its start `n − W(n)` never moves back and a token that
+    /// left it never returns), is never below the floor, and is the fraction's share up to
+    /// half a token once above it.
+    #[test]
+    fn the_window_start_never_moves_back(
+        count in 0usize..300,
+        fraction in 0.0f64..1.0,
+        n in 0usize..100_000,
+    ) {
+        let (w, next) = (
+            window_tokens(count, Some(fraction), n),
+            window_tokens(count, Some(fraction), n + 1),
+        );
+        prop_assert!(next == w || next == w + 1, "{w} → {next}");
+        prop_assert!((n + 1).saturating_sub(next) >= n.saturating_sub(w));
+        prop_assert!(w >= count);
+        if w > count {
+            prop_assert!((w as f64 - fraction * n as f64).abs() <= 0.5);
+        }
+        prop_assert_eq!(window_tokens(count, None, n), count);
+    }
+}
+
+fn layout(growth: Growth, max_rewind: usize) -> KvLayout {
+    KvLayout {
+        kind: KvKind::Growing { growth },
+        max_rewind,
+        ..common::growing(KV, DIM)
+    }
+}
+
+/// 4-bit keys (TQ_prod) and 3-bit values (TQ_mse), centered, f16 sinks, a growing window whose
+/// copies are `window` (`None`: f16).
+fn cache(growth: Growth, max_rewind: usize, window: Option<CodecSpec>) -> KvCache {
+    cache_with_floor(growth, max_rewind, window, FLOOR, CenterPolicy::FirstChunk)
+}
+
+/// [`cache`] with another floor under the fraction, and centered or not.
+fn cache_with_floor(
+    growth: Growth,
+    max_rewind: usize,
+    window: Option<CodecSpec>,
+    floor: usize,
+    center: CenterPolicy,
+) -> KvCache {
+    let layout = layout(growth, max_rewind);
+    let streams = |spec| -> Vec<_> {
+        uniform_streams(&layout, spec)
+            .into_iter()
+            .map(|mut s| {
+                s.sink_tokens = SINKS;
+                s.recent_tokens = floor;
+                s.recent_fraction = Some(FRACTION);
+                s.center = center;
+                s.recent = window;
+                s
+            })
+            .collect()
+    };
+    KvCache::new(
+        layout,
+        &streams(codec(5, DIM, 4, 3)),
+        &streams(codec(2, DIM, 3, 4)),
+    )
+    .unwrap()
+}
+
+const GROWING: Growth = Growth::Doubling { initial: 7 };
+const STATIC: Growth = Growth::Static { capacity: 400 };
+const Q8: Option<CodecSpec> = Some(CodecSpec::Q8 { dim: DIM });
+
+const SHAPE: AttentionShape = AttentionShape {
+    q_heads: Q,
+    scale: 0.125,
+};
+
+struct Tokens {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    queries: Vec<f32>,
+}
+
+fn tokens(n: usize) -> Tokens {
+    Tokens {
+        keys: vectors(n * KV, DIM, 31),
+        values: vectors(n * KV, DIM, 32),
+        queries: vectors(n * Q, DIM, 33),
+    }
+}
+
+/// Runs tokens `from..to` through `cache.forward` in pieces of `piece`; the rows.
+fn forward(cache: &mut KvCache, t: &Tokens, from: usize, to: usize, piece: usize) -> Vec<f32> {
+    let (kw, qw) = (KV * DIM, Q * DIM);
+    let mut out = Vec::new();
+    let mut start = from;
+    while start < to {
+        let end = (start + piece).min(to);
+        let positions: Vec<u32> = (0..end as u32).collect();
+        let mut rows = vec![0.0f32; (end - start) * qw];
+        cache
+            .forward(
+                &t.queries[start * qw..end * qw],
+                &t.keys[start * kw..end * kw],
+                &t.values[start * kw..end * kw],
+                &positions,
+                SHAPE,
+                AttentionKernel::Fused,
+                &mut rows,
+            )
+            .unwrap();
+        out.extend(rows);
+        start = end;
+    }
+    out
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The window the streams hold follows the tokens held (the floor to 64 tokens, then an
+/// eighth), in a cache of fixed capacity and in one that grows in pages alike, and the two
+/// give the same rows bit for bit, f16 or 8-bit copies. The fixed cache's ring is allocated
+/// for its capacity once; the growing cache's ring grows with its window.
+#[test]
+fn fixed_and_growing_caches_keep_the_same_window_and_rows() {
+    let t = tokens(300);
+    for window in [None, Q8] {
+        let (mut fixed, mut growing) = (cache(STATIC, 3, window), cache(GROWING, 3, window));
+        let built = growing.keys(0).recent_slots();
+        assert_eq!(built, FLOOR + 3);
+        assert_eq!(
+            fixed.keys(0).recent_slots(),
+            50 + 3,
+            "an eighth of 400, and the margin"
+        );
+        let mut n = 0;
+        for piece in [40, 1, 23, 64, 1, 1, 100, 70] {
+            let a = forward(&mut fixed, &t, n, n + piece, piece);
+            let b = forward(&mut growing, &t, n, n + piece, piece);
+            assert_eq!(bits(&a), bits(&b), "{window:?} to {}", n + piece);
+            n += piece;
+            let w = FLOOR.max((FRACTION * n as f64).round() as usize);
+            for stream in (0..KV).flat_map(|h| [fixed.keys(h), growing.values(h)]) {
+                assert_eq!(stream.window(n), w);
+                assert_eq!(stream.recent_start(), n - w, "{n}");
+                let body = if window.is_some() { n - w } else { n };
+                assert_eq!(stream.body().len(), body, "{window:?} {n}");
+            }
+            // The tokens just before the window are read from their codes, the window's from
+            // their copies.
+            let keys = growing.keys(1);
+            let (inside, _, _) = keys.token(n - w).unwrap();
+            let (before, _, _) = keys.token(n - w - 1).unwrap();
+            assert!(!matches!(inside, TokenCodec::Prod(_)), "{n}");
+            assert!(matches!(before, TokenCodec::Prod(_)), "{n}");
+        }
+        assert_eq!(n, 300);
+        assert_eq!(
+            fixed.keys(0).recent_slots(),
+            53,
+            "a fixed capacity never grows"
+        );
+        assert!(growing.keys(0).recent_slots() >= 38 + 3);
+        assert!(growing.keys(0).recent_slots() > built);
+    }
+}
+
+/// Every query of a prefill reads its own window at its own length — what a decode step at it
+/// reads — so a prefill in one batch, in pieces or token by token gives the same rows bit for
+/// bit, and the fused kernel reads what the reference kernel reads.
+#[test]
+fn a_prefill_gives_every_query_what_decoding_gives_it_bit_for_bit() {
+    let t = tokens(300);
+    for window in [None, Q8] {
+        let mut one = cache(GROWING, 0, window);
+        forward(&mut one, &t, 0, 64, 64);
+        let (mut pieces, mut decode) = (one.clone(), one.clone());
+        let whole = forward(&mut one, &t, 64, 300, 300);
+        assert_eq!(bits(&whole), bits(&forward(&mut pieces, &t, 64, 300, 37)));
+        assert_eq!(bits(&whole), bits(&forward(&mut decode, &t, 64, 300, 1)));
+
+        let qw = Q * DIM;
+        let positions: Vec<u32> = (64..300).collect();
+        let queries = &t.queries[64 * qw..300 * qw];
+        let mut c = cache(GROWING, 0, window);
+        forward(&mut c, &t, 0, 64, 64);
+        forward(&mut c, &t, 64, 300, 300);
+        let (mut fused, mut exact) = (vec![0.0f32; queries.len()], vec![0.0f32; queries.len()]);
+        for (kernel, out) in [
+            (AttentionKernel::Fused, &mut fused),
+            (AttentionKernel::Reference, &mut exact),
+        ] {
+            attend_in_step(&c, queries, &positions, SHAPE, kernel, out).unwrap();
+        }
+        let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        common::assert_rows_match(&fused, &exact, max_v, DIM);
+    }
+}
+
+/// A fraction with no floor keeps no window while it rounds to zero (the first 4 tokens at an
+/// eighth): an 8-bit window's tokens then leave it as they arrive, their codes written from
+/// the copy just made — in one batch, in pieces or token by token alike, in a fixed or a
+/// growing cache — and the body holds `n − W(n)` records all along. (Not centered: a centered
+/// stream's mean comes from its first batch, which differs between these runs.)
+#[test]
+fn a_window_of_no_tokens_yet_writes_codes_as_tokens_arrive() {
+    let t = tokens(120);
+    let mut rows = Vec::new();
+    for (growth, piece) in [(GROWING, 120), (GROWING, 1), (STATIC, 7)] {
+        let mut c = cache_with_floor(growth, 0, Q8, 0, CenterPolicy::None);
+        let mut out = Vec::new();
+        let mut n = 0;
+        while n < 120 {
+            let end = (n + piece).min(120);
+            out.extend(forward(&mut c, &t, n, end, piece));
+            n = end;
+            let w = (FRACTION * n as f64).round() as usize;
+            assert_eq!(c.keys(0).window(n), w);
+            assert_eq!(c.values(1).body().len(), n - w, "{growth:?} {n}");
+        }
+        rows.push(bits(&out));
+    }
+    assert_eq!(rows[0], rows[1]);
+    assert_eq!(rows[0], rows[2]);
+}
+
+/// A cache of fixed capacity refuses the token past it with `ContextOverflow` and stays as it
+/// was, though its 8-bit window grows on that token (so its body, holding `n − W(n)` records,
+/// would still have room).
+#[test]
+fn a_full_cache_refuses_the_next_token_though_its_window_grows() {
+    let t = tokens(120);
+    // A capacity where the next token grows the window.
+    let w = |n| window_tokens(FLOOR, Some(FRACTION), n);
+    let capacity = (64..119).find(|&n| w(n + 1) > w(n)).unwrap();
+    let mut c = cache(Growth::Static { capacity }, 0, Q8);
+    forward(&mut c, &t, 0, capacity, 64);
+    let (kw, qw) = (KV * DIM, Q * DIM);
+    let positions: Vec<u32> = (0..=capacity as u32).collect();
+    let mut rows = vec![0.0f32; qw];
+    let result = c.forward(
+        &t.queries[capacity * qw..(capacity + 1) * qw],
+        &t.keys[capacity * kw..(capacity + 1) * kw],
+        &t.values[capacity * kw..(capacity + 1) * kw],
+        &positions,
+        SHAPE,
+        AttentionKernel::Fused,
+        &mut rows,
+    );
+    assert!(
+        matches!(result, Err(tq_cache::CacheError::ContextOverflow { capacity: c }) if c == capacity),
+        "{result:?}"
+    );
+    assert_eq!(c.len(), capacity);
+    for stream in (0..KV).flat_map(|h| [c.keys(h), c.values(h)]) {
+        assert_eq!(stream.len(), capacity);
+        assert_eq!(stream.body().len(), capacity - stream.window(capacity));
+    }
+}
+
+/// The window is the fraction of the tokens held, not a fixed count: the rows differ from a
+/// cache keeping the floor alone once the window outgrows it, and a second run of the same
+/// cache gives them again bit for bit.
+#[test]
+fn the_fraction_changes_what_attention_reads() {
+    let t = tokens(300);
+    let mut grows = cache(GROWING, 0, None);
+    let mut again = grows.clone();
+    let layout = layout(GROWING, 0);
+    let fixed = |spec| -> Vec<_> {
+        uniform_streams(&layout, spec)
+            .into_iter()
+            .map(|mut s| {
+                s.sink_tokens = SINKS;
+                s.recent_tokens = FLOOR;
+                s.center = CenterPolicy::FirstChunk;
+                s
+            })
+            .collect()
+    };
+    let mut counted = KvCache::new(
+        layout,
+        &fixed(codec(5, DIM, 4, 3)),
+        &fixed(codec(2, DIM, 3, 4)),
+    )
+    .unwrap();
+    let short = forward(&mut grows, &t, 0, 64, 64);
+    assert_eq!(bits(&short), bits(&forward(&mut counted, &t, 0, 64, 64)));
+    let long = forward(&mut grows, &t, 64, 300, 300);
+    assert_ne!(bits(&long), bits(&forward(&mut counted, &t, 64, 300, 300)));
+    forward(&mut again, &t, 0, 64, 64);
+    assert_eq!(bits(&long), bits(&forward(&mut again, &t, 64, 300, 300)));
+}
+
+/// A rewind within the margin gives the rows of a cache that never held the dropped tokens,
+/// with a ring that grew in between (growing cache) and with 8-bit copies whose codes are
+/// dropped and written again; past what the ring holds it is refused.
+#[test]
+fn a_rewind_gives_the_rows_of_a_straight_line_cache() {
+    let t = tokens(300);
+    for (growth, window) in [(GROWING, None), (GROWING, Q8), (STATIC, Q8)] {
+        let mut straight = cache(growth, 16, window);
+        forward(&mut straight, &t, 0, 64, 64);
+        let expected = forward(&mut straight, &t, 64, 200, 200);
+        let mut detour = cache(growth, 16, window);
+        forward(&mut detour, &t, 0, 64, 64);
+        forward(&mut detour, &t, 64, 206, 206);
+        detour.truncate(190).unwrap();
+        let w = window_tokens(FLOOR, Some(FRACTION), 190);
+        if window.is_some() {
+            assert_eq!(detour.keys(0).body().len(), 190 - w);
+        }
+        let rows = forward(&mut detour, &t, 190, 200, 3);
+        let qw = Q * DIM;
+        assert_eq!(
+            bits(&rows),
+            bits(&expected[(190 - 64) * qw..(200 - 64) * qw]),
+            "{growth:?} {window:?}"
+        );
+        let mut far = cache(growth, 2, window);
+        forward(&mut far, &t, 0, 100, 100);
+        assert!(far.truncate(40).is_err(), "{growth:?} {window:?}");
+    }
+}
 
 fn static_layout(capacity: usize) -> KvLayout {
-    KvLayout {
-        kind: KvKind::Growing {
-            growth: Growth::Static { capacity },
-        },
-        ..common::growing(2, DIM)
-    }
+    layout(Growth::Static { capacity }, 0)
 }
 
 fn field_error(result: Result<impl std::fmt::Debug, AllocationError>) -> (String, FieldProblem) {
@@ -41,28 +384,27 @@ layers = [10]
 key = { recent_fp_tokens = 7 }
 "#;
 
-/// In a cache of fixed capacity a fraction gives `round(fraction · capacity)` tokens, as the
-/// built streams hold (their rings) and as `longest_recent_window` bounds; a stream table's
-/// window replaces the top-level one whole (layer 10's keys: a count only, so no fraction).
+/// An allocation's window reaches the built streams whole (floor and fraction), whatever the
+/// cache's capacity or growth; a stream table's window replaces the top-level one whole
+/// (layer 10's keys: a count only, so no fraction); `longest_recent_window` is the longest
+/// window at a length.
 #[test]
-fn fractions_scale_with_the_capacity() {
+fn allocation_windows_reach_every_cache() {
     let a = Allocation::from_toml_str(FRACTIONS).unwrap();
-    for (capacity, key, value) in [(100, 13, 25), (1000, 125, 250), (4096, 512, 1024)] {
-        let cache = KvCache::with_allocation(static_layout(capacity), &a, 3, LAYERS).unwrap();
-        for head in 0..2 {
-            assert_eq!(cache.keys(head).layout().recent_tokens, key, "{capacity}");
-            assert_eq!(
-                cache.values(head).layout().recent_tokens,
-                value,
-                "{capacity}"
-            );
+    let layouts = [static_layout(100), static_layout(4096), layout(GROWING, 0)];
+    for layout in layouts {
+        let cache = KvCache::with_allocation(layout, &a, 3, LAYERS).unwrap();
+        let fixed = KvCache::with_allocation(layout, &a, 10, LAYERS).unwrap();
+        for (held, key, value) in [(100, 24, 40), (1000, 125, 250), (4096, 512, 1024)] {
+            for head in 0..KV {
+                assert_eq!(cache.keys(head).window(held), key, "{held}");
+                assert_eq!(cache.values(head).window(held), value, "{held}");
+            }
+            assert_eq!(fixed.keys(0).window(held), 7, "{held}");
+            assert_eq!(fixed.values(0).window(held), value, "{held}");
+            assert_eq!(a.longest_recent_window(held), value);
         }
-        let fixed = KvCache::with_allocation(static_layout(capacity), &a, 10, LAYERS).unwrap();
-        assert_eq!(fixed.keys(0).layout().recent_tokens, 7, "{capacity}");
-        assert_eq!(fixed.values(0).layout().recent_tokens, value, "{capacity}");
-        assert_eq!(a.longest_recent_window(capacity), value);
     }
-    // 0.125 · 100 = 12.5 rounds half away from zero.
     let resolved = a
         .resolve_stream(3, LAYERS, 0, DIM, StreamKind::Key)
         .unwrap();
@@ -73,48 +415,18 @@ fn fractions_scale_with_the_capacity() {
             fraction: Some(0.125)
         }
     );
-}
-
-/// A cache that grows in pages has no capacity: it takes the counts, and refuses a fraction
-/// given without one, naming the field.
-#[test]
-fn growing_caches_take_the_count_or_refuse_a_bare_fraction() {
-    let a = Allocation::from_toml_str(FRACTIONS).unwrap();
-    let cache = KvCache::with_allocation(common::growing(2, DIM), &a, 3, LAYERS).unwrap();
-    assert_eq!(cache.keys(0).layout().recent_tokens, 24);
-    assert_eq!(cache.values(0).layout().recent_tokens, 40);
-
-    let bare = FRACTIONS.replace(", recent_fp_tokens = 24", "");
-    let b = Allocation::from_toml_str(&bare).unwrap();
-    assert!(KvCache::with_allocation(static_layout(64), &b, 3, LAYERS).is_ok());
-    match KvCache::with_allocation(common::growing(2, DIM), &b, 3, LAYERS) {
-        Err(e) => {
-            let text = e.to_string();
-            assert!(text.contains("recent_fraction") && text.contains("recent_fp_tokens"));
-        }
-        Ok(_) => panic!("a bare fraction on a growing cache was accepted"),
-    }
-    let (path, problem) = field_error(
-        b.resolve_stream(3, LAYERS, 0, DIM, StreamKind::Key)
-            .unwrap()
-            .recent
-            .tokens_for(None),
-    );
-    assert_eq!(
-        (path.as_str(), problem),
-        ("recent_fraction", FieldProblem::WindowNeedsCapacity)
-    );
-    // A top-level fraction with the count left at 0 is a bare fraction too.
+    // A fraction alone (no floor), top level: 0.1 · 300 = 30, 0.1 · 4 rounds to 0.
     let top = "name = \"t\"\nrecent_fraction = 0.1\nkey = { codec = \"mse\", bits = 4 }\n\
                value = { codec = \"mse\", bits = 3 }";
     let t = Allocation::from_toml_str(top).unwrap();
-    assert!(KvCache::with_allocation(common::growing(1, DIM), &t, 0, LAYERS).is_err());
-    let cache = KvCache::with_allocation(static_layout(300), &t, 0, LAYERS).unwrap();
-    assert_eq!(cache.keys(0).layout().recent_tokens, 30);
+    let cache = KvCache::with_allocation(layout(GROWING, 0), &t, 0, LAYERS).unwrap();
+    assert_eq!(cache.keys(0).window(300), 30);
+    assert_eq!(cache.keys(0).window(4), 0);
 }
 
 /// Fractions outside `[0, 1)`, or not numbers, are refused at load time with the field's path;
-/// a window in `[outliers]` is refused as for `recent_fp_tokens`.
+/// a window in `[outliers]` is refused as for `recent_fp_tokens`; a stream layout carrying a
+/// bad fraction (a damaged saved cache) is refused when the stream is built.
 #[test]
 fn bad_fractions_are_refused_with_the_field() {
     let base = "name = \"b\"\nkey = { codec = \"mse\", bits = 4 }\nvalue = { codec = \"mse\", bits = 3 }\n";
@@ -136,18 +448,29 @@ fn bad_fractions_are_refused_with_the_field() {
     let (path, problem) = field_error(Allocation::from_toml_str(&outliers));
     assert_eq!(path, "outliers.key.recent_fraction");
     assert_eq!(problem, FieldProblem::WholeStreamOnly);
+
+    let layout = layout(GROWING, 0);
+    for bad in [1.0, -0.5, f64::NAN] {
+        let mut streams = uniform_streams(&layout, codec(2, DIM, 3, 4));
+        streams[0].recent_fraction = Some(bad);
+        let good = uniform_streams(&layout, codec(2, DIM, 3, 4));
+        let built = KvCache::new(layout, &streams, &good);
+        assert!(
+            matches!(&built, Err(e) if e.to_string().contains("fraction")),
+            "{bad}"
+        );
+    }
 }
 
-/// A fraction survives the round trip through TOML (a saved allocation reloads equal).
+/// A fraction survives the round trip through TOML (a saved allocation reloads equal), the
+/// recommended presets' windows among them.
 #[test]
 fn fractions_round_trip_through_toml() {
     let a = Allocation::from_toml_str(FRACTIONS).unwrap();
     let back = Allocation::from_toml_str(&a.to_toml_string().unwrap()).unwrap();
     assert_eq!(a, back);
-    let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
-    for name in ["rec4.25-scaled", "rec3.25-scaled", "rec2.5-scaled"] {
-        let p = Allocation::load(levers.join(format!("{name}.toml"))).unwrap();
-        assert_eq!(p.name, name);
+    for name in ["rec4.25", "rec3.25", "rec2.5"] {
+        let p = Allocation::preset(name).unwrap();
         assert!(p.key.recent_fraction.is_some(), "{name}");
         let back = Allocation::from_toml_str(&p.to_toml_string().unwrap()).unwrap();
         assert_eq!(back, p);

@@ -92,6 +92,62 @@ fn warm_runs_give_the_cold_runs_tokens_and_foreign_caches_are_ignored() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Windows that grow with the context (`recent_fraction` over small floors, so they grow
+/// within this prompt): a run's window depends on the tokens held only, so a run without a
+/// prompt cache (a cache of fixed capacity, sized by `--max-tokens`), a cold and a warm run with
+/// one (a cache that grows in pages) and a run asked for more tokens all give the same tokens.
+/// (Windows given as fractions of the capacity failed exactly this.)
+#[test]
+fn growing_windows_give_the_same_tokens_in_every_cache() {
+    if present(KnownModel::SmolLm2).is_none() {
+        return;
+    }
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data/GPL-3.txt"),
+    )
+    .unwrap();
+    let prompt: String = text.chars().take(1500).collect();
+    let dir = std::env::temp_dir().join(format!("tq-prompt-cache-grow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let alloc = dir.join("grow.toml");
+    std::fs::write(
+        &alloc,
+        "name = \"grow\"\nsink_tokens = 2\nrecent_dtype = \"q8\"\n\
+         key = { codec = \"mse\", bits = 4, center = \"first-chunk\", basis = \"planes\", \
+         recent_fp_tokens = 8, recent_fraction = 0.125 }\n\
+         value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
+         recent_fraction = 0.078125 }\n",
+    )
+    .unwrap();
+    let alloc = alloc.to_str().unwrap();
+    let file = dir.join("prompt.tqp");
+    let (plain, _, _) = generate(&prompt, alloc, None);
+    let (cold, reused, _) = generate(&prompt, alloc, Some(&file));
+    assert_eq!((cold, reused), (plain.clone(), Some(0)));
+    let (warm, reused, stderr) = generate(&prompt, alloc, Some(&file));
+    assert_eq!(warm, plain);
+    assert!(reused.unwrap() > 256, "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(["generate", "--prompt", &prompt, "--max-tokens", "40"])
+        .args(["--alloc", alloc, "--json"])
+        .output()
+        .expect("tq runs");
+    assert!(output.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let longer: Vec<u64> = report["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        longer[..plain.len()],
+        plain[..],
+        "--max-tokens 40 against 6"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_prompt_cache_needs_the_cpu_backend() {
     let output = Command::new(env!("CARGO_BIN_EXE_tq"))

@@ -137,8 +137,8 @@ pub fn cache_bytes_for_layers(
                 let (sinks, window) = if ring.is_some() {
                     (0, 0)
                 } else {
-                    // The cache is built for `tokens`: a window's fraction is of that capacity.
-                    (allocation.sink_tokens, r.recent.tokens_for(Some(tokens))?)
+                    // Built for `tokens`, the ring holds the window at that length.
+                    (allocation.sink_tokens, r.recent.tokens_at(tokens))
                 };
                 // An 8-bit window's tokens have no codes until they leave it.
                 let coded = if allocation.window_defers_codes() {

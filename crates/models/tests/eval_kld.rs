@@ -215,7 +215,9 @@ fn windows_covering_the_chunk_are_refused() {
     let err = check_windows([&b], 512).unwrap_err().to_string();
     assert!(err.contains("recent window (600 tokens"), "{err}");
     assert!(check_windows([&b], 1024).is_ok());
-    // A fraction is of the chunk: the same fraction covers it at every context, or at none.
+    // A fraction is of the tokens held, the chunk at its end: the same fraction covers it at
+    // every context, or at none (alone here: a count beside it is its floor).
+    b.value.recent_fp_tokens = None;
     b.value.recent_fraction = Some(0.9995);
     for ctx in [512, 4096] {
         let err = check_windows([&b], ctx).unwrap_err().to_string();

@@ -254,9 +254,8 @@ fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
 }
 
 /// The recommended presets and the 8-bit-window lever files stay within the bits their names
-/// promise on SmolLM2's shape (30 layers, 3 KV heads, d = 64) at 2048 tokens — and the
-/// `-scaled` files, whose windows are fractions of the capacity, at every longer context too —
-/// counted by the budget formula (codes of the tokens outside each window, 8-bit window copies,
+/// promise on SmolLM2's shape (30 layers, 3 KV heads, d = 64) at 2048 tokens and, their
+/// windows growing with the context beyond 2048, at every longer context too — counted by the budget formula (codes of the tokens outside each window, 8-bit window copies,
 /// f16 sinks, means; the position tables left out as the all-in bits leave them out) plus a
 /// bound on the plane fits (data, at most 64 f32 per key stream), use that budget (within 0.03
 /// bits at 2048), and hold windows more than twice as long as their f16-window versions.
@@ -283,17 +282,6 @@ fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
             3.25,
         ),
         ("rec2.5.toml", "levers/rec2.5-w24.toml", 2.5),
-        (
-            "levers/rec4.25-scaled.toml",
-            "levers/rec4.25-w56.toml",
-            4.25,
-        ),
-        (
-            "levers/rec3.25-scaled.toml",
-            "levers/rec3.25-w56.toml",
-            3.25,
-        ),
-        ("levers/rec2.5-scaled.toml", "levers/rec2.5-w24.toml", 2.5),
     ] {
         let a = load(format!("{presets}/{lever}"));
         let b = load(format!("{presets}/{base}"));
@@ -302,13 +290,7 @@ fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
             a.longest_recent_window(2048) > 2 * b.longest_recent_window(2048),
             "{lever}"
         );
-        let scaled = lever.ends_with("-scaled.toml");
-        let contexts: &[usize] = if scaled {
-            &[2048, 4096, 8192, 20000]
-        } else {
-            &[2048]
-        };
-        for &tokens in contexts {
+        for tokens in [2048, 4096, 8192, 20000] {
             let values = (2 * shape.num_layers * shape.num_kv_heads * D * tokens) as f64;
             let positions = (4 * tokens * shape.num_layers) as u64;
             let bytes = cache_bytes_for(&a, &shape, tokens).unwrap() - positions;

@@ -2,8 +2,9 @@
 //! heads, d = 64) against the CPU backend with the same allocation: `mse-k4v4`, `k5v4`, `f16`,
 //! the two-tier `tq3.5`, the mean-centered `k5v3-c`, `rec4.25-global` (centered, 4 f16
 //! sinks), the recommended `rec4.25` (plane basis, sinks, recent window, centering; these
-//! four encoded on the host) and 8-bit windows of 6 key and 4 value tokens (`recent_dtype =
-//! "q8"`, with `rec4.25`'s levers), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
+//! four encoded on the host), 8-bit windows of 6 key and 4 value tokens (`recent_dtype =
+//! "q8"`, with `rec4.25`'s levers) and 8-bit windows that grow with the context
+//! (`recent_fraction`), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
 //!
 //! # What is compared, and the tolerances
 //!
@@ -67,14 +68,27 @@ const EIGHT_BIT_WINDOW: &str = "name = \"rec4.25-q8-k6v4\"\nsink_tokens = 2\n\
     value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
     recent_fp_tokens = 4 }\n";
 
-/// The presets, then the 8-bit window.
+/// 8-bit windows that grow with the context (a quarter of the tokens held over a floor of 2
+/// keys, a fifth with no floor for the values, so the first value leaves its window as it
+/// arrives): each query reads its window at its own length, and the GPU grows its ring of
+/// copies as the windows grow.
+const GROWING_WINDOW: &str = "name = \"rec4.25-q8-grow\"\nsink_tokens = 2\n\
+    recent_dtype = \"q8\"\n\
+    key = { codec = \"mse\", bits = 4, center = \"first-chunk\", basis = \"planes\", \
+    recent_fp_tokens = 2, recent_fraction = 0.25 }\n\
+    value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
+    recent_fraction = 0.2 }\n";
+
+/// The presets, then the 8-bit windows.
 fn allocations() -> Vec<(String, Allocation)> {
     let mut all: Vec<(String, Allocation)> = PRESETS
         .iter()
         .map(|p| (p.to_string(), Allocation::preset(p).unwrap()))
         .collect();
-    let window = Allocation::from_toml_str(EIGHT_BIT_WINDOW).unwrap();
-    all.push((window.name.clone(), window));
+    for text in [EIGHT_BIT_WINDOW, GROWING_WINDOW] {
+        let window = Allocation::from_toml_str(text).unwrap();
+        all.push((window.name.clone(), window));
+    }
     all
 }
 

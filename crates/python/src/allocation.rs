@@ -110,13 +110,13 @@ impl PyAllocation {
         self.inner.sink_tokens
     }
 
-    /// The newest tokens kept unquantized (the count; see `recent_fraction`).
+    /// The newest tokens kept unquantized (the count, a floor with `recent_fraction`).
     #[getter]
     fn recent_fp_tokens(&self) -> usize {
         self.inner.recent_fp_tokens
     }
 
-    /// The recent window as a fraction of the cache's capacity, or None.
+    /// The recent window as a fraction of the tokens the cache holds, or None.
     #[getter]
     fn recent_fraction(&self) -> Option<f64> {
         self.inner.recent_fraction

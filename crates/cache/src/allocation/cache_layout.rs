@@ -13,8 +13,8 @@ impl Allocation {
     /// [`resolve_stream_in`](Self::resolve_stream_in) (a sliding-window layout is a
     /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks from
     /// the allocation, and the recent window the stream resolves to (its own or the
-    /// allocation's; a fraction of a static cache's capacity, the count for a cache that grows
-    /// in pages, see [`RecentWindow::tokens_for`](super::RecentWindow::tokens_for)).
+    /// allocation's: a count, a fraction of the tokens held or both, see
+    /// [`RecentWindow::tokens_at`](super::RecentWindow::tokens_at)).
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -25,10 +25,6 @@ impl Allocation {
         let (growth, kind) = match layout.kind {
             KvKind::Growing { growth } => (growth, LayerKind::Global),
             KvKind::Sliding { .. } => (Growth::Static { capacity: 0 }, LayerKind::Sliding),
-        };
-        let capacity = match growth {
-            Growth::Static { capacity } => Some(capacity),
-            Growth::Doubling { .. } => None,
         };
         (0..layout.kv_heads)
             .map(|head| {
@@ -52,7 +48,8 @@ impl Allocation {
                     recent: Some(self.recent_codec(layout.head_dim))
                         .filter(|r| *r != self.fp_codec(layout.head_dim)),
                     sink_tokens: self.sink_tokens,
-                    recent_tokens: resolved.recent.tokens_for(capacity)?,
+                    recent_tokens: resolved.recent.tokens.unwrap_or(0),
+                    recent_fraction: resolved.recent.fraction,
                     max_rewind: layout.max_rewind,
                     growth,
                     ring_slots: layout.ring_slots(),

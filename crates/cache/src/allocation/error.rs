@@ -126,17 +126,11 @@ pub enum FieldProblem {
         value: f64,
     },
     /// A window's `recent_fraction` must lie in `[0, 1)`.
-    #[error("must be in [0, 1) (a fraction of the cache's capacity), got {value}")]
+    #[error("must be in [0, 1) (a fraction of the tokens the cache holds), got {value}")]
     BadWindowFraction {
         /// The value given.
         value: f64,
     },
-    /// A window given only as `recent_fraction`, for a cache without a fixed capacity.
-    #[error(
-        "is a fraction of the cache's capacity, and this cache has none (it grows in pages, \
-         as a prompt cache does): give `recent_fp_tokens` beside it for such caches"
-    )]
-    WindowNeedsCapacity,
     /// The outlier tier must leave at least one channel to each tier.
     #[error(
         "{channels} outlier channels do not fit head_dim {head_dim} \

@@ -15,8 +15,8 @@
 //! seed = 1234                      # base seed, 0..=2^63-1 (default DEFAULT_SEED)
 //! recent_fp_tokens = 0             # newest tokens kept unquantized (default 0; a stream
 //!                                  # table's own window replaces it there)
-//! recent_fraction = 0.125          # or the window as a fraction of the cache's capacity
-//!                                  # (recent_fp_tokens is then for caches with none)
+//! recent_fraction = 0.125          # and/or the window as a fraction of the tokens held:
+//!                                  # max(recent_fp_tokens, round(fraction · held))
 //! sink_tokens = 0                  # first tokens kept unquantized (default 0)
 //! fp_dtype = "f16"                 # f16 | f32: storage of those tokens (default f16)
 //! recent_dtype = "q8"              # f16 | f32 | q8: the window's copies (default fp_dtype);
@@ -68,16 +68,19 @@
 //! | `center` | `none`, `first-chunk` (store `x − μ`, μ = mean of the stream's first batch) | `none` | all codecs; not in `[outliers]` |
 //! | `basis` | `none`, `pca` (principal components of the first batch, water-filled bits) | `none` | mse; not in, nor with, `[outliers]` |
 //! | `recent_fp_tokens` | 0, 1, … (this stream's newest tokens kept unquantized) | the top-level `recent_fp_tokens` | all codecs; not in `[outliers]`; ignored on sliding-window layers |
-//! | `recent_fraction` | in `[0, 1)`: the window as a fraction of the cache's capacity | the top-level `recent_fraction` | as `recent_fp_tokens` |
+//! | `recent_fraction` | in `[0, 1)`: the window as a fraction of the tokens held (`recent_fp_tokens` its floor) | the top-level `recent_fraction` | as `recent_fp_tokens` |
 //!
 //! A stream's own window lets it differ per layer, KV head and stream, like every other stream
 //! setting; a table that gives `recent_fp_tokens`, `recent_fraction` or both replaces the whole
-//! window in force. A fraction makes the window `round(fraction · capacity)` tokens in a cache
-//! of fixed capacity, so its share of the bits is the same at every context length (a fixed
-//! count costs more bits at a short context and buys less at a long one: `presets/README.md`,
-//! "A window that scales with the context"); a cache that grows in pages (a prompt cache) has
-//! no capacity and uses the count, and refuses a fraction given without one
-//! ([`FieldProblem::WindowNeedsCapacity`]). The sinks stay one count for the whole allocation.
+//! window in force. With `n` tokens held a window is `max(recent_fp_tokens, round(fraction ·
+//! n))` tokens ([`window_tokens`](crate::stream::window_tokens)): the count is a floor, the
+//! fraction makes the window grow with the context, so its share of the bits is the same at
+//! every length (a fixed count costs more bits at a short context and buys less at a long one:
+//! `presets/README.md`, "A window that grows with the context"). It depends on the tokens held
+//! only — not on the capacity a cache was built for — so a prompt cache that grows in pages and
+//! a cache of fixed capacity keep the same windows and give the same outputs; a stream without
+//! a fixed capacity grows its ring of copies with its window. The sinks stay one count for the
+//! whole allocation.
 //! The GPU backend reads each stream's and head's own window.
 //!
 //! `center` mean-centers a stream: exact up to quantization error (keys: a softmax ignores a

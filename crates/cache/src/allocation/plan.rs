@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::allocation::error::{AllocationError, FieldProblem};
-use crate::allocation::schema::fraction_of;
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 use crate::codec::packing::words_for;
@@ -175,52 +173,35 @@ pub struct ResolvedStream {
     pub basis: BasisPolicy,
     /// The newest tokens the stream keeps unquantized: its own window if a table set one, else
     /// the allocation's top-level one (ignored on sliding-window layers). A count, a fraction
-    /// of the cache's capacity or both: [`RecentWindow::tokens_for`] gives a cache's count.
+    /// of the tokens held or both: [`RecentWindow::tokens_at`] gives its tokens at a length.
     pub recent: RecentWindow,
 }
 
 /// A stream's recent window as the allocation gives it: a token count (`recent_fp_tokens`), a
-/// fraction of the cache's capacity (`recent_fraction`), or both.
+/// fraction of the tokens held (`recent_fraction`), or both (the count a floor).
 ///
 /// ```
 /// use tq_cache::allocation::RecentWindow;
 /// let w = RecentWindow { tokens: Some(256), fraction: Some(0.125) };
-/// assert_eq!(w.tokens_for(Some(4096))?, 512); // a fixed capacity: the fraction
-/// assert_eq!(w.tokens_for(None)?, 256); // growing pages: the count
-/// assert!(RecentWindow { tokens: None, fraction: Some(0.125) }.tokens_for(None).is_err());
-/// # Ok::<(), tq_cache::allocation::AllocationError>(())
+/// assert_eq!(w.tokens_at(1024), 256); // the floor
+/// assert_eq!(w.tokens_at(4096), 512); // an eighth of the tokens held
+/// assert_eq!(RecentWindow { tokens: None, fraction: Some(0.125) }.tokens_at(1024), 128);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RecentWindow {
-    /// Tokens (`recent_fp_tokens`): the window where no fraction is given, and in a cache
-    /// without a fixed capacity.
+    /// Tokens (`recent_fp_tokens`): the window, or with a fraction its floor.
     pub tokens: Option<usize>,
-    /// A fraction of the capacity (`recent_fraction`), in `[0, 1)`: `round(fraction ·
-    /// capacity)` tokens in a cache of fixed capacity.
+    /// A fraction of the tokens held (`recent_fraction`), in `[0, 1)`: `round(fraction · n)`
+    /// tokens with `n` held, at least `tokens`.
     pub fraction: Option<f64>,
 }
 
 impl RecentWindow {
-    /// The window's tokens in a cache of fixed `capacity`: the fraction of it where one is
-    /// given, else the count (none given: no window).
-    pub fn tokens_at(&self, capacity: usize) -> usize {
-        self.fraction
-            .map_or(self.tokens.unwrap_or(0), |f| fraction_of(f, capacity))
-    }
-
-    /// The window's tokens in a cache of `capacity` tokens (`None`: a cache that grows in
-    /// pages, with no fixed capacity, which takes the count). A fraction with no count is
-    /// refused there ([`FieldProblem::WindowNeedsCapacity`](crate::allocation::FieldProblem)).
-    pub fn tokens_for(&self, capacity: Option<usize>) -> Result<usize, AllocationError> {
-        match (capacity, self.tokens, self.fraction) {
-            (Some(c), _, _) => Ok(self.tokens_at(c)),
-            (None, Some(tokens), _) => Ok(tokens),
-            (None, None, Some(_)) => Err(AllocationError::field(
-                "recent_fraction",
-                FieldProblem::WindowNeedsCapacity,
-            )),
-            (None, None, None) => Ok(0),
-        }
+    /// The window's tokens when `held` tokens are held
+    /// ([`window_tokens`](crate::stream::window_tokens)): what a cache holding `held` tokens
+    /// keeps unquantized, whatever capacity it was built for.
+    pub fn tokens_at(&self, held: usize) -> usize {
+        crate::stream::window_tokens(self.tokens.unwrap_or(0), self.fraction, held)
     }
 }
 

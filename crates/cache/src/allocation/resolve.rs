@@ -346,12 +346,10 @@ impl Allocation {
     }
 
     /// The window of every stream whose own table sets none: the top-level `recent_fp_tokens`
-    /// and `recent_fraction`. A fraction with the count left at 0 gives no count, so a cache
-    /// without a fixed capacity refuses it rather than keeping no window.
+    /// and `recent_fraction`.
     pub fn top_level_window(&self) -> RecentWindow {
         RecentWindow {
-            tokens: Some(self.recent_fp_tokens)
-                .filter(|&t| t > 0 || self.recent_fraction.is_none()),
+            tokens: Some(self.recent_fp_tokens),
             fraction: self.recent_fraction,
         }
     }

@@ -61,10 +61,9 @@ pub struct Allocation {
     /// unless its own table sets one ([`StreamSettings::recent_fp_tokens`]).
     #[serde(default)]
     pub recent_fp_tokens: usize,
-    /// Every stream's window as a fraction of the cache's capacity, in `[0, 1)`, unless its own
-    /// table sets a window: `round(fraction · capacity)` tokens, so the window's share of the
-    /// bits is the same at every context length. A cache without a fixed capacity (growing
-    /// pages, as a prompt cache) uses `recent_fp_tokens` instead, which must then be given.
+    /// Every stream's window as a fraction of the tokens the cache holds, in `[0, 1)`, unless
+    /// its own table sets a window: with `n` tokens held, `max(recent_fp_tokens, round(fraction
+    /// · n))` tokens, so the window's share of the bits is the same at every context length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_fraction: Option<f64>,
     /// The first tokens (attention sinks) kept unquantized, in `fp_dtype` (default 0).
@@ -95,9 +94,9 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    /// The longest recent window any stream of the allocation can have in a cache of
-    /// `capacity` tokens: the top-level window or a longer one a stream table sets (base,
-    /// `[boundary]`, `[[override]]`), counts and fractions of `capacity` alike. What a check
+    /// The longest recent window any stream of the allocation can have in a cache holding
+    /// `held` tokens: the top-level window or a longer one a stream table sets (base,
+    /// `[boundary]`, `[[override]]`), counts and fractions of `held` alike. What a check
     /// against the context length needs. An upper bound, read from the file without a model:
     /// it also counts a top-level window every stream table replaces and windows given to
     /// sliding-window layers (which ignore them).
@@ -117,11 +116,11 @@ impl Allocation {
     ///     value = { recent_fraction = 0.125, recent_fp_tokens = 64 }
     /// "#)?;
     /// assert_eq!(a.longest_recent_window(1024), 200);
-    /// assert_eq!(a.longest_recent_window(4096), 512); // an eighth of 4096
+    /// assert_eq!(a.longest_recent_window(4096), 512); // an eighth of 4096 tokens held
     /// assert_eq!(a.longest_recent_window(64), 200);
     /// # Ok::<(), tq_cache::allocation::AllocationError>(())
     /// ```
-    pub fn longest_recent_window(&self, capacity: usize) -> usize {
+    pub fn longest_recent_window(&self, held: usize) -> usize {
         let boundary = self.boundary.iter().flat_map(|b| [&b.key, &b.value]);
         let overrides = self.overrides.iter().flat_map(|o| [&o.key, &o.value]);
         [&self.key, &self.value]
@@ -129,15 +128,10 @@ impl Allocation {
             .chain(boundary.chain(overrides).flatten())
             .filter_map(StreamSettings::window)
             .chain([self.top_level_window()])
-            .map(|w| w.tokens_at(capacity))
+            .map(|w| w.tokens_at(held))
             .max()
             .unwrap_or(0)
     }
-}
-
-/// `round(fraction · capacity)`, the window a fraction gives in a cache of `capacity` tokens.
-pub(crate) fn fraction_of(fraction: f64, capacity: usize) -> usize {
-    (fraction * capacity as f64).round() as usize
 }
 
 /// The storage format of the tokens an allocation keeps unquantized.
@@ -268,10 +262,10 @@ pub struct StreamSettings {
     /// layers, whose ring already holds what attention reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_fp_tokens: Option<usize>,
-    /// This stream's own window as a fraction of the cache's capacity, in `[0, 1)` (see
+    /// This stream's own window as a fraction of the tokens held, in `[0, 1)` (see
     /// [`Allocation::recent_fraction`]). A table that gives `recent_fp_tokens`,
-    /// `recent_fraction` or both replaces the whole window in force: the count is then what a
-    /// cache without a fixed capacity uses.
+    /// `recent_fraction` or both replaces the whole window in force (a fraction alone: no
+    /// floor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_fraction: Option<f64>,
 }

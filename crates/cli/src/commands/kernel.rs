@@ -85,7 +85,7 @@ impl KernelChoice {
                             "{name} of layer {layer} in another format than f16"
                         ))
                     } else if layout.ring_slots.is_none()
-                        && (layout.sink_tokens > 0 || layout.recent_tokens > 0)
+                        && (layout.sink_tokens > 0 || layout.has_window())
                     {
                         Some(format!(
                             "full-precision sink or recent-window copies of layer {layer}'s {name}"

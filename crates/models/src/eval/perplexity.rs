@@ -301,8 +301,7 @@ pub fn all_in_bits_per_value(
                 // in the cache's fixed bytes).
                 let coded = match ring {
                     None if allocation.window_defers_codes() => {
-                        // The cache is built for `ctx` tokens (a window's fraction is of that).
-                        held.saturating_sub(r.recent.tokens_for(Some(ctx))?)
+                        held.saturating_sub(r.recent.tokens_at(held))
                     }
                     _ => held,
                 };
