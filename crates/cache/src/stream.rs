@@ -585,7 +585,9 @@ impl Stream {
         }
     }
 
-    /// Slots of the recent ring now (0 without a window): see [`grow_ring`](Self::grow_ring).
+    /// Slots of the recent ring now (0 without a window): the window at a fixed capacity plus
+    /// the rewind margin, or in a stream that grows in pages, a ring that grows (at least twice
+    /// as long) as the window does.
     pub fn recent_slots(&self) -> usize {
         self.recent_slots
     }
