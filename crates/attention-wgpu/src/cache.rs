@@ -342,7 +342,6 @@ fn ring_slot_words(head_dim: usize, window_q8: bool) -> usize {
     }
 }
 
-/// Words of one KV head's copies of one stream: its binary16 sink slots, then its ring.
 /// The copies' ring holds every token a query may read from its window with `held` tokens
 /// held: the longest ring of the CPU streams (window and rewind margin), and one chunk of
 /// `forward` (0 without windows).
@@ -354,6 +353,7 @@ fn ring_slots_for(windows: &RecentWindows, held: usize) -> usize {
     }
 }
 
+/// Words of one KV head's copies of one stream: its binary16 sink slots, then its ring.
 fn fp_head_words(sinks: usize, fp_ring: usize, head_dim: usize, window_q8: bool) -> usize {
     sinks * head_dim.div_ceil(2) + fp_ring * ring_slot_words(head_dim, window_q8)
 }

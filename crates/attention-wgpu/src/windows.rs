@@ -244,4 +244,29 @@ mod tests {
         follower.followed(0, 20);
         assert_eq!(follower, up);
     }
+
+    /// A window that grows with the tokens held (keys: a quarter over a floor of 2; values: a
+    /// fixed 3): each query of a chunk starts its window at its own length, the stored window
+    /// at the cache's, and the ring the copies need grows with the window.
+    #[test]
+    fn growing_windows_start_at_each_querys_length() {
+        let keys = WindowRule {
+            tokens: 2,
+            fraction: Some(0.25),
+        };
+        let w = RecentWindows::new(1, vec![keys, WindowRule::fixed(3)], vec![4, 5], 2);
+        assert_eq!((keys.at(4), keys.at(20), keys.at(22)), (2, 5, 6));
+        // Queries at tokens 20, 21 after 20 tokens, cache now 22 long: keys from 21 − 5 and
+        // 22 − 6, values from 21 − 3 and 22 − 3 (`[query, stream]`).
+        assert_eq!(w.chunk_starts(20, 2, 22), vec![16, 18, 16, 19]);
+        assert_eq!(w.stored_starts(22), vec![16, 19]);
+        // The CPU ring was built with 4 slots; at 40 tokens the keys' window (10) and the
+        // margin need 12.
+        assert_eq!((w.slots_at(0), w.slots_at(40)), (5, 12));
+        assert_eq!(w.longest_at(40), 10);
+        let mut grown = w.clone();
+        grown.appended(40);
+        assert_eq!(grown.oldest, vec![28, 35]);
+        assert!(!grown.rewind_blocked(38) && grown.rewind_blocked(36));
+    }
 }
