@@ -504,18 +504,9 @@ impl<'a> ByteReader<'a> {
     }
 
     pub(crate) fn store(&mut self, store: &mut TokenStore) -> Result<(), PersistError> {
-        let n = self.usize()?;
-        let per_token = 4 * store.record_words() + 2 * store.scales_per_token();
         // Check the bytes exist before growing any page.
-        let needed = n
-            .checked_mul(per_token)
-            .ok_or(PersistError::Inconsistent("record count overflows"))?;
-        if needed > self.bytes.len() - self.offset {
-            return Err(PersistError::Truncated {
-                offset: self.offset,
-                needed: needed - (self.bytes.len() - self.offset),
-            });
-        }
+        let n = self.store_len(store)?;
+        self.usize()?;
         if let crate::token_store::Growth::Static { capacity } = store.growth()
             && n > capacity
         {

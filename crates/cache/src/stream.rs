@@ -150,14 +150,14 @@ pub struct Stream {
     sinks: TokenStore,
     recent: TokenStore,
     sink_tokens: usize,
-    /// The window's floor and fraction ([`window_tokens`]); `windowed` whether it has one.
+    /// The window's floor and fraction ([`window_tokens`]).
     recent_tokens: usize,
     recent_fraction: Option<f64>,
-    windowed: bool,
     /// Slots of the recent ring: the longest window the stream may need plus the rewind
-    /// margin. A window that grows with the context in a stream without a fixed capacity
-    /// grows its ring ([`grow_ring`](Self::grow_ring)); a grown ring is always full, so a saved
-    /// stream's ring records its slots.
+    /// margin, at least one for a stream with a window (0: none, see
+    /// [`windowed`](Self::windowed)). A window that grows with the context in a stream
+    /// without a fixed capacity grows its ring ([`grow_ring`](Self::grow_ring)); a grown ring
+    /// is always full, so a saved stream's ring records its slots.
     recent_slots: usize,
     /// The ring's slots when the stream was built (what a cleared stream returns to).
     initial_slots: usize,
@@ -517,7 +517,6 @@ impl Stream {
             sink_tokens,
             recent_tokens,
             recent_fraction,
-            windowed,
             recent_slots,
             initial_slots: recent_slots,
             ring_slots: ring,
@@ -578,11 +577,16 @@ impl Stream {
     /// The recent window's tokens when `held` tokens are held ([`window_tokens`] of the
     /// layout's count and fraction; 0 without a window and in ring mode).
     pub fn window(&self, held: usize) -> usize {
-        if self.windowed {
+        if self.windowed() {
             window_tokens(self.recent_tokens, self.recent_fraction, held)
         } else {
             0
         }
+    }
+
+    /// Whether the stream keeps a recent window (its ring has slots; never in ring mode).
+    fn windowed(&self) -> bool {
+        self.recent_slots > 0
     }
 
     /// Slots of the recent ring now (0 without a window): the window at a fixed capacity plus
@@ -867,7 +871,7 @@ impl Stream {
     /// window for the tokens the query sees).
     pub fn window_start(&self, end: usize, in_step: bool) -> usize {
         let recent = self.recent_start();
-        if !in_step || !self.windowed || self.ring_slots.is_some() {
+        if !in_step || !self.windowed() {
             return recent;
         }
         let covered = if self.step.count == 0 {
@@ -960,7 +964,7 @@ impl Stream {
         }
         if t < self.sink_tokens {
             TokenSource::Sink(t)
-        } else if self.windowed && t + self.window(self.len) >= self.len {
+        } else if self.windowed() && t + self.window(self.len) >= self.len {
             TokenSource::Recent(t % self.recent_slots)
         } else {
             TokenSource::Body(t)
@@ -1107,7 +1111,7 @@ impl Stream {
                 reason: "the ring buffer has overwritten tokens the window would need again",
             });
         }
-        if self.windowed && self.oldest_recent > new_len.saturating_sub(self.window(new_len)) {
+        if self.windowed() && self.oldest_recent > new_len.saturating_sub(self.window(new_len)) {
             return Err(CacheError::RewindTooFar {
                 requested,
                 reason: "full-precision copies of the tokens that would become recent are gone (raise max_rewind)",
