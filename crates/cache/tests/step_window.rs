@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{codec, growing, vectors};
+use common::{Tokens, bits, codec, growing};
 use tq_cache::attention::{AttentionKernel, AttentionShape, attend, attend_in_step};
 use tq_cache::center::CenterPolicy;
 use tq_cache::kv_cache::{KvCache, KvLayout, uniform_streams};
@@ -59,37 +59,13 @@ const SHAPE: AttentionShape = AttentionShape {
     scale: 0.125,
 };
 
-struct Tokens {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    queries: Vec<f32>,
-}
-
 fn tokens(n: usize) -> Tokens {
-    Tokens {
-        keys: vectors(n * KV, D, 11),
-        values: vectors(n * KV, D, 12),
-        queries: vectors(n * Q, D, 13),
-    }
+    Tokens::new(n, KV, Q, D, 11)
 }
 
 /// Forwards tokens `from..to` in one call; returns the output rows.
 fn forward(cache: &mut KvCache, t: &Tokens, from: usize, to: usize) -> Vec<f32> {
-    let (kw, qw) = (KV * D, Q * D);
-    let positions: Vec<u32> = (0..to as u32).collect();
-    let mut out = vec![0.0f32; (to - from) * qw];
-    cache
-        .forward(
-            &t.queries[from * qw..to * qw],
-            &t.keys[from * kw..to * kw],
-            &t.values[from * kw..to * kw],
-            &positions,
-            SHAPE,
-            AttentionKernel::Fused,
-            &mut out,
-        )
-        .unwrap();
-    out
+    common::forward_in_pieces(cache, t, from, to, to - from, SHAPE)
 }
 
 /// Forwards `from..to` in pieces of `piece` tokens.
@@ -100,18 +76,7 @@ fn forward_in_pieces(
     to: usize,
     piece: usize,
 ) -> Vec<f32> {
-    let mut out = Vec::new();
-    let mut start = from;
-    while start < to {
-        let end = (start + piece).min(to);
-        out.extend(forward(cache, t, start, end));
-        start = end;
-    }
-    out
-}
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+    common::forward_in_pieces(cache, t, from, to, piece, SHAPE)
 }
 
 #[test]

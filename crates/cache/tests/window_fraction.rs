@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{codec, vectors};
+use common::{Tokens, bits, codec, forward_in_pieces};
 use proptest::prelude::*;
 use tq_cache::allocation::{Allocation, AllocationError, FieldProblem, RecentWindow, StreamKind};
 use tq_cache::attention::{AttentionKernel, AttentionShape, attend_in_step};
@@ -68,15 +68,21 @@ fn layout(growth: Growth, max_rewind: usize) -> KvLayout {
 /// 4-bit keys (TQ_prod) and 3-bit values (TQ_mse), centered, f16 sinks, a growing window whose
 /// copies are `window` (`None`: f16).
 fn cache(growth: Growth, max_rewind: usize, window: Option<CodecSpec>) -> KvCache {
-    cache_with_floor(growth, max_rewind, window, FLOOR, CenterPolicy::FirstChunk)
+    cache_with(
+        growth,
+        max_rewind,
+        window,
+        (FLOOR, Some(FRACTION)),
+        CenterPolicy::FirstChunk,
+    )
 }
 
-/// [`cache`] with another floor under the fraction, and centered or not.
-fn cache_with_floor(
+/// [`cache`] with another window (`(floor, fraction)`), centered or not.
+fn cache_with(
     growth: Growth,
     max_rewind: usize,
     window: Option<CodecSpec>,
-    floor: usize,
+    (floor, fraction): (usize, Option<f64>),
     center: CenterPolicy,
 ) -> KvCache {
     let layout = layout(growth, max_rewind);
@@ -86,7 +92,7 @@ fn cache_with_floor(
             .map(|mut s| {
                 s.sink_tokens = SINKS;
                 s.recent_tokens = floor;
-                s.recent_fraction = Some(FRACTION);
+                s.recent_fraction = fraction;
                 s.center = center;
                 s.recent = window;
                 s
@@ -110,48 +116,13 @@ const SHAPE: AttentionShape = AttentionShape {
     scale: 0.125,
 };
 
-struct Tokens {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    queries: Vec<f32>,
-}
-
 fn tokens(n: usize) -> Tokens {
-    Tokens {
-        keys: vectors(n * KV, DIM, 31),
-        values: vectors(n * KV, DIM, 32),
-        queries: vectors(n * Q, DIM, 33),
-    }
+    Tokens::new(n, KV, Q, DIM, 31)
 }
 
 /// Runs tokens `from..to` through `cache.forward` in pieces of `piece`; the rows.
 fn forward(cache: &mut KvCache, t: &Tokens, from: usize, to: usize, piece: usize) -> Vec<f32> {
-    let (kw, qw) = (KV * DIM, Q * DIM);
-    let mut out = Vec::new();
-    let mut start = from;
-    while start < to {
-        let end = (start + piece).min(to);
-        let positions: Vec<u32> = (0..end as u32).collect();
-        let mut rows = vec![0.0f32; (end - start) * qw];
-        cache
-            .forward(
-                &t.queries[start * qw..end * qw],
-                &t.keys[start * kw..end * kw],
-                &t.values[start * kw..end * kw],
-                &positions,
-                SHAPE,
-                AttentionKernel::Fused,
-                &mut rows,
-            )
-            .unwrap();
-        out.extend(rows);
-        start = end;
-    }
-    out
-}
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+    forward_in_pieces(cache, t, from, to, piece, SHAPE)
 }
 
 /// The window the streams hold follows the tokens held (the floor to 64 tokens, then an
@@ -244,7 +215,7 @@ fn a_window_of_no_tokens_yet_writes_codes_as_tokens_arrive() {
     let t = tokens(120);
     let mut rows = Vec::new();
     for (growth, piece) in [(GROWING, 120), (GROWING, 1), (STATIC, 7)] {
-        let mut c = cache_with_floor(growth, 0, Q8, 0, CenterPolicy::None);
+        let mut c = cache_with(growth, 0, Q8, (0, Some(FRACTION)), CenterPolicy::None);
         let mut out = Vec::new();
         let mut n = 0;
         while n < 120 {
@@ -303,24 +274,7 @@ fn the_fraction_changes_what_attention_reads() {
     let t = tokens(300);
     let mut grows = cache(GROWING, 0, None);
     let mut again = grows.clone();
-    let layout = layout(GROWING, 0);
-    let fixed = |spec| -> Vec<_> {
-        uniform_streams(&layout, spec)
-            .into_iter()
-            .map(|mut s| {
-                s.sink_tokens = SINKS;
-                s.recent_tokens = FLOOR;
-                s.center = CenterPolicy::FirstChunk;
-                s
-            })
-            .collect()
-    };
-    let mut counted = KvCache::new(
-        layout,
-        &fixed(codec(5, DIM, 4, 3)),
-        &fixed(codec(2, DIM, 3, 4)),
-    )
-    .unwrap();
+    let mut counted = cache_with(GROWING, 0, None, (FLOOR, None), CenterPolicy::FirstChunk);
     let short = forward(&mut grows, &t, 0, 64, 64);
     assert_eq!(bits(&short), bits(&forward(&mut counted, &t, 0, 64, 64)));
     let long = forward(&mut grows, &t, 64, 300, 300);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{codec, growing, vectors};
+use common::{Tokens, bits, codec, forward_in_pieces, growing};
 use proptest::prelude::*;
 use tq_cache::attention::{AttentionKernel, AttentionShape, attend_in_step};
 use tq_cache::center::CenterPolicy;
@@ -132,47 +132,12 @@ const SHAPE: AttentionShape = AttentionShape {
     scale: 0.125,
 };
 
-struct Tokens {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    queries: Vec<f32>,
-}
-
 fn tokens(n: usize) -> Tokens {
-    Tokens {
-        keys: vectors(n * KV, D, 21),
-        values: vectors(n * KV, D, 22),
-        queries: vectors(n * Q, D, 23),
-    }
+    Tokens::new(n, KV, Q, D, 21)
 }
 
 fn forward(cache: &mut KvCache, t: &Tokens, from: usize, to: usize, piece: usize) -> Vec<f32> {
-    let (kw, qw) = (KV * D, Q * D);
-    let mut out = Vec::new();
-    let mut start = from;
-    while start < to {
-        let end = (start + piece).min(to);
-        let positions: Vec<u32> = (0..end as u32).collect();
-        let mut rows = vec![0.0f32; (end - start) * qw];
-        cache
-            .forward(
-                &t.queries[start * qw..end * qw],
-                &t.keys[start * kw..end * kw],
-                &t.values[start * kw..end * kw],
-                &positions,
-                SHAPE,
-                AttentionKernel::Fused,
-                &mut rows,
-            )
-            .unwrap();
-        out.extend(rows);
-        start = end;
-    }
-    out
-}
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+    forward_in_pieces(cache, t, from, to, piece, SHAPE)
 }
 
 #[test]

@@ -14,13 +14,24 @@ use common::present;
 use tq_models::fetch::KnownModel;
 
 fn generate(prompt: &str, alloc: &str, cache: Option<&Path>) -> (Vec<u64>, Option<u64>, String) {
+    generate_n(prompt, alloc, cache, 6)
+}
+
+/// [`generate`] of `max_tokens` tokens.
+fn generate_n(
+    prompt: &str,
+    alloc: &str,
+    cache: Option<&Path>,
+    max_tokens: usize,
+) -> (Vec<u64>, Option<u64>, String) {
+    let max_tokens = max_tokens.to_string();
     let mut command = Command::new(env!("CARGO_BIN_EXE_tq"));
     command.args([
         "generate",
         "--prompt",
         prompt,
         "--max-tokens",
-        "6",
+        &max_tokens,
         "--alloc",
         alloc,
         "--json",
@@ -127,19 +138,7 @@ fn growing_windows_give_the_same_tokens_in_every_cache() {
     let (warm, reused, stderr) = generate(&prompt, alloc, Some(&file));
     assert_eq!(warm, plain);
     assert!(reused.unwrap() > 256, "{stderr}");
-    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(["generate", "--prompt", &prompt, "--max-tokens", "40"])
-        .args(["--alloc", alloc, "--json"])
-        .output()
-        .expect("tq runs");
-    assert!(output.status.success());
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let longer: Vec<u64> = report["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let (longer, _, _) = generate_n(&prompt, alloc, None, 40);
     assert_eq!(
         longer[..plain.len()],
         plain[..],

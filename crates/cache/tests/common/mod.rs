@@ -107,3 +107,61 @@ pub fn assert_rows_match(fused: &[f32], exact: &[f32], max_v: f32, dim: usize) {
         );
     }
 }
+
+/// Keys, values (`[n, kv_heads, dim]`) and queries (`[n, q_heads, dim]`) of `n` tokens, from
+/// seeds `seed`, `seed + 1` and `seed + 2`.
+pub struct Tokens {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub queries: Vec<f32>,
+}
+
+impl Tokens {
+    pub fn new(n: usize, kv_heads: usize, q_heads: usize, dim: usize, seed: u64) -> Self {
+        Self {
+            keys: vectors(n * kv_heads, dim, seed),
+            values: vectors(n * kv_heads, dim, seed + 1),
+            queries: vectors(n * q_heads, dim, seed + 2),
+        }
+    }
+}
+
+/// Runs tokens `from..to` of `t` through `cache.forward` (fused kernel) in pieces of `piece`
+/// tokens; the output rows.
+pub fn forward_in_pieces(
+    cache: &mut KvCache,
+    t: &Tokens,
+    from: usize,
+    to: usize,
+    piece: usize,
+    shape: tq_cache::attention::AttentionShape,
+) -> Vec<f32> {
+    let dim = cache.layout().head_dim;
+    let (kw, qw) = (cache.layout().kv_heads * dim, shape.q_heads * dim);
+    let mut out = Vec::new();
+    let mut start = from;
+    while start < to {
+        let end = (start + piece).min(to);
+        let positions: Vec<u32> = (0..end as u32).collect();
+        let mut rows = vec![0.0f32; (end - start) * qw];
+        cache
+            .forward(
+                &t.queries[start * qw..end * qw],
+                &t.keys[start * kw..end * kw],
+                &t.values[start * kw..end * kw],
+                &positions,
+                shape,
+                tq_cache::attention::AttentionKernel::Fused,
+                &mut rows,
+            )
+            .unwrap();
+        out.extend(rows);
+        start = end;
+    }
+    out
+}
+
+/// The bit patterns of `x`, for comparisons that must be exact.
+pub fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
