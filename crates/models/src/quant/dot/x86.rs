@@ -21,8 +21,10 @@
 //! activation (matrix–vector products), [`dot_tile`] runs one weight row against up to
 //! [`TILE`] activations with the row unpacked once (products of several activation rows).
 //! Per (row, activation) pair, every entry point performs the same operations in the same
-//! order. Block scales come eight at a time from one gather, so no per-block scalar f16
-//! conversion (and no false register dependency) sits in the loop.
+//! order. Block scales come eight at a time into one vector (eight plain loads, one
+//! conversion), so no per-block scalar f16 conversion (and no false register dependency) sits
+//! in the loop; in the block-lanes order a whole group of eight blocks is one call
+//! ([`group_term`]) that keeps its integer sums in a few registers.
 //!
 //! Register-only helpers are safe `#[target_feature]` functions (callable only from code with
 //! the same features); the entry points are `unsafe` because they need AVX2/FMA/F16C, and the
@@ -203,29 +205,35 @@ fn totals8(v: &[__m256i; 8]) -> __m256i {
 /// The f16 scales (bytes 0..2) and, for Q4_1, minima (bytes 2..4) of blocks `g .. g + count`
 /// (`count ≤ 8`) of a row, as f32 lanes `k ↔ block g + k` (zero for `k ≥ count`).
 ///
-/// One gather reads the first four bytes of each block (inside the block for every format), so
-/// no per-block scalar conversion (and no false dependency on a register holding an
-/// accumulator) sits in the loop.
+/// Eight plain loads of each block's first four bytes (inside the block for every format),
+/// put together in one vector, so no per-block scalar conversion sits in the loop. (A
+/// `vpgatherdd` did the same; on Zen 3 the decode products over SmolLM2 ran 1.1× faster
+/// without it, docs/results.md.) With a constant `count` the lane tests fold away.
 ///
 /// # Safety
 /// AVX2/F16C; blocks `g .. g + count` of the row at `w0` (stride `block_bytes(K)`) are readable.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scales<const K: u8>(w0: *const u8, g: usize, count: usize) -> (__m256, __m256) {
-    let bb = block_bytes(K) as i32;
-    let offsets = _mm256_setr_epi32(0, bb, 2 * bb, 3 * bb, 4 * bb, 5 * bb, 6 * bb, 7 * bb);
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), lanes);
-    // SAFETY: lane k < count reads bytes 0..4 of block g + k (readable, caller); masked-off
-    // lanes read nothing.
-    let words = unsafe {
-        _mm256_mask_i32gather_epi32::<1>(
-            _mm256_setzero_si256(),
-            w0.add(g * bb as usize).cast(),
-            offsets,
-            mask,
-        )
+    let bb = block_bytes(K);
+    let word = |k: usize| {
+        if k < count {
+            // SAFETY: bytes 0..4 of block g + k < g + count are readable (caller).
+            unsafe { (w0.add((g + k) * bb) as *const i32).read_unaligned() }
+        } else {
+            0
+        }
     };
+    let words = _mm256_setr_epi32(
+        word(0),
+        word(1),
+        word(2),
+        word(3),
+        word(4),
+        word(5),
+        word(6),
+        word(7),
+    );
     // Per 128-bit half: [d0..d3, m0..m3]; then [d0..d7 | m0..m7].
     let low = _mm256_and_si256(words, _mm256_set1_epi32(0xFFFF));
     let high = _mm256_srli_epi32::<16>(words);
@@ -359,6 +367,16 @@ pub(crate) unsafe fn dot_rows_block_lanes<const K: u8, const R: usize>(
                 _mm256_loadu_ps(act.s.as_ptr().add(g)),
             )
         };
+        if count == 8 {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                prefetch_ahead(w0[r].wrapping_add(g * bb), 8 * bb);
+                // SAFETY: blocks g .. g + 8 are below nb, within row r and the activation.
+                let t = unsafe { group_term::<K>(w0[r].add(g * bb), y0.add(g * Q8_BLOCK), dx, sx) };
+                *acc = _mm256_add_ps(*acc, t);
+            }
+            g += 8;
+            continue;
+        }
         let mut qy = [_mm256_setzero_si256(); 8];
         for (k, qy) in qy.iter_mut().enumerate().take(count) {
             // SAFETY: g + k < nb: block g + k of the activation is in bounds.
@@ -389,6 +407,46 @@ pub(crate) unsafe fn dot_rows_block_lanes<const K: u8, const R: usize>(
         g += 8;
     }
     core::array::from_fn(|r| hsum(acc[r]))
+}
+
+/// The eight block-lanes terms of one whole group of eight blocks (lane `k` ↔ block `k`):
+/// `d_w·d_x·isum` (Q4_1: `fma(d_w·d_x, isum, m_w·s_x)`), the operations of the general loop
+/// in [`dot_rows_block_lanes`] on the same exact integer sums, so the same bits. The blocks'
+/// integer sums are reduced pairwise as they are made (the tree of `totals8`) and each block
+/// reads its activation from memory, so a group needs a few registers, not sixteen: the
+/// general loop kept eight activation vectors and eight sums live and spilled them.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `w` points to eight whole blocks of format `K` and `y` to eight Q8 blocks
+/// of the activation.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_term<const K: u8>(w: *const u8, y: *const i8, dx: __m256, sx: __m256) -> __m256 {
+    let bb = block_bytes(K);
+    // SAFETY: k < 8: block k of the weights and of the activation are readable (caller).
+    let block = |k: usize| unsafe {
+        let (mag, sign) = weights::<K>(w.add(k * bb));
+        lane_ints::<K>(mag, sign, _mm256_loadu_si256(y.add(k * Q8_BLOCK).cast()))
+    };
+    let h01 = _mm256_hadd_epi32(block(0), block(1));
+    let h23 = _mm256_hadd_epi32(block(2), block(3));
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h45 = _mm256_hadd_epi32(block(4), block(5));
+    let h67 = _mm256_hadd_epi32(block(6), block(7));
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    let totals = _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+        _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+    );
+    // SAFETY: the eight blocks' headers are readable (caller).
+    let (dw, m) = unsafe { scales::<K>(w, 0, 8) };
+    let isum = _mm256_cvtepi32_ps(totals);
+    let dd = _mm256_mul_ps(dw, dx);
+    if K == Q4_1 {
+        _mm256_fmadd_ps(dd, isum, _mm256_mul_ps(m, sx))
+    } else {
+        _mm256_mul_ps(dd, isum)
+    }
 }
 
 /// `out[a] = dot::<K>(row, &acts[a])` for up to [`TILE`] activation rows at once (products of
