@@ -8,8 +8,9 @@
 //! multiplications and additions (no fused multiply-add, whose rounding differs); the value
 //! sums keep 16 partial sums per coordinate, token `t` in lane `t mod 16` (tokens `i` then
 //! `i + 16` of each block), multiply then add, in token order, and reduce the lanes in one
-//! fixed tree. The AVX-512 path computes those lanes in registers; every other path runs the
-//! scalar loop, which performs the identical operations.
+//! fixed tree. The AVX-512 and AVX2 paths compute those lanes in registers (sixteen lanes in one
+//! register or two); every other path runs the scalar loop, which performs the identical
+//! operations.
 
 use crate::codec::TqMse;
 
@@ -212,6 +213,25 @@ fn accumulate(
             // (the kernel reads the first `d · 16`).
             unsafe {
                 super::x86::accumulate_block_avx512(
+                    values.block_codes(block),
+                    values.dim(),
+                    centroids,
+                    weights,
+                    padded,
+                    block * BLOCK,
+                    heads,
+                    lanes,
+                )
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && isa.is_available() {
+        for block in 0..values.blocks() {
+            // SAFETY: AVX2 was detected just above; the lengths are those of the AVX-512 call.
+            unsafe {
+                super::x86::accumulate_block_avx2(
                     values.block_codes(block),
                     values.dim(),
                     centroids,

@@ -188,3 +188,78 @@ pub(super) unsafe fn accumulate_block_avx512(
         }
     }
 }
+
+/// The centroids of eight 4-bit codes (the low bytes' values `0..16` widened to 32-bit lanes):
+/// two eight-entry permutes, chosen between by bit 3 of the code.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lookup16(low: __m256, high: __m256, codes: __m128i) -> __m256 {
+    let idx = _mm256_cvtepu8_epi32(codes);
+    let select = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx));
+    _mm256_blendv_ps(
+        _mm256_permutevar8x32_ps(low, idx),
+        _mm256_permutevar8x32_ps(high, idx),
+        select,
+    )
+}
+
+/// The AVX2 form of the scalar value accumulation in `attend` (as
+/// [`accumulate_block_avx512`]): lanes `0..8` and `8..16` of each coordinate and head in two
+/// registers, `+ w(first + i)·c[code]` then `+ w(first + 16 + i)·c[code]` — a multiplication
+/// then an addition, as the scalar loop does, so the same bits.
+///
+/// # Safety
+/// AVX2 must be available; `codes` must hold at least `d · 16` bytes, `weights`
+/// `heads · padded` values with `first + 32 ≤ padded`, and `lanes` `heads · d · 16` values.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn accumulate_block_avx2(
+    codes: &[u8],
+    d: usize,
+    centroids: &[f32; 16],
+    weights: &[f32],
+    padded: usize,
+    first: usize,
+    heads: usize,
+    lanes: &mut [f32],
+) {
+    assert!(codes.len() >= d * LANE_BYTES && first + BLOCK <= padded);
+    assert!(weights.len() >= heads * padded && lanes.len() >= heads * d * 16);
+    // SAFETY: `centroids` holds 16 f32: two loads of 8.
+    let (low, high) = unsafe {
+        (
+            _mm256_loadu_ps(centroids.as_ptr()),
+            _mm256_loadu_ps(centroids.as_ptr().add(8)),
+        )
+    };
+    let nibble = _mm_set1_epi8(0x0F);
+    for j in 0..d {
+        // SAFETY: `j < d`, so bytes 16·j .. 16·j + 16 lie in `codes` (asserted above).
+        let c = unsafe { _mm_loadu_si128(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+        let lo = _mm_and_si128(c, nibble);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(c), nibble);
+        // Tokens 0–7, 8–15 (low nibbles of bytes 0–7, 8–15), 16–23, 24–31 (high nibbles).
+        let t0 = lookup16(low, high, lo);
+        let t1 = lookup16(low, high, _mm_srli_si128::<8>(lo));
+        let t2 = lookup16(low, high, hi);
+        let t3 = lookup16(low, high, _mm_srli_si128::<8>(hi));
+        for h in 0..heads {
+            let w = h * padded + first;
+            let at = (h * d + j) * 16;
+            // SAFETY: `w + 32 ≤ heads · padded` and `at + 16 ≤ heads · d · 16` (asserted).
+            unsafe {
+                let wp = weights.as_ptr().add(w);
+                let lp = lanes.as_mut_ptr().add(at);
+                let a0 = _mm256_add_ps(_mm256_loadu_ps(lp), _mm256_mul_ps(_mm256_loadu_ps(wp), t0));
+                let a1 = _mm256_add_ps(
+                    _mm256_loadu_ps(lp.add(8)),
+                    _mm256_mul_ps(_mm256_loadu_ps(wp.add(8)), t1),
+                );
+                let a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wp.add(16)), t2));
+                let a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wp.add(24)), t3));
+                _mm256_storeu_ps(lp, a0);
+                _mm256_storeu_ps(lp.add(8), a1);
+            }
+        }
+    }
+}
