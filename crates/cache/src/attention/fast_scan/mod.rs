@@ -30,7 +30,8 @@
 //!
 //! **Limits of this first layout**: single-part TurboQuant_mse codes of b ≤ 4 bits
 //! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); its
-//! value side is slower than the fused kernel's (`tq bench scan --attention`); not yet wired
+//! value side is slower than the fused kernel's on AVX-512 (`tq bench scan --attention`; on AVX2
+//! a whole step is 1.05–1.1× the fused kernel at 4 bits, 0.8–0.95× at 2); not yet wired
 //! into [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the
 //! scalar loop, which gives the same integers.
 //!
