@@ -11,7 +11,8 @@
 //! With `--attention`, three more rows per (shape, T, b) time a whole decode step of one KV
 //! head's group (scores, softmax, values): the fused kernel over an f16 cache (`f16-attend`)
 //! and over a TurboQuant_mse b/b cache (`coded-attend`), and `fast_scan::attend` over the same
-//! widths in the fast-scan layout (`fast-scan-attend`); bytes read count keys and values.
+//! widths in the fast-scan layout (`fast-scan-attend`, and `fast-scan-int-attend` with the
+//! values summed in integers); bytes read count keys and values.
 //!
 //! Every round scores `--copies` independent key sets (round-robin, so the sets' bytes
 //! together exceed the last-level cache and come from memory, as a model's layers do) and the
@@ -26,7 +27,8 @@ use serde::Serialize;
 use tq_cache::CodecSpec;
 use tq_cache::attention::AttentionShape;
 use tq_cache::attention::fast_scan::{
-    AttendScratch, FastScanBlocks, FastScanStream, ScoreTable, attend, scores_heads,
+    AttendScratch, FastScanBlocks, FastScanStream, ScoreTable, ValueSums, attend, attend_with,
+    scores_heads,
 };
 use tq_cache::attention::simd::{
     CodedRun, Isa, KeyQueries, PlainKind, PlainRun, fused_attention_on, score_coded, score_plain,
@@ -69,7 +71,8 @@ struct ScanRow {
     shape: &'static str,
     tokens: usize,
     /// `f16`, `coded` or `fast-scan` (scores only), or `f16-attend`, `coded-attend`,
-    /// `fast-scan-attend` (whole steps, `--attention`).
+    /// `fast-scan-attend`, `fast-scan-int-attend` (whole steps, `--attention`; the last with
+    /// the values summed in integers, `ValueSums::Int8`).
     kernel: &'static str,
     /// Code width (`null` for f16).
     bits: Option<u8>,
@@ -218,11 +221,12 @@ fn attention_rows(
         scale,
     };
     let position = [tokens as u32 - 1];
-    let mut outs = vec![vec![0.0f32; queries.len()]; 3];
-    let [o1, o2, o3] = &mut outs[..] else {
-        unreachable!("three outputs")
+    let mut outs = vec![vec![0.0f32; queries.len()]; 4];
+    let [o1, o2, o3, o4] = &mut outs[..] else {
+        unreachable!("four outputs")
     };
     let mut scratch = AttendScratch::default();
+    let mut int_scratch = AttendScratch::default();
     let mut f16_step = || {
         for cache in &f16_caches {
             fused_attention_on(isa, cache, &queries, &position, attention, o1).expect("valid");
@@ -253,10 +257,36 @@ fn attention_rows(
             .expect("valid");
         }
     };
+    let mut int_step = || {
+        for (k, v) in &fast {
+            attend_with(
+                isa,
+                FastScanStream {
+                    blocks: k,
+                    codec: &key_codec,
+                },
+                FastScanStream {
+                    blocks: v,
+                    codec: &value_codec,
+                },
+                &queries,
+                scale,
+                o4,
+                &mut int_scratch,
+                ValueSums::Int8,
+            )
+            .expect("valid");
+        }
+    };
     let seconds = one.install(|| {
         interleaved_medians(
             args.repeats,
-            &mut [&mut f16_step, &mut coded_step, &mut fast_step],
+            &mut [
+                &mut f16_step,
+                &mut coded_step,
+                &mut fast_step,
+                &mut int_step,
+            ],
         )
     });
     let per_set: Vec<f64> = seconds.iter().map(|s| s / args.copies as f64).collect();
@@ -265,25 +295,31 @@ fn attention_rows(
         (tokens * d * 4) as u64,
         tokens as u64 * coded_bytes,
         (2 * tokens * fast[0].0.bytes_per_token()) as u64,
+        (2 * tokens * fast[0].0.bytes_per_token()) as u64,
     ];
-    Ok(["f16-attend", "coded-attend", "fast-scan-attend"]
-        .into_iter()
-        .enumerate()
-        .map(|(k, kernel)| {
-            let gb_per_s = bytes[k] as f64 / per_set[k] / 1e9;
-            ScanRow {
-                shape: shape.name,
-                tokens,
-                kernel,
-                bits: (k > 0).then_some(bits),
-                seconds: per_set[k],
-                ratio_vs_f16: per_set[0] / per_set[k],
-                bytes_read: bytes[k],
-                gb_per_s,
-                bandwidth_fraction: gb_per_s / bandwidth,
-            }
-        })
-        .collect())
+    Ok([
+        "f16-attend",
+        "coded-attend",
+        "fast-scan-attend",
+        "fast-scan-int-attend",
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(k, kernel)| {
+        let gb_per_s = bytes[k] as f64 / per_set[k] / 1e9;
+        ScanRow {
+            shape: shape.name,
+            tokens,
+            kernel,
+            bits: (k > 0).then_some(bits),
+            seconds: per_set[k],
+            ratio_vs_f16: per_set[0] / per_set[k],
+            bytes_read: bytes[k],
+            gb_per_s,
+            bandwidth_fraction: gb_per_s / bandwidth,
+        }
+    })
+    .collect())
 }
 
 /// Runs `tq bench scan`.

@@ -15,7 +15,7 @@
 use crate::codec::TqMse;
 
 use super::layout::LANE_BYTES;
-use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads};
+use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads, values_int};
 use crate::attention::simd::Isa;
 
 /// Lanes of partial sums per coordinate.
@@ -30,6 +30,20 @@ pub struct AttendScratch {
     weights: Vec<f32>,
     lanes: Vec<f32>,
     reduced: Vec<f32>,
+    weight_bytes: Vec<[u8; BLOCK]>,
+    block_scales: Vec<f32>,
+}
+
+/// How [`attend_with`] sums the values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ValueSums {
+    /// In f32: each token's weight times its centroid, added to one of 16 lanes (what
+    /// [`attend`] does).
+    #[default]
+    Float,
+    /// In integers: per head and block, 7-bit weights times 8-bit centroids summed exactly,
+    /// then scaled (the module `values_int`: its error bound and why no sum saturates).
+    Int8,
 }
 
 /// One stream (keys or values) in the fast-scan layout with the codec that encoded it (its
@@ -44,7 +58,7 @@ pub struct FastScanStream<'a> {
 
 /// One query token's attention for `H = queries.len() / d` query heads sharing one KV head:
 /// `out_h = Σ_t softmax_t(scale · ⟨q_h, k_t⟩) · v_t`, keys and values TurboQuant_mse codes in
-/// the fast-scan layout.
+/// the fast-scan layout ([`attend_with`] in [`ValueSums::Float`]).
 pub fn attend(
     isa: Isa,
     keys: FastScanStream<'_>,
@@ -53,6 +67,31 @@ pub fn attend(
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttendScratch,
+) -> Result<(), FastScanError> {
+    attend_with(
+        isa,
+        keys,
+        values,
+        queries,
+        scale,
+        out,
+        scratch,
+        ValueSums::Float,
+    )
+}
+
+/// [`attend`] with the values summed as `sums` says. Either way the output is the same bits
+/// on every instruction set.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_with(
+    isa: Isa,
+    keys: FastScanStream<'_>,
+    values: FastScanStream<'_>,
+    queries: &[f32],
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttendScratch,
+    sums: ValueSums,
 ) -> Result<(), FastScanError> {
     let (key_codec, value_codec) = (keys.codec, values.codec);
     let (keys, values) = (keys.blocks, values.blocks);
@@ -123,9 +162,43 @@ pub fn attend(
             *w = *w * values.norm(t) * inv;
         }
     }
+    let value_centroids = value_codec.codebook().centroids_f32();
+    if sums == ValueSums::Int8 {
+        let (table, gamma) = values_int::centroid_bytes(value_centroids);
+        let pd = values.padded_dim();
+        s.lanes.clear();
+        s.lanes.resize(heads * pd * 4, 0.0);
+        s.weight_bytes.resize(heads, [0; BLOCK]);
+        s.block_scales.resize(heads, 0.0);
+        for block in 0..values.blocks() {
+            for h in 0..heads {
+                let w = &s.weights[h * padded + block * BLOCK..h * padded + (block + 1) * BLOCK];
+                s.block_scales[h] = values_int::weight_bytes(w, &mut s.weight_bytes[h]);
+            }
+            accumulate_int(
+                isa,
+                values.block_codes(block),
+                pd,
+                &table,
+                &s.weight_bytes[..heads],
+                &s.block_scales[..heads],
+                &mut s.lanes,
+            );
+        }
+        s.reduced.resize(d, 0.0);
+        for h in 0..heads {
+            for (j, r) in s.reduced.iter_mut().enumerate() {
+                *r = values_int::reduce(&s.lanes[(h * pd + j) * 4..(h * pd + j + 1) * 4], gamma);
+            }
+            value_codec
+                .rotation()
+                .apply_inverse(&s.reduced, &mut out[h * d..(h + 1) * d])
+                .map_err(|e| FastScanError::Codec(e.to_string()))?;
+        }
+        return Ok(());
+    }
     s.lanes.clear();
     s.lanes.resize(heads * d * LANES, 0.0);
-    let value_centroids = value_codec.codebook().centroids_f32();
     let mut centroids = [0.0f32; 16];
     centroids[..value_centroids.len()].copy_from_slice(value_centroids);
     accumulate(
@@ -150,6 +223,31 @@ pub fn attend(
     Ok(())
 }
 
+/// One block's integer value sums into `lanes` (`values_int::accumulate_block`), in AVX2
+/// registers where the CPU has them (AVX-512 CPUs too), else the reference loop: the same
+/// integers and float steps.
+fn accumulate_int(
+    isa: Isa,
+    codes: &[u8],
+    padded_dim: usize,
+    table: &[i8; 16],
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+        // SAFETY: AVX2 was detected just above; `padded_dim` is a multiple of 4, `codes` a
+        // whole block, one weight row and scale per head, `lanes` `heads · padded_dim · 4`.
+        unsafe {
+            super::x86::accumulate_block_int_avx2(codes, padded_dim, table, weights, scales, lanes)
+        };
+        return;
+    }
+    let _ = isa;
+    values_int::accumulate_block(codes, padded_dim, table, weights, scales, lanes);
+}
+
 /// `e^x` for `x ≤ 0` (0 below −87) from plain multiplications and additions, branch-free so
 /// a loop of it vectorizes into the same operations per lane: `2^n · p(r)` with
 /// `r = x − n·ln 2` and a degree-6 Taylor polynomial of `e^r` on `|r| ≤ ln2/2` (relative
@@ -160,13 +258,17 @@ fn exp_det(x: f32) -> f32 {
     // Round to nearest even by adding and subtracting 1.5·2^23 (|x·log2 e| < 2^22 here):
     // plain additions, where `round_ties_even` is a library call without SSE4.1.
     const ROUND: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` as an integer from the bits of `shifted`, whose last place is 1 (the same value as
+    // `n as i32`, without the saturating float-to-int conversion the compiler keeps scalar).
+    let k = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    p * f32::from_bits(((k + 127) as u32) << 23)
 }
 
 /// `Σ values` in 16 lanes (value `t` into lane `t mod 16`) reduced by [`reduce_lanes`].

@@ -126,6 +126,11 @@ impl FastScanBlocks {
         self.norms[token]
     }
 
+    /// The dimension padded with zero codes to a multiple of 4.
+    pub(super) fn padded_dim(&self) -> usize {
+        self.padded_dim
+    }
+
     /// The code bytes of block `block` (`padded_dim · 16`).
     pub(super) fn block_codes(&self, block: usize) -> &[u8] {
         let stride = self.padded_dim * LANE_BYTES;

@@ -26,14 +26,18 @@
 //!
 //! [`attend`] completes a decode step on the layout: scores, a softmax, and the values'
 //! weighted sum from the same layout in the rotated domain, one inverse rotation per output,
-//! the same bits on every instruction set.
+//! the same bits on every instruction set. [`attend_with`] with [`ValueSums::Int8`] sums the
+//! values in integers too (7-bit weights per block and head, 8-bit centroids, `vpmaddubsw`),
+//! with a derived and tested error bound.
 //!
 //! **Limits of this first layout**: single-part TurboQuant_mse codes of b ≤ 4 bits
 //! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); its
-//! value side is slower than the fused kernel's on AVX-512 (`tq bench scan --attention`; on AVX2
-//! a whole step is 1.05–1.1× the fused kernel at 4 bits, 0.8–0.95× at 2); not yet wired
-//! into [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the
-//! scalar loop, which gives the same integers.
+//! f32 value side is slower than the fused kernel's on AVX-512 (`tq bench scan --attention`);
+//! on AVX2 a whole step in f32 is 1.0–1.1× the fused kernel, with integer value sums
+//! 1.4–1.75× the f16 kernel (docs/results.md); not yet wired into
+//! [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On
+//! aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the scalar loops,
+//! which give the same integers; AVX-512 CPUs take the AVX2 kernel of the integer value sums.
 //!
 //! ```
 //! use tq_cache::attention::fast_scan::{FastScanBlocks, ScoreTable, scores};
@@ -55,10 +59,11 @@ mod attend;
 mod layout;
 mod scalar;
 mod table;
+mod values_int;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attend::{AttendScratch, FastScanStream, attend};
+pub use attend::{AttendScratch, FastScanStream, ValueSums, attend, attend_with};
 pub use layout::FastScanBlocks;
 pub use table::ScoreTable;
 

@@ -263,3 +263,71 @@ pub(super) unsafe fn accumulate_block_avx2(
         }
     }
 }
+
+/// The AVX2 form of `values_int::accumulate_block`: two coordinates per 32-byte load (one per
+/// 128-bit lane), `vpshufb` for the 32 tokens' centroid bytes, `vpmaddubsw` with the weight
+/// bytes and `vpmaddwd` by ones for the four partial sums per coordinate — the same integers —
+/// then the same multiplication by the head's scale and addition.
+///
+/// # Safety
+/// AVX2 must be available; `codes` must hold `padded_dim · 16` bytes with `padded_dim` even,
+/// `weights` and `scales` one entry per head, and `lanes` `heads · padded_dim · 4` values.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn accumulate_block_int_avx2(
+    codes: &[u8],
+    padded_dim: usize,
+    table: &[i8; 16],
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    let heads = weights.len();
+    assert!(padded_dim.is_multiple_of(2) && codes.len() >= padded_dim * LANE_BYTES);
+    assert!(scales.len() == heads && lanes.len() >= heads * padded_dim * 4);
+    // SAFETY: `table` holds 16 bytes, each weight row 32.
+    let lut = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast())) };
+    let nibble = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    // Each head's weight bytes (tokens 0–15, then 16–31) in both lanes, and its scale.
+    let mut per_head = [(
+        _mm256_setzero_si256(),
+        _mm256_setzero_si256(),
+        _mm256_setzero_ps(),
+    ); 4];
+    for (chunk, (ws, ss)) in weights.chunks(4).zip(scales.chunks(4)).enumerate() {
+        for (k, (u, &scale)) in ws.iter().zip(ss).enumerate() {
+            // SAFETY: `u` holds 32 bytes.
+            per_head[k] = unsafe {
+                (
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(u.as_ptr().cast())),
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(u.as_ptr().add(16).cast())),
+                    _mm256_set1_ps(scale),
+                )
+            };
+        }
+        let first = 4 * chunk;
+        for j in (0..padded_dim).step_by(2) {
+            // SAFETY: `j + 1 < padded_dim`, so bytes 16·j .. 16·j + 32 lie in `codes`.
+            let c = unsafe { _mm256_loadu_si256(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+            let low = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble));
+            let high =
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), nibble));
+            for (k, &(u_low, u_high, s)) in per_head.iter().enumerate().take(ws.len()) {
+                let sums = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(u_low, low), ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(u_high, high), ones),
+                );
+                // SAFETY: the partials of coordinates j, j + 1 of head `first + k < heads`
+                // are 8 floats inside `lanes` (asserted above).
+                unsafe {
+                    let lp = lanes.as_mut_ptr().add(((first + k) * padded_dim + j) * 4);
+                    let acc = _mm256_add_ps(
+                        _mm256_loadu_ps(lp),
+                        _mm256_mul_ps(s, _mm256_cvtepi32_ps(sums)),
+                    );
+                    _mm256_storeu_ps(lp, acc);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The values' weighted sum in integers ([`ValueSums::Int8`](super::ValueSums::Int8)).
+//!
+//! Per head `h` and block `b` of 32 tokens the weights `w_t = p_t·‖v_t‖/Σp` (non-negative)
+//! become 7-bit integers `u_t = round(w_t / s_hb)`, `s_hb = max_{t ∈ b} w_t / 127`, and the
+//! value codebook 8-bit integers `e_k = round(c_k / γ)`, `γ = max_k |c_k| / 127`. A block's
+//! contribution to rotated coordinate `j` is then an exact integer, `Σ_t u_t·e[code(t, j)]`
+//! (`|·| ≤ 32·127·127 < 2^24`), computed as `vpmaddubsw` computes it: one byte shuffle looks
+//! up 32 tokens' centroids, one multiply-add pairs them with the weights (a pair's sum stays
+//! within `2·127·127 < 2^15`, so nothing saturates), one more widens to four 32-bit partial
+//! sums per coordinate — partial `m` over tokens `4m..4m+4` and `16+4m..16+4m+4`. Each partial
+//! is then scaled by `s_hb` (a multiplication, then an addition to its running f32 sum, in
+//! block order), and the output coordinate is `γ·((P_0 + P_1) + (P_2 + P_3))`. The integers
+//! are exact and the float steps fixed, so every instruction set gives the same bits.
+//!
+//! **Error.** Against the exact `Σ_t w_t·c[code]`: rounding a weight moves it by at most
+//! `s_hb/2`, a centroid by at most `γ/2`, so coordinate `j` of a head moves by at most
+//! `Σ_b 32·(s_hb/2)·(max|c| + γ/2) + Σ_t w_t·γ/2` (plus f32 rounding) — tested, and compared
+//! with the value codec's own error in `tests/fast_scan.rs`: 0.6–1.2% of it at b = 2, up to 9%
+//! at b = 4, where rounding the centroids to bytes (`γ/√12` per coordinate) dominates.
+//!
+//! **Speed.** Per block, two coordinates and a head take two `vpmaddubsw`, two `vpmaddwd`, an
+//! integer add and three float operations, against 32 multiplications and additions per
+//! coordinate and head in the f32 lanes (`tq bench scan --attention`, docs/results.md).
+
+use super::BLOCK;
+use super::layout::LANE_BYTES;
+
+/// The largest magnitude of a quantized weight or centroid.
+const LEVELS: f32 = 127.0;
+
+/// `(e, γ)`: the centroids (up to 16) as signed bytes `round(c_k / γ)`, padded with zeros to
+/// 16 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
+pub(super) fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
+    let max = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
+    let gamma = max / LEVELS;
+    let mut e = [0i8; 16];
+    if gamma > 0.0 {
+        for (e, c) in e.iter_mut().zip(centroids) {
+            *e = round_half_even(c / gamma).clamp(-LEVELS, LEVELS) as i8;
+        }
+    }
+    (e, gamma)
+}
+
+/// `1.5·2^23`: added to `|x| < 2^22`, it rounds `x` to an integer (ties to even).
+const ROUND: f32 = 12_582_912.0;
+
+/// `x` rounded to the nearest integer, ties to even, for `|x| < 2^22`: one addition and one
+/// subtraction of [`ROUND`] (a library `round` costs more).
+#[inline]
+fn round_half_even(x: f32) -> f32 {
+    (x + ROUND) - ROUND
+}
+
+/// One head's weights of one block (32 values, non-negative) as `(u, s)`: bytes
+/// `u_t = round(w_t / s)` (tokens `0..16` then `16..32`) and the block's scale
+/// `s = max w_t / 127` (zero, with every `u_t` zero, for a block of zero weights).
+pub(super) fn weight_bytes(weights: &[f32], out: &mut [u8; BLOCK]) -> f32 {
+    let max = weights.iter().fold(0.0f32, |m, &w| m.max(w));
+    let scale = max / LEVELS;
+    if scale > 0.0 {
+        let inverse = 1.0 / scale;
+        for (u, &w) in out.iter_mut().zip(weights) {
+            // `w·inverse` lies in [0, 127]: adding 1.5·2^23 rounds it to an integer (ties to
+            // even) held in the last mantissa bits, read without a float-to-int conversion
+            // (which the compiler keeps scalar).
+            let shifted = (w * inverse).min(LEVELS) + ROUND;
+            *u = (shifted.to_bits() - ROUND.to_bits()) as u8;
+        }
+    } else {
+        out.fill(0);
+    }
+    scale
+}
+
+/// The reference loop: for each coordinate `j < padded_dim` and head `h`, the four partial
+/// sums of the block times the head's scale, added to `lanes[(h·padded_dim + j)·4 + m]`.
+///
+/// `weights[h]` holds head `h`'s 32 weight bytes of this block and `scales[h]` its scale.
+pub(super) fn accumulate_block(
+    codes: &[u8],
+    padded_dim: usize,
+    table: &[i8; 16],
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    for j in 0..padded_dim {
+        let lane = &codes[j * LANE_BYTES..(j + 1) * LANE_BYTES];
+        for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
+            let mut partial = [0i32; 4];
+            for (i, &byte) in lane.iter().enumerate() {
+                let low = i32::from(u[i]) * i32::from(table[usize::from(byte & 0x0F)]);
+                let high = i32::from(u[i + LANE_BYTES]) * i32::from(table[usize::from(byte >> 4)]);
+                partial[i / 4] += low + high;
+            }
+            let at = (h * padded_dim + j) * 4;
+            for (l, &p) in lanes[at..at + 4].iter_mut().zip(&partial) {
+                *l += scale * p as f32;
+            }
+        }
+    }
+}
+
+/// A coordinate's output from its four partial sums: `γ·((P_0 + P_1) + (P_2 + P_3))`.
+#[inline]
+pub(super) fn reduce(partials: &[f32], gamma: f32) -> f32 {
+    gamma * ((partials[0] + partials[1]) + (partials[2] + partials[3]))
+}
