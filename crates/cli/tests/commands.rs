@@ -212,9 +212,17 @@ fn bench_scan_json_rows() {
         "--attention",
     ]);
     let with_steps = with_steps.as_array().unwrap();
-    // Per shape and width three whole-step rows more: f16, coded and fast-scan attention.
-    assert_eq!(with_steps.len(), 2 * (1 + 2 * 2 + 2 * 3), "{with_steps:?}");
-    assert!(with_steps.iter().any(|r| r["kernel"] == "fast-scan-attend"));
+    // Per shape and width four whole-step rows more: f16, coded and fast-scan attention, the
+    // last with f32 and with integer value sums.
+    assert_eq!(with_steps.len(), 2 * (1 + 2 * 2 + 2 * 4), "{with_steps:?}");
+    for kernel in ["fast-scan-attend", "fast-scan-int-attend"] {
+        assert!(
+            with_steps
+                .iter()
+                .any(|r| r["kernel"] == kernel && r["bytes_read"].as_u64() > Some(0)),
+            "{kernel}"
+        );
+    }
     let (ok, _, stderr) = tq(&["bench", "scan", "--bits", "5"]);
     assert!(!ok && stderr.contains("1 to 4 bits"), "{stderr}");
 }
