@@ -59,12 +59,12 @@ pub(super) fn weight_bytes(weights: &[f32], out: &mut [u8; BLOCK]) -> f32 {
     let max = weights.iter().fold(0.0f32, |m, &w| m.max(w));
     let scale = max / LEVELS;
     if scale > 0.0 {
-        let inverse = 1.0 / scale;
         for (u, &w) in out.iter_mut().zip(weights) {
-            // `w·inverse` lies in [0, 127]: adding 1.5·2^23 rounds it to an integer (ties to
-            // even) held in the last mantissa bits, read without a float-to-int conversion
-            // (which the compiler keeps scalar).
-            let shifted = (w * inverse).min(LEVELS) + ROUND;
+            // `w / scale` lies in [0, 127] (a division, not a multiplication by `1/scale`,
+            // which overflows for a subnormal scale and turns a zero weight into NaN): adding
+            // 1.5·2^23 rounds it to an integer (ties to even) held in the last mantissa bits,
+            // read without a float-to-int conversion (which the compiler keeps scalar).
+            let shifted = (w / scale).min(LEVELS) + ROUND;
             *u = (shifted.to_bits() - ROUND.to_bits()) as u8;
         }
     } else {
@@ -106,4 +106,39 @@ pub(super) fn accumulate_block(
 #[inline]
 pub(super) fn reduce(partials: &[f32], gamma: f32) -> f32 {
     gamma * ((partials[0] + partials[1]) + (partials[2] + partials[3]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Weights round to the nearest step of their block's scale, the largest to 127, zeros
+    /// to 0 — also when the scale is subnormal, where `1/scale` would overflow (there the
+    /// scale itself is coarse: the largest weight may take fewer than 127 steps of it).
+    #[test]
+    fn weight_bytes_round_to_the_blocks_steps() {
+        for max in [1.0f32, 3.5e-3, 1e-30, 1e-38, 1e-43] {
+            let mut weights = [0.0f32; BLOCK];
+            for (t, w) in weights.iter_mut().enumerate() {
+                *w = max * (t % 11) as f32 / 10.0;
+            }
+            let mut bytes = [0u8; BLOCK];
+            let scale = weight_bytes(&weights, &mut bytes);
+            assert_eq!(scale, max / 127.0);
+            for (t, (&u, &w)) in bytes.iter().zip(&weights).enumerate() {
+                let exact = f64::from(w) / f64::from(scale);
+                assert!(
+                    (f64::from(u) - exact).abs() <= 0.5 + 1e-3 * exact.max(1.0),
+                    "max {max:e}, token {t}: {u} for {exact}"
+                );
+            }
+            assert_eq!(bytes[0], 0);
+            if scale.is_normal() {
+                assert_eq!(bytes[10], 127, "max {max:e}");
+            }
+        }
+        let mut bytes = [1u8; BLOCK];
+        assert_eq!(weight_bytes(&[0.0; BLOCK], &mut bytes), 0.0);
+        assert_eq!(bytes, [0; BLOCK]);
+    }
 }
