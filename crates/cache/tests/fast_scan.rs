@@ -424,6 +424,42 @@ fn encoded(dim: usize, bits: u8, tokens: usize, seed: u64) -> Encoded {
     }
 }
 
+/// Head `q`'s byte table: the query rotated by the key codec, times `scale`.
+fn head_table(e: &Encoded, q: &[f32], scale: f32, bits: u8) -> ScoreTable {
+    let mut rotated = vec![0.0f32; q.len()];
+    e.key_codec.rotate_query(q, &mut rotated).unwrap();
+    rotated.iter_mut().for_each(|v| *v *= scale);
+    ScoreTable::new(&rotated, e.key_codec.codebook().centroids_f32(), bits).unwrap()
+}
+
+/// The softmax in f64 of `scale·⟨k, q⟩` over `keys`.
+fn exact_probabilities(keys: &[Vec<f32>], q: &[f32], scale: f32) -> Vec<f64> {
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|k| {
+            k.iter()
+                .zip(q)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum::<f64>()
+                * f64::from(scale)
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let sum: f64 = p.iter().sum();
+    p.iter().map(|p| p / sum).collect()
+}
+
+/// The softmax in f64 of the table's own scores of the keys (scalar loop, f32 scores).
+fn table_probabilities(e: &Encoded, table: &ScoreTable) -> Vec<f64> {
+    let mut scores_f32 = vec![0.0f32; e.keys.len()];
+    scores(Isa::Scalar, table, &e.keys, &mut scores_f32).unwrap();
+    let m = scores_f32.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f64> = scores_f32.iter().map(|s| f64::from(s - m).exp()).collect();
+    let sum: f64 = p.iter().sum();
+    p.iter().map(|p| p / sum).collect()
+}
+
 /// The fast-scan attention against exact attention (f64) over the decoded keys and values.
 ///
 /// The only approximation is the score table: each score moves by at most
@@ -453,50 +489,21 @@ fn attention_matches_exact_attention_within_the_table_bound() {
                 .fold(0.0f32, f32::max);
             for h in 0..heads {
                 let q = &queries[h * dim..(h + 1) * dim];
-                let mut rotated = vec![0.0f32; dim];
-                e.key_codec.rotate_query(q, &mut rotated).unwrap();
-                rotated.iter_mut().for_each(|v| *v *= scale);
-                let table = ScoreTable::new(&rotated, e.key_codec.codebook().centroids_f32(), bits)
-                    .unwrap();
+                let table = head_table(&e, q, scale, bits);
                 // The stored norms are the f16 norms of the keys, within 0.1% of the decoded ones.
                 let eps = 1.001 * f64::from(max_norm) * f64::from(table.error_bound());
-                let exact_scores: Vec<f64> = e
-                    .decoded_keys
-                    .iter()
-                    .map(|k| {
-                        k.iter()
-                            .zip(q)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum::<f64>()
-                            * f64::from(scale)
-                    })
-                    .collect();
-                let m = exact_scores
-                    .iter()
-                    .cloned()
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = exact_scores.iter().map(|s| (s - m).exp()).collect();
-                let sum: f64 = p.iter().sum();
+                let p = exact_probabilities(&e.decoded_keys, q, scale);
                 let bound = ((2.0 * eps).exp() - 1.0) * max_v + 1e-4 * max_v;
                 // And against the same attention in f64 from the table's own scores (tested
                 // above against the scalar integers and the bound): only f32 rounding may
                 // differ there, so a wrong weight, norm or scale of even 1% fails.
-                let mut table_scores = vec![0.0f32; tokens];
-                scores(Isa::Scalar, &table, &e.keys, &mut table_scores).unwrap();
-                let tm = table_scores
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let tp: Vec<f64> = table_scores
-                    .iter()
-                    .map(|s| f64::from(s - tm).exp())
-                    .collect();
-                let tsum: f64 = tp.iter().sum();
+                let tp = table_probabilities(&e, &table);
                 for j in 0..dim {
                     let exact: f64 = (0..tokens)
-                        .map(|t| p[t] / sum * f64::from(e.decoded_values[t][j]))
+                        .map(|t| p[t] * f64::from(e.decoded_values[t][j]))
                         .sum();
                     let same_scores: f64 = (0..tokens)
-                        .map(|t| tp[t] / tsum * f64::from(e.decoded_values[t][j]))
+                        .map(|t| tp[t] * f64::from(e.decoded_values[t][j]))
                         .sum();
                     let got = f64::from(out[h * dim + j]);
                     assert!(
@@ -658,23 +665,9 @@ fn integer_value_sums_stay_within_their_bound() {
             let (mut extra, mut own) = (0.0f64, 0.0f64);
             for h in 0..heads {
                 let q = &queries[h * dim..(h + 1) * dim];
-                let mut rotated = vec![0.0f32; dim];
-                e.key_codec.rotate_query(q, &mut rotated).unwrap();
-                rotated.iter_mut().for_each(|v| *v *= scale);
-                let table = ScoreTable::new(&rotated, e.key_codec.codebook().centroids_f32(), bits)
-                    .unwrap();
-                let mut table_scores = vec![0.0f32; tokens];
-                scores(Isa::Scalar, &table, &e.keys, &mut table_scores).unwrap();
-                let m = table_scores
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let p: Vec<f64> = table_scores
-                    .iter()
-                    .map(|s| f64::from(s - m).exp())
-                    .collect();
-                let sum: f64 = p.iter().sum();
+                let p = table_probabilities(&e, &head_table(&e, q, scale, bits));
                 let w: Vec<f64> = (0..tokens)
-                    .map(|t| p[t] / sum * f64::from(e.value_norms[t]))
+                    .map(|t| p[t] * f64::from(e.value_norms[t]))
                     .collect();
                 let per_coordinate: f64 = w
                     .chunks(BLOCK)
@@ -694,26 +687,10 @@ fn integer_value_sums_stay_within_their_bound() {
                     "d = {dim}, b = {bits}, T = {tokens}, head {h}: ‖int − float‖ {diff} > {bound}"
                 );
                 // Exact attention of the uncoded vectors.
-                let exact_scores: Vec<f64> = e
-                    .original_keys
-                    .iter()
-                    .map(|k| {
-                        k.iter()
-                            .zip(q)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum::<f64>()
-                            * f64::from(scale)
-                    })
-                    .collect();
-                let em = exact_scores
-                    .iter()
-                    .cloned()
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let ep: Vec<f64> = exact_scores.iter().map(|s| (s - em).exp()).collect();
-                let esum: f64 = ep.iter().sum();
+                let ep = exact_probabilities(&e.original_keys, q, scale);
                 for j in 0..dim {
                     let exact: f64 = (0..tokens)
-                        .map(|t| ep[t] / esum * f64::from(e.original_values[t][j]))
+                        .map(|t| ep[t] * f64::from(e.original_values[t][j]))
                         .sum();
                     own += (f64::from(float[h * dim + j]) - exact).powi(2);
                 }
