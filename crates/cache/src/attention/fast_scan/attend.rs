@@ -185,17 +185,15 @@ pub fn attend_with(
                 &mut s.lanes,
             );
         }
-        s.reduced.resize(d, 0.0);
-        for h in 0..heads {
-            for (j, r) in s.reduced.iter_mut().enumerate() {
-                *r = values_int::reduce(&s.lanes[(h * pd + j) * 4..(h * pd + j + 1) * 4], gamma);
-            }
-            value_codec
-                .rotation()
-                .apply_inverse(&s.reduced, &mut out[h * d..(h + 1) * d])
-                .map_err(|e| FastScanError::Codec(e.to_string()))?;
-        }
-        return Ok(());
+        return rotate_back(
+            value_codec,
+            &s.lanes,
+            pd,
+            4,
+            &mut s.reduced,
+            out,
+            |partials| values_int::reduce(partials, gamma),
+        );
     }
     s.lanes.clear();
     s.lanes.resize(heads * d * LANES, 0.0);
@@ -210,14 +208,39 @@ pub fn attend_with(
         heads,
         &mut s.lanes,
     );
-    s.reduced.resize(d, 0.0);
-    for h in 0..heads {
-        for (j, r) in s.reduced.iter_mut().enumerate() {
-            *r = reduce_lanes(&s.lanes[(h * d + j) * LANES..(h * d + j + 1) * LANES]);
+    rotate_back(
+        value_codec,
+        &s.lanes,
+        d,
+        LANES,
+        &mut s.reduced,
+        out,
+        reduce_lanes,
+    )
+}
+
+/// Each head's output from its value sums in the rotated domain: coordinate `j < d` of head
+/// `h` is `reduce` of its `width` partial sums at `lanes[(h·row + j)·width ..]` (`row`
+/// coordinates per head), then the value codec's inverse rotation, one per head.
+fn rotate_back(
+    codec: &TqMse,
+    lanes: &[f32],
+    row: usize,
+    width: usize,
+    reduced: &mut Vec<f32>,
+    out: &mut [f32],
+    reduce: impl Fn(&[f32]) -> f32,
+) -> Result<(), FastScanError> {
+    let d = codec.dim();
+    reduced.resize(d, 0.0);
+    for (h, out) in out.chunks_exact_mut(d).enumerate() {
+        for (j, r) in reduced.iter_mut().enumerate() {
+            let at = (h * row + j) * width;
+            *r = reduce(&lanes[at..at + width]);
         }
-        value_codec
+        codec
             .rotation()
-            .apply_inverse(&s.reduced, &mut out[h * d..(h + 1) * d])
+            .apply_inverse(reduced, out)
             .map_err(|e| FastScanError::Codec(e.to_string()))?;
     }
     Ok(())
