@@ -27,8 +27,7 @@ use serde::Serialize;
 use tq_cache::CodecSpec;
 use tq_cache::attention::AttentionShape;
 use tq_cache::attention::fast_scan::{
-    AttendScratch, FastScanBlocks, FastScanStream, ScoreTable, ValueSums, attend, attend_with,
-    scores_heads,
+    AttendScratch, FastScanBlocks, FastScanStream, ScoreTable, ValueSums, attend_with, scores_heads,
 };
 use tq_cache::attention::simd::{
     CodedRun, Isa, KeyQueries, PlainKind, PlainRun, fused_attention_on, score_coded, score_plain,
@@ -237,47 +236,25 @@ fn attention_rows(
             fused_attention_on(isa, cache, &queries, &position, attention, o2).expect("valid");
         }
     };
-    let mut fast_step = || {
+    // One decode step per fast-scan cache, the values summed as `sums` says.
+    let fast_steps = |sums: ValueSums, out: &mut [f32], scratch: &mut AttendScratch| {
         for (k, v) in &fast {
-            attend(
-                isa,
-                FastScanStream {
-                    blocks: k,
-                    codec: &key_codec,
-                },
-                FastScanStream {
-                    blocks: v,
-                    codec: &value_codec,
-                },
-                &queries,
-                scale,
-                o3,
-                &mut scratch,
-            )
-            .expect("valid");
-        }
-    };
-    let mut int_step = || {
-        for (k, v) in &fast {
+            let stream = |blocks, codec| FastScanStream { blocks, codec };
             attend_with(
                 isa,
-                FastScanStream {
-                    blocks: k,
-                    codec: &key_codec,
-                },
-                FastScanStream {
-                    blocks: v,
-                    codec: &value_codec,
-                },
+                stream(k, &key_codec),
+                stream(v, &value_codec),
                 &queries,
                 scale,
-                o4,
-                &mut int_scratch,
-                ValueSums::Int8,
+                out,
+                scratch,
+                sums,
             )
             .expect("valid");
         }
     };
+    let mut fast_step = || fast_steps(ValueSums::Float, o3, &mut scratch);
+    let mut int_step = || fast_steps(ValueSums::Int8, o4, &mut int_scratch);
     let seconds = one.install(|| {
         interleaved_medians(
             args.repeats,
@@ -291,11 +268,12 @@ fn attention_rows(
     });
     let per_set: Vec<f64> = seconds.iter().map(|s| s / args.copies as f64).collect();
     let coded_bytes = 2 * (key_codec.bytes_per_vector() as u64);
+    let fast_bytes = (2 * tokens * fast[0].0.bytes_per_token()) as u64;
     let bytes = [
         (tokens * d * 4) as u64,
         tokens as u64 * coded_bytes,
-        (2 * tokens * fast[0].0.bytes_per_token()) as u64,
-        (2 * tokens * fast[0].0.bytes_per_token()) as u64,
+        fast_bytes,
+        fast_bytes,
     ];
     Ok([
         "f16-attend",
