@@ -515,7 +515,8 @@ fn q8_as_f32<'w>(codes: &[u32], steps: &[f16], d: usize, words: &'w mut Vec<u32>
     {
         // Four codes per word, written four at a time: a loop of fixed-width steps that the
         // compiler vectorizes (the per-byte iterator chain this replaces did not, and was a
-        // third of a growing window's decode step at 16K tokens).
+        // third of a growing window's decode step at 16K tokens). The partial last word stays
+        // apart: one `chunks_mut(4)` loop over both measured 1.15× slower.
         let step = step.to_f32();
         let mut quads = out.chunks_exact_mut(4);
         for (quad, word) in (&mut quads).zip(record) {
