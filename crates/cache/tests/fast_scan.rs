@@ -161,6 +161,17 @@ fn long_dimensions_widen_before_the_lanes_overflow() {
             out.iter().all(|&s| (s - dim as f32).abs() < 1e-2),
             "{out:?}"
         );
+        // The kernels that score several heads per pass widen their lanes too.
+        for heads in 2..=5 {
+            let tables = vec![table.clone(); heads];
+            let mut all = vec![0.0f32; heads * 40];
+            scores_heads(isa, &tables, &keys, &mut all).unwrap();
+            assert!(
+                all.chunks_exact(40).all(|head| head == &out[..]),
+                "{}, {heads} heads",
+                isa.name()
+            );
+        }
     }
 }
 
@@ -187,23 +198,35 @@ fn parallel_blocks_give_the_sequential_scores() {
     }
 }
 
-/// Several heads at once give each head's own scores, bit for bit.
+/// Several heads at once give each head's own scores, bit for bit, on every instruction set
+/// and for head counts that fill the kernels' groups (two heads per pass on AVX2, four on
+/// AVX-512) or leave a partial one.
 #[test]
 fn heads_at_once_give_each_heads_scores() {
     let Case {
         keys, centroids, ..
     } = random_case(64, 3, 150, 9);
     let mut rng = ChaCha20Rng::seed_from_u64(10);
-    let tables: Vec<ScoreTable> = (0..3)
+    let tables: Vec<ScoreTable> = (0..7)
         .map(|_| ScoreTable::new(&gaussian(64, &mut rng), &centroids, 3).unwrap())
         .collect();
-    let mut all = vec![0.0f32; 3 * 150];
-    scores_heads(Isa::detect(), &tables, &keys, &mut all).unwrap();
-    for (h, table) in tables.iter().enumerate() {
-        let mut one = vec![0.0f32; 150];
-        scores(Isa::Scalar, table, &keys, &mut one).unwrap();
-        assert_eq!(&all[h * 150..(h + 1) * 150], &one[..], "head {h}");
+    for isa in Isa::available() {
+        for heads in 1..=tables.len() {
+            let mut all = vec![0.0f32; heads * 150];
+            scores_heads(isa, &tables[..heads], &keys, &mut all).unwrap();
+            for (h, table) in tables[..heads].iter().enumerate() {
+                let mut one = vec![0.0f32; 150];
+                scores(Isa::Scalar, table, &keys, &mut one).unwrap();
+                assert_eq!(
+                    &all[h * 150..(h + 1) * 150],
+                    &one[..],
+                    "{}: head {h} of {heads}",
+                    isa.name()
+                );
+            }
+        }
     }
+    let mut all = vec![0.0f32; 3 * 150];
     assert!(matches!(
         scores_heads(Isa::Scalar, &tables, &keys, &mut all[1..]),
         Err(FastScanError::LengthMismatch { .. })

@@ -15,11 +15,9 @@
 use crate::codec::TqMse;
 
 use super::layout::LANE_BYTES;
-use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads, values_int};
+use super::weights::LANES;
+use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads, values_int, weights};
 use crate::attention::simd::Isa;
-
-/// Lanes of partial sums per coordinate.
-const LANES: usize = 16;
 
 /// Reusable buffers of [`attend`], so a decode step allocates nothing once they have grown.
 #[derive(Clone, Debug, Default)]
@@ -147,41 +145,30 @@ pub fn attend_with(
     }
     s.scores.resize(heads * n, 0.0);
     scores_heads(isa, &s.tables, keys, &mut s.scores)?;
-    // Weights p_t · ‖v_t‖ / Σ p, zero on the padding of the last block.
-    s.weights.clear();
-    s.weights.resize(heads * padded, 0.0);
-    for h in 0..heads {
-        let row = &s.scores[h * n..(h + 1) * n];
-        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let w = &mut s.weights[h * padded..h * padded + n];
-        for (w, &x) in w.iter_mut().zip(row) {
-            *w = exp_det(x - m);
-        }
-        let inv = 1.0 / lane_sum(w);
-        for (t, w) in w.iter_mut().enumerate() {
-            *w = *w * values.norm(t) * inv;
-        }
-    }
     let value_centroids = value_codec.codebook().centroids_f32();
     if sums == ValueSums::Int8 {
         let (table, gamma) = values_int::centroid_bytes(value_centroids);
         let pd = values.padded_dim();
         s.lanes.clear();
         s.lanes.resize(heads * pd * 4, 0.0);
-        s.weight_bytes.resize(heads, [0; BLOCK]);
-        s.block_scales.resize(heads, 0.0);
+        s.weight_bytes.resize(values.blocks() * heads, [0; BLOCK]);
+        s.block_scales.resize(values.blocks() * heads, 0.0);
+        weights::softmax_weight_bytes(
+            isa,
+            &mut s.scores,
+            values.norms(),
+            &mut s.weight_bytes,
+            &mut s.block_scales,
+        );
         for block in 0..values.blocks() {
-            for h in 0..heads {
-                let w = &s.weights[h * padded + block * BLOCK..h * padded + (block + 1) * BLOCK];
-                s.block_scales[h] = values_int::weight_bytes(w, &mut s.weight_bytes[h]);
-            }
+            let rows = block * heads..(block + 1) * heads;
             accumulate_int(
                 isa,
                 values.block_codes(block),
                 pd,
                 &table,
-                &s.weight_bytes[..heads],
-                &s.block_scales[..heads],
+                &s.weight_bytes[rows.clone()],
+                &s.block_scales[rows],
                 &mut s.lanes,
             );
         }
@@ -195,6 +182,10 @@ pub fn attend_with(
             |partials| values_int::reduce(partials, gamma),
         );
     }
+    // Weights p_t · ‖v_t‖ / Σ p, zero on the padding of the last block.
+    s.weights.clear();
+    s.weights.resize(heads * padded, 0.0);
+    weights::softmax_weights(isa, &mut s.scores, values.norms(), &mut s.weights, padded);
     s.lanes.clear();
     s.lanes.resize(heads * d * LANES, 0.0);
     let mut centroids = [0.0f32; 16];
@@ -215,7 +206,7 @@ pub fn attend_with(
         LANES,
         &mut s.reduced,
         out,
-        reduce_lanes,
+        weights::reduce_lanes,
     )
 }
 
@@ -269,54 +260,6 @@ fn accumulate_int(
     }
     let _ = isa;
     values_int::accumulate_block(codes, padded_dim, table, weights, scales, lanes);
-}
-
-/// `e^x` for `x ≤ 0` (0 below −87) from plain multiplications and additions, branch-free so
-/// a loop of it vectorizes into the same operations per lane: `2^n · p(r)` with
-/// `r = x − n·ln 2` and a degree-6 Taylor polynomial of `e^r` on `|r| ≤ ln2/2` (relative
-/// error below 2e-7).
-#[inline]
-fn exp_det(x: f32) -> f32 {
-    let x = x.max(-87.0);
-    // Round to nearest even by adding and subtracting 1.5·2^23 (|x·log2 e| < 2^22 here):
-    // plain additions, where `round_ties_even` is a library call without SSE4.1.
-    const ROUND: f32 = 12_582_912.0;
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // `n` as an integer from the bits of `shifted`, whose last place is 1 (the same value as
-    // `n as i32`, without the saturating float-to-int conversion the compiler keeps scalar).
-    let k = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
-    p * f32::from_bits(((k + 127) as u32) << 23)
-}
-
-/// `Σ values` in 16 lanes (value `t` into lane `t mod 16`) reduced by [`reduce_lanes`].
-fn lane_sum(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    for chunk in values.chunks(LANES) {
-        for (l, &v) in lanes.iter_mut().zip(chunk) {
-            *l += v;
-        }
-    }
-    reduce_lanes(&lanes)
-}
-
-/// The fixed reduction tree of 16 lanes: halves added pairwise until one is left.
-fn reduce_lanes(lanes: &[f32]) -> f32 {
-    let mut l = [0.0f32; LANES];
-    l.copy_from_slice(lanes);
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            l[i] += l[i + width];
-        }
-        width /= 2;
-    }
-    l[0]
 }
 
 /// `lanes[(h·d + j)·16 + i] += w_h(32b + i)·c[code(32b + i, j)]`, then the same for token

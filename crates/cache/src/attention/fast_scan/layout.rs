@@ -121,9 +121,9 @@ impl FastScanBlocks {
         self.padded_dim / 2 + 4
     }
 
-    /// The norm of `token` (which must be below [`len`](Self::len)).
-    pub(super) fn norm(&self, token: usize) -> f32 {
-        self.norms[token]
+    /// The norms of every token, in order.
+    pub(super) fn norms(&self) -> &[f32] {
+        &self.norms[..self.len]
     }
 
     /// The dimension padded with zero codes to a multiple of 4.

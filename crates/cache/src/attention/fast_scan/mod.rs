@@ -33,8 +33,8 @@
 //! **Limits of this first layout**: single-part TurboQuant_mse codes of b ≤ 4 bits
 //! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); its
 //! f32 value side is slower than the fused kernel's on AVX-512 (`tq bench scan --attention`);
-//! on AVX2 a whole step in f32 is 1.0–1.1× the fused kernel, with integer value sums
-//! 1.4–1.75× the f16 kernel (docs/results.md); not yet wired into
+//! on AVX2 a whole step in f32 is 1.0–1.1× the f16 kernel, with integer value sums
+//! 2.0–2.3× (docs/results.md); not yet wired into
 //! [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On
 //! aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the scalar loops,
 //! which give the same integers; AVX-512 CPUs take the AVX2 kernel of the integer value sums.
@@ -60,6 +60,7 @@ mod layout;
 mod scalar;
 mod table;
 mod values_int;
+mod weights;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -203,6 +204,35 @@ pub fn scores_heads(
             actual: out.len(),
         });
     }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+        // SAFETY: AVX2 was detected at run time just above.
+        unsafe { scores_heads_avx2(isa, tables, keys, out) };
+        return Ok(());
+    }
+    scores_heads_body(isa, tables, keys, out);
+    Ok(())
+}
+
+/// [`scores_heads_body`] compiled for AVX2, so that the scores' float steps run eight lanes
+/// at a time: the same operations, so the same bits.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scores_heads_avx2(
+    isa: Isa,
+    tables: &[ScoreTable],
+    keys: &FastScanBlocks,
+    out: &mut [f32],
+) {
+    scores_heads_body(isa, tables, keys, out);
+}
+
+#[inline(always)]
+fn scores_heads_body(isa: Isa, tables: &[ScoreTable], keys: &FastScanBlocks, out: &mut [f32]) {
+    let n = keys.len();
     let mut sums = [[0u32; BLOCK]; 4];
     for block in 0..keys.blocks() {
         let codes = keys.block_codes(block);
@@ -222,33 +252,54 @@ pub fn scores_heads(
             }
         }
     }
-    Ok(())
 }
 
-/// The sums of up to four heads' tables over one block: on AVX-512 in one pass over the codes.
+/// The sums of up to four heads' tables over one block, in one pass over the codes on AVX2
+/// and AVX-512.
 fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLOCK]]) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && isa.is_available() {
+    {
         let e = |h: usize| tables[h].entries();
-        // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; every table
-        // and `codes` hold `padded_dim · 16` bytes (the tables were checked against the keys).
-        unsafe {
-            match tables.len() {
-                1 => x86::sums_heads_avx512::<1>([e(0)], codes, out.try_into().expect("1")),
-                2 => x86::sums_heads_avx512::<2>([e(0), e(1)], codes, out.try_into().expect("2")),
-                3 => x86::sums_heads_avx512::<3>(
-                    [e(0), e(1), e(2)],
-                    codes,
-                    out.try_into().expect("3"),
-                ),
-                _ => x86::sums_heads_avx512::<4>(
-                    [e(0), e(1), e(2), e(3)],
-                    codes,
-                    out.try_into().expect("4"),
-                ),
+        if isa == Isa::Avx512 && isa.is_available() {
+            // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; every
+            // table and `codes` hold `padded_dim · 16` bytes (the tables were checked against
+            // the keys).
+            unsafe {
+                match tables.len() {
+                    1 => x86::sums_heads_avx512::<1>([e(0)], codes, out.try_into().expect("1")),
+                    2 => {
+                        x86::sums_heads_avx512::<2>([e(0), e(1)], codes, out.try_into().expect("2"))
+                    }
+                    3 => x86::sums_heads_avx512::<3>(
+                        [e(0), e(1), e(2)],
+                        codes,
+                        out.try_into().expect("3"),
+                    ),
+                    _ => x86::sums_heads_avx512::<4>(
+                        [e(0), e(1), e(2), e(3)],
+                        codes,
+                        out.try_into().expect("4"),
+                    ),
+                }
             }
+            return;
         }
-        return;
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+            // Two heads per pass: a third one's accumulators would not fit in the sixteen
+            // registers (three heads at once measured 1.15× slower than two then one).
+            for (pair, o) in (0..tables.len()).step_by(2).zip(out.chunks_mut(2)) {
+                // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
+                unsafe {
+                    if o.len() == 2 {
+                        let o = o.try_into().expect("2");
+                        x86::sums_heads_avx2::<2>([e(pair), e(pair + 1)], codes, o);
+                    } else {
+                        x86::sums_heads_avx2::<1>([e(pair)], codes, o.try_into().expect("1"));
+                    }
+                }
+            }
+            return;
+        }
     }
     for (table, o) in tables.iter().zip(out.iter_mut()) {
         sums_unchecked(isa, table, codes, o);
@@ -285,7 +336,13 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 if Isa::Avx2.is_available() => {
             // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
-            unsafe { x86::sums_avx2(table.entries(), codes, out) }
+            unsafe {
+                x86::sums_heads_avx2::<1>(
+                    [table.entries()],
+                    codes,
+                    std::slice::from_mut(out).try_into().expect("one head"),
+                )
+            }
         }
         _ => scalar::sums(table.entries(), codes, out),
     }

@@ -93,6 +93,7 @@ impl ScoreTable {
     }
 
     /// The score per unit norm of an integer sum: `δ · sum + Σ_j o_j`.
+    #[inline(always)]
     pub fn dequantize(&self, sum: u32) -> f32 {
         self.step * sum as f32 + self.offset
     }

@@ -55,8 +55,9 @@ fn round_half_even(x: f32) -> f32 {
 /// One head's weights of one block (32 values, non-negative) as `(u, s)`: bytes
 /// `u_t = round(w_t / s)` (tokens `0..16` then `16..32`) and the block's scale
 /// `s = max w_t / 127` (zero, with every `u_t` zero, for a block of zero weights).
-pub(super) fn weight_bytes(weights: &[f32], out: &mut [u8; BLOCK]) -> f32 {
-    let max = weights.iter().fold(0.0f32, |m, &w| m.max(w));
+#[inline(always)]
+pub(super) fn weight_bytes(weights: &[f32; BLOCK], out: &mut [u8; BLOCK]) -> f32 {
+    let max = super::weights::lane_max(weights, 0.0);
     let scale = max / LEVELS;
     if scale > 0.0 {
         for (u, &w) in out.iter_mut().zip(weights) {

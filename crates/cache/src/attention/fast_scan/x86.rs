@@ -1,7 +1,8 @@
 //! `vpshufb` kernels: one byte shuffle scores 32 tokens (AVX2: two coordinates per register;
 //! AVX-512: four), summed in 16-bit lanes and widened to 32 bits every [`FLUSH`] steps.
-//! The AVX-512 kernel scores up to four heads per pass, so a block's codes are loaded and
-//! split into nibbles once for all of them.
+//! The kernels score several heads per pass (AVX-512 up to four, AVX2 two, as many as keep
+//! their accumulators in registers), so a block's codes are loaded and split into nibbles once
+//! for all of them.
 
 use std::arch::x86_64::*;
 
@@ -25,45 +26,84 @@ unsafe fn add_to(v: __m256i, out: &mut [u32; BLOCK], base: usize) {
     }
 }
 
-/// The AVX2 form of `scalar::sums`: the same integers.
+/// The AVX2 form of `scalar::sums` for `H` heads (1 or 2) at once: `out[h]` gets what
+/// `scalar::sums(entries[h], codes, ..)` gives, the same integers. A block's codes are loaded
+/// and split into nibbles once for all heads.
+///
+/// Each shuffle gives 32 bytes — one coordinate's entries for 16 tokens in each 128-bit lane —
+/// which are summed as sixteen 16-bit words without unpacking them (the accumulation of
+/// Faiss's fast scan): `even += word` adds both of a word's bytes (wrapping), `odd += word >> 8`
+/// its high byte, the odd token's. After at most [`FLUSH`] steps the even token's sum is
+/// `even − (odd << 8)` modulo 2^16, exact because it is below 256 · 255 < 2^16.
 ///
 /// # Safety
-/// AVX2 must be available; `entries` and `codes` must have the same length, a multiple of 64.
+/// AVX2 must be available; every `entries[h]` must have the length of `codes`, a multiple
+/// of 64.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn sums_avx2(entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
-    assert!(entries.len() == codes.len() && codes.len().is_multiple_of(64));
-    out.fill(0);
+pub(super) unsafe fn sums_heads_avx2<const H: usize>(
+    entries: [&[u8]; H],
+    codes: &[u8],
+    out: &mut [[u32; BLOCK]; H],
+) {
+    const { assert!(H == 1 || H == 2) };
+    assert!(codes.len().is_multiple_of(64) && entries.iter().all(|e| e.len() == codes.len()));
+    for o in out.iter_mut() {
+        o.fill(0);
+    }
     let nibble = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
     let steps = codes.len() / (2 * LANE_BYTES);
     let mut step = 0;
     while step < steps {
         let end = steps.min(step + FLUSH);
-        let mut acc = [zero; 4];
+        // Per head: [words of the low nibbles' tokens, their odd bytes, the same for the high].
+        let mut acc = [[zero; 4]; H];
         for s in step..end {
-            // SAFETY: `s < steps`, so bytes 32·s .. 32·s + 32 lie in both slices (equal lengths).
-            let (lut, c) = unsafe {
-                (
-                    _mm256_loadu_si256(entries.as_ptr().add(32 * s).cast()),
-                    _mm256_loadu_si256(codes.as_ptr().add(32 * s).cast()),
-                )
-            };
-            let lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble));
-            let hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble));
-            acc[0] = _mm256_add_epi16(acc[0], _mm256_unpacklo_epi8(lo, zero));
-            acc[1] = _mm256_add_epi16(acc[1], _mm256_unpackhi_epi8(lo, zero));
-            acc[2] = _mm256_add_epi16(acc[2], _mm256_unpacklo_epi8(hi, zero));
-            acc[3] = _mm256_add_epi16(acc[3], _mm256_unpackhi_epi8(hi, zero));
+            // SAFETY: `s < steps`, so bytes 32·s .. 32·s + 32 lie in `codes`.
+            let c = unsafe { _mm256_loadu_si256(codes.as_ptr().add(32 * s).cast()) };
+            let lo_idx = _mm256_and_si256(c, nibble);
+            let hi_idx = _mm256_and_si256(_mm256_srli_epi16::<4>(c), nibble);
+            // One block per head with a constant index, so the accumulators stay in registers.
+            macro_rules! head {
+                ($h:literal) => {
+                    if H > $h {
+                        // SAFETY: every `entries[h]` has the length of `codes` (asserted above).
+                        let lut =
+                            unsafe { _mm256_loadu_si256(entries[$h].as_ptr().add(32 * s).cast()) };
+                        let lo = _mm256_shuffle_epi8(lut, lo_idx);
+                        let hi = _mm256_shuffle_epi8(lut, hi_idx);
+                        let a = &mut acc[$h];
+                        a[0] = _mm256_add_epi16(a[0], lo);
+                        a[1] = _mm256_add_epi16(a[1], _mm256_srli_epi16::<8>(lo));
+                        a[2] = _mm256_add_epi16(a[2], hi);
+                        a[3] = _mm256_add_epi16(a[3], _mm256_srli_epi16::<8>(hi));
+                    }
+                };
+            }
+            head!(0);
+            head!(1);
         }
-        // Each 128-bit lane holds one coordinate parity's sums of 8 tokens: tokens 0–7, 8–15,
-        // 16–23, 24–31 in acc[0..4]. Widen both lanes and add them.
-        for (k, a) in acc.iter().enumerate() {
-            let both = _mm256_add_epi32(
-                _mm256_cvtepu16_epi32(_mm256_castsi256_si128(*a)),
-                _mm256_cvtepu16_epi32(_mm256_extracti128_si256(*a, 1)),
-            );
-            // SAFETY: AVX2 is enabled in this function.
-            unsafe { add_to(both, out, 8 * k) };
+        for h in 0..H {
+            for (half, pair) in acc[h].chunks_exact(2).enumerate() {
+                let odd = pair[1];
+                let even = _mm256_sub_epi16(pair[0], _mm256_slli_epi16::<8>(odd));
+                // Tokens 0–7 and 8–15 of this nibble half, per 128-bit lane (one coordinate
+                // parity each): widen both lanes and add them.
+                for (k, words) in [
+                    _mm256_unpacklo_epi16(even, odd),
+                    _mm256_unpackhi_epi16(even, odd),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let both = _mm256_add_epi32(
+                        _mm256_cvtepu16_epi32(_mm256_castsi256_si128(words)),
+                        _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(words)),
+                    );
+                    // SAFETY: AVX2 is enabled in this function.
+                    unsafe { add_to(both, &mut out[h], 16 * half + 8 * k) };
+                }
+            }
         }
         step = end;
     }
