@@ -1,7 +1,9 @@
 //! The aarch64 step of `cargo xtask verify`: the NEON kernels of `tq-models` (row kernels, and
 //! the `sdot` matrix products) built for `aarch64-unknown-linux-gnu` and their tests run under
 //! QEMU's user-mode emulator — once on a CPU with the DotProd extension (QEMU's default `max`
-//! CPU), once on a Cortex-A53 without it (the row-kernel fallback). This machine kind has no
+//! CPU), once on a Cortex-A53 without it (the row-kernel fallback); then the NEON attention
+//! kernels of `tq-cache` (the fused kernel's primitives and the fast scan's `tbl` scoring),
+//! whose tests compare every instruction set with the scalar loops, once. This machine kind has no
 //! aarch64 hardware; without this step the NEON code would be compiled by nobody.
 //!
 //! Needs `qemu-aarch64`, the `aarch64-linux-gnu-gcc` linker (Debian: `qemu-user`,
@@ -25,6 +27,15 @@ const LINKER: &str = "aarch64-linux-gnu-gcc";
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 /// The test files that exercise the quantized kernels on every instruction set.
 const TESTS: &[&str] = &["quant_dot", "quant_matrix", "quant_kquant"];
+/// The `tq-cache` test files that run every instruction set against the scalar loops.
+const CACHE_TESTS: &[&str] = &[
+    "simd_primitives",
+    "simd_kernels",
+    "simd_fused",
+    "fast_scan",
+    "basis",
+    "centering",
+];
 
 /// Runs the step, or explains why it is skipped.
 pub(crate) fn verify() -> Result<(), String> {
@@ -41,7 +52,15 @@ pub(crate) fn verify() -> Result<(), String> {
     }
     let started = Instant::now();
     let mut clippy = cross(None);
-    clippy.args(["clippy", "-p", "tq-models", "--all-targets", "--release"]);
+    clippy.args([
+        "clippy",
+        "-p",
+        "tq-models",
+        "-p",
+        "tq-cache",
+        "--all-targets",
+    ]);
+    clippy.arg("--release");
     clippy.args(["--target", TARGET, "--", "-D", "warnings"]);
     run(&mut clippy)?;
     for cpu in [None, Some("cortex-a53")] {
@@ -65,6 +84,16 @@ pub(crate) fn verify() -> Result<(), String> {
             started.elapsed().as_secs_f64()
         );
     }
+    let mut test = cross(None);
+    test.args(["test", "-p", "tq-cache", "--release", "--target", TARGET]);
+    for name in CACHE_TESTS {
+        test.args(["--test", name]);
+    }
+    run(&mut test)?;
+    eprintln!(
+        "==> aarch64: tq-cache's kernel tests passed under qemu-aarch64 ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

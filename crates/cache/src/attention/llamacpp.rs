@@ -404,16 +404,16 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
 
     use super::*;
-    use crate::kv_cache::{KvKind, KvLayout, uniform_streams};
-    use crate::token_store::Growth;
 
     /// The SIMD row equals the scalar definition bit for bit (the public kernel tests compare
     /// whichever path this CPU takes with a transcription of ggml's loop; this pins the other
     /// one): head dimensions with and without a tail below 32, scores spread wide enough that
     /// the running maximum changes often, and some f16 subnormals in the values.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn simd_row_equals_scalar_row() {
-        #[cfg(target_arch = "x86_64")]
+        use crate::kv_cache::{KvKind, KvLayout, uniform_streams};
+        use crate::token_store::Growth;
         if crate::attention::simd::Isa::Avx2.is_available() {
             for (d, seed) in [(64usize, 1u64), (40, 2), (256, 3), (8, 4)] {
                 let layout = KvLayout {

@@ -13,10 +13,11 @@
 //! - [`ScoreTable`] holds, per query and coordinate, the `2^b` products `q'_j · c_k`,
 //!   **quantized to bytes** with one step `δ` shared by every coordinate (each coordinate keeps
 //!   its own offset, the smallest of its products).
-//! - A block's scores are then one byte shuffle per coordinate and 32 tokens (`vpshufb`: the
-//!   16-entry table indexes itself with the 32 nibbles), summed in **16-bit integers**. Integer
+//! - A block's scores are then one byte shuffle per coordinate and 32 tokens (`vpshufb`, NEON's
+//!   `tbl`: the 16-entry table indexes itself with the 32 nibbles), summed in **16-bit integers**. Integer
 //!   sums are exact: the sums, and so the scores, are the same bits on every instruction set,
-//!   thread count and block split (tested: [`Isa::Scalar`], [`Isa::Avx2`], [`Isa::Avx512`]).
+//!   thread count and block split (tested: [`Isa::Scalar`], [`Isa::Avx2`], [`Isa::Avx512`],
+//!   [`Isa::Neon`]).
 //!
 //! **The table's error.** Rounding an entry to the nearest multiple of `δ` moves it by at most
 //! `δ/2`, and a score adds `d` entries, so the fast score differs from the exact
@@ -36,8 +37,9 @@
 //! on AVX2 a whole step in f32 is 1.0–1.1× the f16 kernel, with integer value sums
 //! 2.0–2.3× (docs/results.md); not yet wired into
 //! [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On
-//! aarch64 the NEON shuffle (`tbl`) is not written yet: [`Isa::Neon`] runs the scalar loops,
-//! which give the same integers; AVX-512 CPUs take the AVX2 kernel of the integer value sums.
+//! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass; tested under
+//! QEMU, not timed on hardware) and runs the scalar loops for the values, which give the same
+//! bits; AVX-512 CPUs take the AVX2 kernel of the integer value sums.
 //!
 //! ```
 //! use tq_cache::attention::fast_scan::{FastScanBlocks, ScoreTable, scores};
@@ -57,6 +59,8 @@
 
 mod attend;
 mod layout;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 mod table;
 mod values_int;
@@ -344,6 +348,8 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
                 )
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::sums(table.entries(), codes, out),
         _ => scalar::sums(table.entries(), codes, out),
     }
 }

@@ -15,14 +15,9 @@ use crate::attention::simd::Isa;
 pub(super) const LANES: usize = 16;
 
 /// Whether the AVX2 copies may run (AVX-512 CPUs have AVX2 too).
+#[cfg(target_arch = "x86_64")]
 fn wide_floats(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available();
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        false
-    }
+    matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available()
 }
 
 /// Each head's weights `p_t · ‖v_t‖ / Σ p` into `weights[h·padded ..]`, from its row of
