@@ -14,7 +14,7 @@ use super::dot::{
 use super::error::QuantError;
 use super::kind::QuantKind;
 
-/// Weight bytes one parallel task handles (rounded to whole rows, at least one row): large
+/// About the weight bytes of one parallel task (`task_rows` evens the tasks out): large
 /// enough to amortize scheduling, small enough to balance a 576-row matrix over a few cores.
 const TASK_BYTES: usize = 32 * 1024;
 
@@ -199,12 +199,22 @@ impl<B: AsRef<[u8]>> QuantMatrix<B> {
         Ok(())
     }
 
-    /// Rows per parallel task: about [`TASK_BYTES`] of weights, a multiple of the multi-row
-    /// kernel's [`ROWS`] so no task ends in single rows.
+    /// Rows per parallel task: tasks of about [`TASK_BYTES`] of weights, their count a
+    /// multiple of the current pool's threads and their rows equal (up to the last task) and a
+    /// multiple of the multi-row kernel's [`ROWS`] so no task ends in single rows; the whole
+    /// matrix in one task on one thread. (Tasks of a fixed size split a 576-row matrix 4 : 3
+    /// over two threads, and the thread with more waited on at every product.) The split moves
+    /// no bits: every row is computed by the same operations whichever task holds it.
     fn task_rows(&self) -> usize {
-        (TASK_BYTES / self.row_bytes.max(1))
+        let threads = rayon::current_num_threads().max(1);
+        if threads == 1 {
+            return self.rows.max(1);
+        }
+        let tasks = (self.rows * self.row_bytes)
+            .div_ceil(TASK_BYTES)
             .max(1)
-            .next_multiple_of(ROWS)
+            .next_multiple_of(threads);
+        self.rows.div_ceil(tasks).max(1).next_multiple_of(ROWS)
     }
 }
 
@@ -215,9 +225,10 @@ impl<B: AsRef<[u8]> + Sync> QuantMatrix<B> {
     /// integer dot products on `scratch.isa()`, summed in `scratch.q8_order()`; Q4_K and Q6_K
     /// quantize it to Q8_K super-blocks and sum in the scratch's [`KQuantOrder`]; F32 and F16
     /// multiply dequantized weights by `x` in f32 (scalar). Output rows are split over the
-    /// current rayon pool in fixed chunks, and each `y[r]` is computed by the same operations
-    /// in the same order whichever kernel variant (one row, several rows, several activations)
-    /// and thread computes it, so the result is the same bits whatever the number of threads.
+    /// current rayon pool in equal tasks, a multiple of its threads, and each `y[r]` is
+    /// computed by the same operations in the same order whichever kernel variant (one row,
+    /// several rows, several activations) and thread computes it, so the result is the same
+    /// bits whatever the number of threads.
     /// `x` must be finite.
     pub fn matvec(
         &self,
