@@ -238,8 +238,8 @@ fn rotate_back(
 }
 
 /// One block's integer value sums into `lanes` (`values_int::accumulate_block`), in AVX2
-/// registers where the CPU has them (AVX-512 CPUs too), else the reference loop: the same
-/// integers and float steps.
+/// registers where the CPU has them (AVX-512 CPUs too), in NEON registers on aarch64, else
+/// the reference loop: the same integers and float steps.
 fn accumulate_int(
     isa: Isa,
     codes: &[u8],
@@ -256,6 +256,11 @@ fn accumulate_int(
         unsafe {
             super::x86::accumulate_block_int_avx2(codes, padded_dim, table, weights, scales, lanes)
         };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        super::neon::accumulate_block_int(codes, padded_dim, table, weights, scales, lanes);
         return;
     }
     let _ = isa;

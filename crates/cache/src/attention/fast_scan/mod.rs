@@ -37,9 +37,10 @@
 //! on AVX2 a whole step in f32 is 1.0–1.1× the f16 kernel, with integer value sums
 //! 2.0–2.3× (docs/results.md); not yet wired into
 //! [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On
-//! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass; tested under
-//! QEMU, not timed on hardware) and runs the scalar loops for the values, which give the same
-//! bits; AVX-512 CPUs take the AVX2 kernel of the integer value sums.
+//! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass) and sums
+//! integer values with `tbl` and `smull` (tested under QEMU, not timed on hardware); its f32
+//! value sums run the scalar loops, which give the same bits. AVX-512 CPUs take the AVX2
+//! kernel of the integer value sums.
 //!
 //! ```
 //! use tq_cache::attention::fast_scan::{FastScanBlocks, ScoreTable, scores};

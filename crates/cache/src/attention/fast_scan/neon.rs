@@ -1,7 +1,8 @@
-//! The NEON byte-shuffle kernel: `tbl` (`vqtbl1q_u8`) looks up a coordinate's 16 table entries
-//! for the 32 tokens of a block (the low nibbles, then the high), and the bytes are summed in
-//! 16-bit lanes widened to 32 bits every [`FLUSH`] coordinates — the same integers as
-//! `scalar::sums`. NEON is part of every aarch64 target, so nothing is detected at run time.
+//! The NEON byte-shuffle kernels. Scores: `tbl` (`vqtbl1q_u8`) looks up a coordinate's 16
+//! table entries for the 32 tokens of a block (the low nibbles, then the high), and the bytes
+//! are summed in 16-bit lanes widened to 32 bits every [`FLUSH`] coordinates — the same
+//! integers as `scalar::sums`. Integer value sums: the same look-up of centroid bytes, times
+//! the weight bytes. NEON is part of every aarch64 target, so nothing is detected at run time.
 
 use core::arch::aarch64::*;
 
@@ -48,5 +49,53 @@ pub(super) fn sums(entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
             }
         }
         first = end;
+    }
+}
+
+/// The NEON form of `values_int::accumulate_block`: the same integer partials (exact), then
+/// the same multiplication and addition per partial, so the same bits. Per coordinate, `tbl`
+/// looks up the 32 tokens' centroid bytes, `smull` multiplies them by the weight bytes
+/// (7-bit, so a signed byte), and pairwise additions form partial `m` over tokens
+/// `4m..4m+4` and `16+4m..16+4m+4` (an `i16` holds two products: `2·127·127 < 2^15`).
+///
+/// # Panics
+/// If `codes` holds fewer than `padded_dim` coordinates, or `scales` and `lanes` do not fit
+/// `weights.len()` heads.
+pub(super) fn accumulate_block_int(
+    codes: &[u8],
+    padded_dim: usize,
+    table: &[i8; 16],
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    let heads = weights.len();
+    assert!(codes.len() >= padded_dim * LANE_BYTES && scales.len() == heads);
+    assert!(lanes.len() >= heads * padded_dim * 4);
+    // SAFETY: NEON is always present on aarch64; `table` and each half of a weight row are
+    // 16 bytes, each code load reads coordinate `j < padded_dim` (asserted above), and each
+    // lane load and store the four partials of (head, j) inside `lanes` (asserted above).
+    unsafe {
+        let lut = vld1q_s8(table.as_ptr());
+        let nibble = vdupq_n_u8(0x0F);
+        for j in 0..padded_dim {
+            let c = vld1q_u8(codes.as_ptr().add(j * LANE_BYTES));
+            let low = vqtbl1q_s8(lut, vandq_u8(c, nibble));
+            let high = vqtbl1q_s8(lut, vshrq_n_u8::<4>(c));
+            for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
+                let u_low = vreinterpretq_s8_u8(vld1q_u8(u.as_ptr()));
+                let u_high = vreinterpretq_s8_u8(vld1q_u8(u.as_ptr().add(LANE_BYTES)));
+                // Lane k: token k + token 16 + k (tokens 0–7), then tokens 8–15.
+                let first = vaddq_s16(
+                    vmull_s8(vget_low_s8(u_low), vget_low_s8(low)),
+                    vmull_s8(vget_low_s8(u_high), vget_low_s8(high)),
+                );
+                let second = vaddq_s16(vmull_high_s8(u_low, low), vmull_high_s8(u_high, high));
+                let partials = vpaddq_s32(vpaddlq_s16(first), vpaddlq_s16(second));
+                let at = lanes.as_mut_ptr().add((h * padded_dim + j) * 4);
+                let scaled = vmulq_f32(vdupq_n_f32(scale), vcvtq_f32_s32(partials));
+                vst1q_f32(at, vaddq_f32(vld1q_f32(at), scaled));
+            }
+        }
     }
 }
