@@ -250,7 +250,7 @@ fn accumulate_int(
     lanes: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+    if super::avx2_kernels(isa) {
         // SAFETY: AVX2 was detected just above; `padded_dim` is a multiple of 4, `codes` a
         // whole block, one weight row and scale per head, `lanes` `heads · padded_dim · 4`.
         unsafe {

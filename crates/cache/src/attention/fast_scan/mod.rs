@@ -75,6 +75,13 @@ pub use table::ScoreTable;
 
 use super::simd::Isa;
 
+/// Whether `isa` lets the AVX2 kernels and the AVX2-compiled loops run: asked for (AVX-512
+/// CPUs take them too, where no AVX-512 form exists) and present on this CPU.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernels(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available()
+}
+
 /// Tokens per block of the layout.
 pub const BLOCK: usize = 32;
 
@@ -210,7 +217,7 @@ pub fn scores_heads(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+    if avx2_kernels(isa) {
         // SAFETY: AVX2 was detected at run time just above.
         unsafe { scores_heads_avx2(isa, tables, keys, out) };
         return Ok(());
@@ -289,7 +296,7 @@ fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLO
             }
             return;
         }
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+        if avx2_kernels(isa) {
             // Two heads per pass: a third one's accumulators would not fit in the sixteen
             // registers (three heads at once measured 1.15× slower than two then one).
             for (pair, o) in (0..tables.len()).step_by(2).zip(out.chunks_mut(2)) {
@@ -339,7 +346,7 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
             }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 if Isa::Avx2.is_available() => {
+        _ if avx2_kernels(isa) => {
             // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
             unsafe {
                 x86::sums_heads_avx2::<1>(

@@ -14,12 +14,6 @@ use crate::attention::simd::Isa;
 /// Lanes of partial sums per coordinate (and of the softmax's denominator).
 pub(super) const LANES: usize = 16;
 
-/// Whether the AVX2 copies may run (AVX-512 CPUs have AVX2 too).
-#[cfg(target_arch = "x86_64")]
-fn wide_floats(isa: Isa) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available()
-}
-
 /// Each head's weights `p_t · ‖v_t‖ / Σ p` into `weights[h·padded ..]`, from its row of
 /// `n = norms.len()` scores in `scores` (which become `e^(x − max)`); the padding of `weights`
 /// is left as it is.
@@ -31,8 +25,8 @@ pub(super) fn softmax_weights(
     padded: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if wide_floats(isa) {
-        // SAFETY: AVX2 was detected at run time (`wide_floats`).
+    if super::avx2_kernels(isa) {
+        // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
         unsafe { softmax_weights_avx2(scores, norms, weights, padded) };
         return;
     }
@@ -82,8 +76,8 @@ pub(super) fn softmax_weight_bytes(
     scales: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if wide_floats(isa) {
-        // SAFETY: AVX2 was detected at run time (`wide_floats`).
+    if super::avx2_kernels(isa) {
+        // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
         unsafe { softmax_weight_bytes_avx2(scores, norms, bytes, scales) };
         return;
     }
@@ -117,35 +111,40 @@ fn softmax_weight_bytes_body(
     let heads = scores.len() / n;
     for (h, row) in scores.chunks_exact_mut(n).enumerate() {
         let inv = exponentials(row);
-        // Whole blocks apart from the last, partial one, so that a block's weights are a
-        // fixed-size array the compiler keeps in registers.
-        let whole = n / BLOCK;
-        let mut w = [0.0f32; BLOCK];
-        for (b, (e, norms)) in row
-            .chunks_exact(BLOCK)
-            .zip(norms.chunks_exact(BLOCK))
-            .enumerate()
-        {
-            let (e, norms): (&[f32; BLOCK], &[f32; BLOCK]) = (
+        let blocks = row.chunks_exact(BLOCK).zip(norms.chunks_exact(BLOCK));
+        for (b, (e, norms)) in blocks.enumerate() {
+            let i = b * heads + h;
+            let (e, norms) = (
                 e.try_into().expect("block"),
                 norms.try_into().expect("block"),
             );
-            for ((w, &e), &norm) in w.iter_mut().zip(e).zip(norms) {
-                *w = e * norm * inv;
-            }
-            scales[b * heads + h] = values_int::weight_bytes(&w, &mut bytes[b * heads + h]);
+            scales[i] = block_bytes(e, norms, inv, &mut bytes[i]);
         }
-        if whole * BLOCK < n {
-            // Zero weights on the padding of the last block.
-            w = [0.0; BLOCK];
-            let rest = whole * BLOCK..n;
-            for ((w, &e), &norm) in w.iter_mut().zip(&row[rest.clone()]).zip(&norms[rest]) {
-                *w = e * norm * inv;
-            }
-            let b = whole * heads + h;
-            scales[b] = values_int::weight_bytes(&w, &mut bytes[b]);
+        let whole = n - n % BLOCK;
+        let (e, norms) = (&row[whole..], &norms[whole..]);
+        if !e.is_empty() {
+            // The last, partial block, its padding zero (a zero norm gives a zero weight).
+            let padded = |x: &[f32]| {
+                let mut p = [0.0f32; BLOCK];
+                p[..x.len()].copy_from_slice(x);
+                p
+            };
+            let i = (whole / BLOCK) * heads + h;
+            scales[i] = block_bytes(&padded(e), &padded(norms), inv, &mut bytes[i]);
         }
     }
+}
+
+/// One block's weights `e_t · ‖v_t‖ · inv` as bytes and a scale (`values_int::weight_bytes`).
+/// Fixed-size arrays, so the compiler keeps the block's weights in registers (over slices of
+/// unknown length they stayed on the stack, and every pass over them waited on a store).
+#[inline(always)]
+fn block_bytes(e: &[f32; BLOCK], norms: &[f32; BLOCK], inv: f32, out: &mut [u8; BLOCK]) -> f32 {
+    let mut w = [0.0f32; BLOCK];
+    for ((w, &e), &norm) in w.iter_mut().zip(e).zip(norms) {
+        *w = e * norm * inv;
+    }
+    values_int::weight_bytes(&w, out)
 }
 
 /// Replaces `row` by `e^(x − max row)` and returns `1 / Σ` of them.
