@@ -33,6 +33,7 @@ const CACHE_TESTS: &[&str] = &[
     "simd_kernels",
     "simd_fused",
     "fast_scan",
+    "fast_scan_cache",
     "basis",
     "centering",
 ];

@@ -319,8 +319,11 @@ pub(crate) fn stored_codes(
         actual: stream.first_stored(),
     };
     if t >= stream.first_stored() && t < stream.body_tokens(stream.len()) {
-        let (record, halves) = stream.body().record(stream.body_slot(t)).ok_or(missing)?;
-        return Ok((record.to_vec(), halves.to_vec()));
+        let (record, halves) = stream
+            .body()
+            .record_copy(stream.body_slot(t))
+            .ok_or(missing)?;
+        return Ok((record.into_owned(), halves.to_vec()));
     }
     let (window, record, halves) = stream.recent_copy(t).ok_or(missing)?;
     let mut decoded = vec![0.0f32; stream.layout().head_dim()];
@@ -862,7 +865,14 @@ impl GpuKvCache {
                     ),
                 ] {
                     let body = stream.body();
-                    let from_body = body.len().saturating_sub(page.first_slot).min(filled);
+                    // Runs of rows are copied as they are; a fast-scan body's records are
+                    // gathered one by one below (the GPU reads rows).
+                    let from_body = match body.order() {
+                        tq_cache::record_order::RecordOrder::Rows => {
+                            body.len().saturating_sub(page.first_slot).min(filled)
+                        }
+                        tq_cache::record_order::RecordOrder::FastScan => 0,
+                    };
                     let mut local = 0;
                     while local < from_body {
                         let Some((records, halves, n)) =

@@ -229,10 +229,10 @@ fn decode_steps_stay_in_step_with_the_cpu_cache() {
         for t in 0..cpu.len() {
             for h in 0..2 {
                 let (_, r, s) = cpu.keys(h).token(t).unwrap();
-                kr.extend_from_slice(r);
+                kr.extend_from_slice(&r);
                 ks.extend_from_slice(s);
                 let (_, r, s) = cpu.values(h).token(t).unwrap();
-                vr.extend_from_slice(r);
+                vr.extend_from_slice(&r);
                 vs.extend_from_slice(s);
             }
         }

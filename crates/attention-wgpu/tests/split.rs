@@ -49,10 +49,21 @@ fn tiny_bindings_and_grids_match_reference() {
     let Some(ctx) = tiny_context(TINY_BINDING, TINY_GRID) else {
         return;
     };
-    for name in ["mse-k4v4", "k5v4"] {
+    // The fast-scan order: the GPU reads its records gathered back into rows.
+    let fast = Allocation::from_toml_str(
+        "name = \"mse-k4v4-fast-scan\"\n\
+         key = { codec = \"mse\", bits = 4, record_order = \"fast-scan\" }\n\
+         value = { codec = \"mse\", bits = 4, record_order = \"fast-scan\" }",
+    )
+    .unwrap();
+    for allocation in [
+        Allocation::preset("mse-k4v4").unwrap(),
+        Allocation::preset("k5v4").unwrap(),
+        fast,
+    ] {
+        let name = &allocation.name;
         let layout = growing(2, 64);
-        let mut cpu =
-            KvCache::with_allocation(layout, &Allocation::preset(name).unwrap(), 0, 4).unwrap();
+        let mut cpu = KvCache::with_allocation(layout, &allocation, 0, 4).unwrap();
         fill(&mut cpu, 0, 300, 3);
         let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
         assert!(
@@ -82,7 +93,7 @@ fn tiny_bindings_and_grids_match_reference() {
                 let rw = record.len();
                 assert_eq!(
                     &down.key_records[(t * 2 + h) * rw..][..rw],
-                    record,
+                    &*record,
                     "{name} token {t}"
                 );
             }

@@ -117,6 +117,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             max_rewind: layout.max_rewind,
             growth,
             ring_slots: layout.ring_slots(),
+            order: crate::record_order::RecordOrder::Rows,
         })
         .collect()
 }

@@ -26,6 +26,7 @@ mod token_codec;
 
 pub use token_codec::{CodecSpec, TokenCodec};
 mod error;
+pub mod record_order;
 pub mod token_store;
 
 pub use error::CacheError;

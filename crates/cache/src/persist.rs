@@ -432,8 +432,8 @@ impl ByteWriter {
     pub(crate) fn store(&mut self, store: &TokenStore) {
         self.u64(store.len() as u64);
         for t in 0..store.len() {
-            if let Some((words, scales)) = store.record(t) {
-                for w in words {
+            if let Some((words, scales)) = store.record_copy(t) {
+                for w in words.iter() {
                     self.u32(*w);
                 }
                 for s in scales {
@@ -514,8 +514,9 @@ impl<'a> ByteReader<'a> {
                 "more records than the store's capacity",
             ));
         }
+        let mut words = vec![0u32; store.record_words()];
+        let mut scales = vec![half::f16::ZERO; store.scales_per_token()];
         for _ in 0..n {
-            let (words, scales) = store.push().map_err(PersistError::Cache)?;
             for w in words.iter_mut() {
                 *w = self.u32()?;
             }
@@ -523,6 +524,9 @@ impl<'a> ByteReader<'a> {
                 let b = self.take(2)?;
                 *s = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
             }
+            store
+                .push_record(&words, &scales)
+                .map_err(PersistError::Cache)?;
         }
         Ok(())
     }

@@ -35,14 +35,21 @@
 //! channels of a two-tier stream and the [basis](crate::basis) of a basis stream, and forgotten
 //! with them when the stream is emptied.
 
+use std::borrow::Cow;
+
 use half::f16;
 
 use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
+use crate::record_order::RecordOrder;
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
+
+/// A token's record as a stream reads it: the codec that decodes it, its words (borrowed, or
+/// gathered from a fast-scan body) and its scales.
+pub type StoredRecord<'a> = (&'a TokenCodec, Cow<'a, [u32]>, &'a [f16]);
 
 /// Which copy of a token attention must read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +118,31 @@ pub struct StreamLayout {
     pub growth: Growth,
     /// `Some(slots)` for a ring buffer of that many records.
     pub ring_slots: Option<usize>,
+    /// The memory order asked of the body's records: [`RecordOrder::FastScan`] stores them
+    /// the way the fast-scan kernel reads them. Only single-part 4-bit TQ_mse bodies of a
+    /// dimension that is a multiple of 8 take it; every other body keeps rows
+    /// ([`body_order`]), which reads the same tokens.
+    #[serde(default, skip_serializing_if = "is_rows")]
+    pub order: RecordOrder,
+}
+
+fn is_rows(order: &RecordOrder) -> bool {
+    *order == RecordOrder::Rows
+}
+
+/// The order a body coded by `codec` takes when `asked` for: the fast-scan order holds records
+/// of 4-bit codes only (one nibble per coordinate, a whole number of words), so it applies to
+/// single-part 4-bit TQ_mse codecs of a dimension that is a multiple of 8 — not to two tiers,
+/// bases, QJL sign bits or other widths, which keep rows.
+pub fn body_order(asked: RecordOrder, codec: &TokenCodec) -> RecordOrder {
+    match (asked, codec) {
+        (RecordOrder::FastScan, TokenCodec::Mse(c))
+            if c.spec().bits == 4 && c.dim().is_multiple_of(8) =>
+        {
+            RecordOrder::FastScan
+        }
+        _ => RecordOrder::Rows,
+    }
 }
 
 /// The recent window with `held` tokens held: at least `count` tokens, and `round(fraction ·
@@ -146,7 +178,13 @@ pub struct Stream {
     /// working memory kept so a push allocates nothing, not counted in the stream's bytes (like
     /// the encoder scratch).
     centered: Vec<f32>,
+    /// A record and its scales as the codec writes them, before the body stores them (working
+    /// memory: a fast-scan body takes whole records).
+    staged: (Vec<u32>, Vec<f16>),
     body: TokenStore,
+    /// The body's growth as the layout gives it (a fast-scan store rounds its first page up to
+    /// a block; a body rebuilt in rows must not keep that).
+    body_growth: Growth,
     sinks: TokenStore,
     recent: TokenStore,
     sink_tokens: usize,
@@ -499,9 +537,20 @@ impl Stream {
         } else {
             Vec::new()
         };
+        let body = TokenStore::with_order(
+            codec.record_words(),
+            codec.scales_per_token(),
+            body_growth,
+            body_order(layout.order, &codec),
+        )?;
         Ok(Self {
             layout,
-            body: TokenStore::new(codec.record_words(), codec.scales_per_token(), body_growth)?,
+            body,
+            body_growth,
+            staged: (
+                vec![0; codec.record_words()],
+                vec![f16::ZERO; codec.scales_per_token()],
+            ),
             sinks: store_of(&fp_codec, sink_tokens)?,
             recent: store_of(&recent_codec, recent_slots)?,
             centered,
@@ -698,12 +747,7 @@ impl Stream {
         }
         match self.ring_slots {
             Some(slots) => {
-                let (record, scales) = if t % slots < self.body.len() {
-                    self.body.record_mut(t % slots)?
-                } else {
-                    self.body.push()?
-                };
-                self.codec.encode_into(x, scratch, record, scales)?;
+                self.write_body(t % slots, x, scratch)?;
                 self.oldest_body = self.oldest_body.max((t + 1).saturating_sub(slots));
             }
             None if self.deferred => {
@@ -716,13 +760,7 @@ impl Stream {
                     self.write_codes_from_copy(old, scratch)?;
                 }
             }
-            None => {
-                let (record, scales) = self.body.push()?;
-                if let Err(e) = self.codec.encode_into(x, scratch, record, scales) {
-                    self.body.truncate(t);
-                    return Err(e.into());
-                }
-            }
+            None => self.write_body(t, x, scratch)?,
         }
         let mut copied = self.push_copies(t, x, scratch);
         if copied.is_ok() && self.deferred && self.body.len() < self.body_tokens(t + 1) {
@@ -757,15 +795,32 @@ impl Stream {
                 })?;
         self.recent_codec
             .decode_into(record, scales, scratch, &mut self.evicted)?;
-        let (record, scales) = self.body.push()?;
-        if let Err(e) = self
-            .codec
-            .encode_into(&self.evicted, scratch, record, scales)
-        {
-            self.body.truncate(t);
-            return Err(e.into());
+        let evicted = std::mem::take(&mut self.evicted);
+        let written = self.write_body(t, &evicted, scratch);
+        self.evicted = evicted;
+        written
+    }
+
+    /// Encodes `x` into body slot `slot`: a new record when `slot` is the body's length, an
+    /// overwrite (a ring) otherwise. Nothing is stored when the codec refuses `x`.
+    fn write_body(
+        &mut self,
+        slot: usize,
+        x: &[f32],
+        scratch: &mut CodecScratch,
+    ) -> Result<(), CacheError> {
+        let (words, scales) = &mut self.staged;
+        // Sized here: a calibration may change the codec.
+        words.clear();
+        words.resize(self.codec.record_words(), 0);
+        scales.clear();
+        scales.resize(self.codec.scales_per_token(), f16::ZERO);
+        self.codec.encode_into(x, scratch, words, scales)?;
+        if slot < self.body.len() {
+            self.body.write_record(slot, words, scales)
+        } else {
+            self.body.push_record(words, scales)
         }
-        Ok(())
     }
 
     /// Moves the recent ring to `slots` slots (more than it has): every copy still held keeps
@@ -946,14 +1001,15 @@ impl Stream {
     /// The record a query reads for token `t` when its full-precision window starts at
     /// `window_start` ([`window_start`](Self::window_start)): the full-precision copy for a
     /// sink or a token of the window, the compressed record otherwise.
-    pub fn read(&self, t: usize, window_start: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
+    pub fn read(&self, t: usize, window_start: usize) -> Option<StoredRecord<'_>> {
         if t >= self.len || t < self.first_stored() {
             return None;
         }
         if t < self.sink_end() || t >= window_start {
-            return self.full_precision(t);
+            let (codec, record, scales) = self.full_precision(t)?;
+            return Some((codec, Cow::Borrowed(record), scales));
         }
-        let (record, scales) = self.body.record(self.body_slot(t))?;
+        let (record, scales) = self.body.record_copy(self.body_slot(t))?;
         Some((&self.codec, record, scales))
     }
 
@@ -989,7 +1045,7 @@ impl Stream {
     /// The record and codec of token `t`, in the stored domain (`x − μ` for a centered
     /// stream, see [`mean`](Self::mean)): what [`source`](Self::source) names, i.e.
     /// [`read`](Self::read) with the stream-wide recent window.
-    pub fn token(&self, t: usize) -> Option<(&TokenCodec, &[u32], &[f16])> {
+    pub fn token(&self, t: usize) -> Option<StoredRecord<'_>> {
         self.read(t, self.recent_start())
     }
 
@@ -1022,7 +1078,7 @@ impl Stream {
                     expected: self.len,
                     actual: t,
                 })?;
-        codec.decode_into(record, scales, scratch, out)?;
+        codec.decode_into(&record, scales, scratch, out)?;
         Ok(codec)
     }
 
@@ -1074,8 +1130,27 @@ impl Stream {
         let layout = self.layout.calibrated(tokens, query_energy)?;
         if layout.channels != self.layout.channels || layout.basis_fit != self.layout.basis_fit {
             self.codec = layout.build_codec()?;
+            self.layout = layout;
+            // Calibration comes before the first token, so the body is empty.
+            return self.match_body_order();
         }
         self.layout = layout;
+        Ok(())
+    }
+
+    /// Rebuilds an empty body in the order its codec takes ([`body_order`]) when the codec
+    /// changed with a calibration (a basis codec's records are rows, the plain codec's may not
+    /// be). A body that holds tokens is left as it is.
+    fn match_body_order(&mut self) -> Result<(), CacheError> {
+        let order = body_order(self.layout.order, &self.codec);
+        if order != self.body.order() && self.body.is_empty() {
+            self.body = TokenStore::with_order(
+                self.body.record_words(),
+                self.body.scales_per_token(),
+                self.body_growth,
+                order,
+            )?;
+        }
         Ok(())
     }
 
@@ -1092,6 +1167,9 @@ impl Stream {
         // size it was built with, so this cannot fail).
         let _ = self.reset_ring(self.initial_slots);
         self.step.clear(0);
+        // Back to the uncalibrated codec's order; a body that cannot be reallocated keeps its
+        // order, which reads and writes the same records.
+        let _ = self.match_body_order();
     }
 
     /// Checks that dropping every token from `new_len` on leaves exactly the state that

@@ -19,10 +19,13 @@
 //! One buffer per store pays that once. The page boundaries, and with them the runs the
 //! kernels walk and every result, are the same either way.
 
+use std::borrow::Cow;
+
 use half::f16;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CacheError;
+use crate::record_order::{self, FAST_SCAN_BLOCK, RecordOrder};
 
 /// Pages never grow past this many tokens under [`Growth::Doubling`].
 pub const MAX_PAGE_TOKENS: usize = 4096;
@@ -55,11 +58,29 @@ struct Page {
     offset: usize,
 }
 
-/// Memory holding the records of one or more consecutive pages.
+/// Memory holding the records of one or more consecutive pages: `words` in
+/// [`RecordOrder::Rows`], `codes` (whole blocks of 32 records) in [`RecordOrder::FastScan`].
 #[derive(Clone, Debug, PartialEq)]
 struct Buffer {
     words: Vec<u32>,
+    codes: Vec<u8>,
     scales: Vec<f16>,
+}
+
+/// Consecutive records as a store holds them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RunRecords<'a> {
+    /// [`RecordOrder::Rows`]: `tokens · record_words` words, record after record.
+    Rows(&'a [u32]),
+    /// [`RecordOrder::FastScan`]: the whole blocks of 32 records that cover the run
+    /// ([`crate::record_order`]); the run's first record is slot `lead` of the
+    /// first block. Slots outside the run hold other (or stale) records.
+    FastScan {
+        /// The blocks' bytes.
+        codes: &'a [u8],
+        /// The slot of the run's first record in its block.
+        lead: usize,
+    },
 }
 
 /// A read-only view of the filled part of one page.
@@ -69,8 +90,8 @@ pub struct PageView<'a> {
     pub first_token: usize,
     /// Filled tokens in this page.
     pub len: usize,
-    /// `len · record_words` words.
-    pub words: &'a [u32],
+    /// The `len` records, in the store's order.
+    pub records: RunRecords<'a>,
     /// `len · scales_per_token` scales.
     pub scales: &'a [f16],
 }
@@ -94,6 +115,7 @@ pub struct PageView<'a> {
 pub struct TokenStore {
     record_words: usize,
     scales_per_token: usize,
+    order: RecordOrder,
     growth: Growth,
     buffers: Vec<Buffer>,
     pages: Vec<Page>,
@@ -101,7 +123,8 @@ pub struct TokenStore {
 }
 
 impl TokenStore {
-    /// An empty store; [`Growth::Static`] allocates all its pages now.
+    /// An empty store of records in [`RecordOrder::Rows`]; [`Growth::Static`] allocates all
+    /// its pages now.
     ///
     /// Fails with [`CacheError::StorageTooLarge`] when a static store's bytes overflow `usize`
     /// or the allocator cannot provide them (a model file or allocation asking for billions
@@ -111,9 +134,43 @@ impl TokenStore {
         scales_per_token: usize,
         growth: Growth,
     ) -> Result<Self, CacheError> {
+        Self::with_order(record_words, scales_per_token, growth, RecordOrder::Rows)
+    }
+
+    /// An empty store of records in `order`. A [`RecordOrder::FastScan`] store allocates
+    /// whole blocks of 32 records: a static capacity is rounded up to a multiple of 32 in
+    /// memory (not in [`capacity`](Self::capacity)), and a doubling store's first page to a
+    /// multiple of 32 tokens, so every page starts at a block.
+    ///
+    /// ```
+    /// use tq_cache::record_order::RecordOrder;
+    /// use tq_cache::token_store::{Growth, RunRecords, TokenStore};
+    /// let mut store = TokenStore::with_order(1, 1, Growth::Doubling { initial: 8 }, RecordOrder::FastScan)?;
+    /// for t in 0..40u32 {
+    ///     store.push_record(&[t.wrapping_mul(0x0101_0101)], &[half::f16::ONE])?;
+    /// }
+    /// assert_eq!(&*store.record_copy(33).unwrap().0, &[0x2121_2121]);
+    /// let (records, _, n) = store.records(20, 100).unwrap();
+    /// assert_eq!(n, 12); // to the end of the first page (32 tokens)
+    /// assert!(matches!(records, RunRecords::FastScan { lead: 20, .. }));
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn with_order(
+        record_words: usize,
+        scales_per_token: usize,
+        growth: Growth,
+        order: RecordOrder,
+    ) -> Result<Self, CacheError> {
+        let growth = match (order, growth) {
+            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
+                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
+            },
+            _ => growth,
+        };
         let mut store = Self {
             record_words,
             scales_per_token,
+            order,
             growth,
             buffers: Vec::new(),
             pages: Vec::new(),
@@ -153,7 +210,14 @@ impl TokenStore {
                 .saturating_mul(4)
                 .saturating_add(self.scales_per_token.saturating_mul(2)),
         };
-        let words = tokens
+        // A fast-scan buffer holds whole blocks.
+        let blocks = match self.order {
+            RecordOrder::Rows => tokens,
+            RecordOrder::FastScan => tokens
+                .checked_next_multiple_of(FAST_SCAN_BLOCK)
+                .ok_or_else(too_large)?,
+        };
+        let words = blocks
             .checked_mul(self.record_words)
             .ok_or_else(too_large)?;
         let scales = tokens
@@ -168,10 +232,22 @@ impl TokenStore {
         Ok(())
     }
 
-    /// Allocates a zeroed buffer of `tokens` records; returns its index.
+    /// Allocates a zeroed buffer of `tokens` records (whole blocks of them in the fast-scan
+    /// order); returns its index.
     fn add_buffer(&mut self, tokens: usize) -> usize {
+        let (words, codes) = match self.order {
+            RecordOrder::Rows => (vec![0; tokens * self.record_words], Vec::new()),
+            RecordOrder::FastScan => (
+                Vec::new(),
+                vec![
+                    0;
+                    tokens.div_ceil(FAST_SCAN_BLOCK) * record_order::block_bytes(self.record_words)
+                ],
+            ),
+        };
         self.buffers.push(Buffer {
-            words: vec![0; tokens * self.record_words],
+            words,
+            codes,
             scales: vec![f16::ZERO; tokens * self.scales_per_token],
         });
         self.buffers.len() - 1
@@ -189,16 +265,25 @@ impl TokenStore {
         });
     }
 
-    /// Records `from..from + n` of page `page` (in that page's buffer).
-    fn slices(&self, page: usize, from: usize, n: usize) -> (&[u32], &[f16]) {
+    /// Records `from..from + n` of page `page` (in that page's buffer). Fast-scan pages start
+    /// at a block (`offset` a multiple of 32), so a record's slot is its index mod 32.
+    fn slices(&self, page: usize, from: usize, n: usize) -> (RunRecords<'_>, &[f16]) {
         let p = &self.pages[page];
         let b = &self.buffers[p.buffer];
         let (w, s) = (self.record_words, self.scales_per_token);
         let first = p.offset + from;
-        (
-            &b.words[first * w..(first + n) * w],
-            &b.scales[first * s..(first + n) * s],
-        )
+        let records = match self.order {
+            RecordOrder::Rows => RunRecords::Rows(&b.words[first * w..(first + n) * w]),
+            RecordOrder::FastScan => {
+                let bytes = record_order::block_bytes(w);
+                let blocks = first / FAST_SCAN_BLOCK..(first + n).div_ceil(FAST_SCAN_BLOCK);
+                RunRecords::FastScan {
+                    codes: &b.codes[blocks.start * bytes..blocks.end * bytes],
+                    lead: first % FAST_SCAN_BLOCK,
+                }
+            }
+        };
+        (records, &b.scales[first * s..(first + n) * s])
     }
 
     /// Tokens stored.
@@ -226,6 +311,11 @@ impl TokenStore {
         self.scales_per_token
     }
 
+    /// The memory order of the records.
+    pub fn order(&self) -> RecordOrder {
+        self.order
+    }
+
     /// The growth policy.
     pub fn growth(&self) -> Growth {
         self.growth
@@ -235,12 +325,96 @@ impl TokenStore {
     pub fn allocated_bytes(&self) -> usize {
         self.buffers
             .iter()
-            .map(|b| 4 * b.words.capacity() + 2 * b.scales.capacity())
+            .map(|b| 4 * b.words.capacity() + b.codes.capacity() + 2 * b.scales.capacity())
             .sum()
     }
 
-    /// Appends a zeroed record and returns it for the encoder to fill in place.
+    /// Appends a zeroed record and returns it for the encoder to fill in place
+    /// ([`RecordOrder::Rows`] only: a fast-scan store takes whole records, [`push_record`](Self::push_record)).
     pub fn push(&mut self) -> Result<(&mut [u32], &mut [f16]), CacheError> {
+        self.rows_only()?;
+        self.grow()?;
+        self.len += 1;
+        self.record_mut(self.len - 1)
+    }
+
+    /// Appends a copy of `words` (`record_words`) and `scales` (`scales_per_token`).
+    pub fn push_record(&mut self, words: &[u32], scales: &[f16]) -> Result<(), CacheError> {
+        self.check_record(words, scales)?;
+        self.grow()?;
+        self.len += 1;
+        self.write_record(self.len - 1, words, scales)
+    }
+
+    /// Overwrites the record of token `token` (< len) with `words` and `scales`.
+    pub fn write_record(
+        &mut self,
+        token: usize,
+        words: &[u32],
+        scales: &[f16],
+    ) -> Result<(), CacheError> {
+        self.check_record(words, scales)?;
+        if self.order == RecordOrder::Rows {
+            let (w, s) = self.record_mut(token)?;
+            w.copy_from_slice(words);
+            s.copy_from_slice(scales);
+            return Ok(());
+        }
+        let first = self.buffer_index(token)?;
+        let (page, _) = self.locate(token);
+        let (rw, spt) = (self.record_words, self.scales_per_token);
+        let b = &mut self.buffers[self.pages[page].buffer];
+        let bytes = record_order::block_bytes(rw);
+        let block = first / FAST_SCAN_BLOCK;
+        record_order::scatter(
+            words,
+            first % FAST_SCAN_BLOCK,
+            &mut b.codes[block * bytes..(block + 1) * bytes],
+        );
+        b.scales[first * spt..(first + 1) * spt].copy_from_slice(scales);
+        Ok(())
+    }
+
+    fn check_record(&self, words: &[u32], scales: &[f16]) -> Result<(), CacheError> {
+        for (what, expected, actual) in [
+            ("record words", self.record_words, words.len()),
+            ("record scales", self.scales_per_token, scales.len()),
+        ] {
+            if expected != actual {
+                return Err(CacheError::ShapeMismatch {
+                    what,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn rows_only(&self) -> Result<(), CacheError> {
+        match self.order {
+            RecordOrder::Rows => Ok(()),
+            RecordOrder::FastScan => Err(CacheError::InvalidConfig(
+                "a fast-scan store has no record to borrow in place: write whole records".into(),
+            )),
+        }
+    }
+
+    /// The record index of token `token` (< len) within its page's buffer.
+    fn buffer_index(&self, token: usize) -> Result<usize, CacheError> {
+        if token >= self.len {
+            return Err(CacheError::ShapeMismatch {
+                what: "token index",
+                expected: self.len,
+                actual: token,
+            });
+        }
+        let (page, offset) = self.locate(token);
+        Ok(self.pages[page].offset + offset)
+    }
+
+    /// Makes room for one more record.
+    fn grow(&mut self) -> Result<(), CacheError> {
         if self.len == self.capacity() {
             match self.growth {
                 Growth::Static { capacity } => {
@@ -255,8 +429,7 @@ impl TokenStore {
                 }
             }
         }
-        self.len += 1;
-        self.record_mut(self.len - 1)
+        Ok(())
     }
 
     fn locate(&self, token: usize) -> (usize, usize) {
@@ -266,27 +439,39 @@ impl TokenStore {
         (page, token - self.pages[page].first_token)
     }
 
-    /// The record of token `token`, or `None` past the end.
+    /// The record of token `token` ([`RecordOrder::Rows`]), or `None` past the end or in a
+    /// fast-scan store, whose records are read with [`record_copy`](Self::record_copy).
     pub fn record(&self, token: usize) -> Option<(&[u32], &[f16])> {
+        match self.record_copy(token)? {
+            (Cow::Borrowed(words), scales) => Some((words, scales)),
+            (Cow::Owned(_), _) => None,
+        }
+    }
+
+    /// The record of token `token`, or `None` past the end: borrowed in
+    /// [`RecordOrder::Rows`], gathered from its block in [`RecordOrder::FastScan`].
+    pub fn record_copy(&self, token: usize) -> Option<(Cow<'_, [u32]>, &[f16])> {
         if token >= self.len {
             return None;
         }
         let (page, offset) = self.locate(token);
-        Some(self.slices(page, offset, 1))
+        match self.slices(page, offset, 1) {
+            (RunRecords::Rows(words), scales) => Some((Cow::Borrowed(words), scales)),
+            (RunRecords::FastScan { codes, lead }, scales) => {
+                let mut words = vec![0u32; self.record_words];
+                record_order::gather(codes, lead, &mut words);
+                Some((Cow::Owned(words), scales))
+            }
+        }
     }
 
-    /// The record of token `token` for overwriting (ring buffers write slots again).
+    /// The record of token `token` for overwriting in place (ring buffers write slots again;
+    /// [`RecordOrder::Rows`] only, see [`write_record`](Self::write_record)).
     pub fn record_mut(&mut self, token: usize) -> Result<(&mut [u32], &mut [f16]), CacheError> {
-        if token >= self.len {
-            return Err(CacheError::ShapeMismatch {
-                what: "token index",
-                expected: self.len,
-                actual: token,
-            });
-        }
-        let (page, offset) = self.locate(token);
+        self.rows_only()?;
+        let first = self.buffer_index(token)?;
+        let (page, _) = self.locate(token);
         let p = &self.pages[page];
-        let first = p.offset + offset;
         let (w, s) = (self.record_words, self.scales_per_token);
         let b = &mut self.buffers[p.buffer];
         Ok((
@@ -295,9 +480,18 @@ impl TokenStore {
         ))
     }
 
-    /// The longest run of consecutive records starting at token `start`, at most `max_len` long,
-    /// that lies in one page: `(words, scales, tokens)`. Kernels walk the store run by run.
+    /// [`records`](Self::records) of a [`RecordOrder::Rows`] store, as words (`None` in a
+    /// fast-scan store).
     pub fn run(&self, start: usize, max_len: usize) -> Option<(&[u32], &[f16], usize)> {
+        match self.records(start, max_len)? {
+            (RunRecords::Rows(words), scales, n) => Some((words, scales, n)),
+            (RunRecords::FastScan { .. }, ..) => None,
+        }
+    }
+
+    /// The longest run of consecutive records starting at token `start`, at most `max_len` long,
+    /// that lies in one page: `(records, scales, tokens)`. Kernels walk the store run by run.
+    pub fn records(&self, start: usize, max_len: usize) -> Option<(RunRecords<'_>, &[f16], usize)> {
         if start >= self.len || max_len == 0 {
             return None;
         }
@@ -305,8 +499,8 @@ impl TokenStore {
         let n = max_len
             .min(self.pages[page].tokens - offset)
             .min(self.len - start);
-        let (words, scales) = self.slices(page, offset, n);
-        Some((words, scales, n))
+        let (records, scales) = self.slices(page, offset, n);
+        Some((records, scales, n))
     }
 
     /// Drops every token from `len` on. Pages stay allocated for reuse.
@@ -325,11 +519,11 @@ impl TokenStore {
             .take_while(move |(_, p)| p.first_token < len)
             .map(move |(i, p)| {
                 let filled = (len - p.first_token).min(p.tokens);
-                let (words, scales) = self.slices(i, 0, filled);
+                let (records, scales) = self.slices(i, 0, filled);
                 PageView {
                     first_token: p.first_token,
                     len: filled,
-                    words,
+                    records,
                     scales,
                 }
             })

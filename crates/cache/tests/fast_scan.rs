@@ -728,3 +728,25 @@ fn integer_value_sums_stay_within_their_bound() {
         }
     }
 }
+
+/// `ScoreTable::rebuild` makes in place the table `new` makes, whatever the table held
+/// (another dimension and width), and leaves it as it was on bad input.
+#[test]
+fn a_rebuilt_table_is_the_new_table() {
+    let mut rng = ChaCha20Rng::seed_from_u64(41);
+    let centroids16: Vec<f32> = (0..16).map(|k| k as f32 / 8.0 - 1.0).collect();
+    let centroids4 = [-1.5f32, -0.5, 0.5, 1.5];
+    let q64 = gaussian(64, &mut rng);
+    let q12 = gaussian(12, &mut rng);
+    let mut table = ScoreTable::new(&q12, &centroids4, 2).unwrap();
+    table.rebuild(&q64, &centroids16, 4).unwrap();
+    assert_eq!(table, ScoreTable::new(&q64, &centroids16, 4).unwrap());
+    let before = table.clone();
+    let mut bad = q12.clone();
+    bad[3] = f32::NAN;
+    assert!(table.rebuild(&bad, &centroids4, 2).is_err());
+    assert!(table.rebuild(&q12, &centroids4, 5).is_err());
+    assert_eq!(table, before);
+    table.rebuild(&q12, &centroids4, 2).unwrap();
+    assert_eq!(table, ScoreTable::new(&q12, &centroids4, 2).unwrap());
+}

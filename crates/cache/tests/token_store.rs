@@ -5,7 +5,16 @@ use half::f16;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use tq_cache::CacheError;
-use tq_cache::token_store::{Growth, MAX_PAGE_TOKENS, STATIC_PAGE_TOKENS, TokenStore};
+use tq_cache::record_order::{FAST_SCAN_BLOCK, RecordOrder};
+use tq_cache::token_store::{Growth, MAX_PAGE_TOKENS, RunRecords, STATIC_PAGE_TOKENS, TokenStore};
+
+/// The words of a rows-order run or page.
+fn rows(records: RunRecords<'_>) -> &[u32] {
+    match records {
+        RunRecords::Rows(words) => words,
+        RunRecords::FastScan { .. } => panic!("a rows store"),
+    }
+}
 
 /// The words and scales token `t` is written with: distinct per token and position.
 fn record_of(t: usize, words: usize, scales: usize) -> (Vec<u32>, Vec<f16>) {
@@ -95,7 +104,10 @@ fn records_runs_and_pages_read_back_what_was_written() {
                     views.iter().map(|v| v.first_token).collect::<Vec<_>>(),
                     if n == 0 { vec![] } else { starts.clone() }
                 );
-                let all: Vec<u32> = views.iter().flat_map(|v| v.words.to_vec()).collect();
+                let all: Vec<u32> = views
+                    .iter()
+                    .flat_map(|v| rows(v.records).to_vec())
+                    .collect();
                 let want: Vec<u32> = (0..n).flat_map(|t| record_of(t, words, scales).0).collect();
                 prop_assert_eq!(all, want);
                 Ok(())
@@ -116,7 +128,8 @@ fn a_static_store_is_one_buffer_of_its_capacity() {
     let views: Vec<_> = store.pages().collect();
     assert_eq!(views.len(), 4);
     for pair in views.windows(2) {
-        assert_eq!(pair[0].words.as_ptr_range().end, pair[1].words.as_ptr());
+        let (a, b) = (rows(pair[0].records), rows(pair[1].records));
+        assert_eq!(a.as_ptr_range().end, b.as_ptr());
         assert_eq!(pair[0].scales.as_ptr_range().end, pair[1].scales.as_ptr());
     }
     assert!(matches!(
@@ -166,4 +179,98 @@ fn a_store_larger_than_memory_is_a_typed_error() {
     }
     // Large but possible: granted, and mapped lazily (nothing to check here but success).
     TokenStore::new(16, 1, Growth::Static { capacity: 1 << 20 }).unwrap();
+}
+
+/// A fast-scan store (records of 4-bit codes, 32 tokens per block, coordinate-major) holds
+/// what a rows store holds: after any sequence of appends, overwrites and truncations every
+/// record reads back (`record_copy`) as last written, runs stop where the rows store's runs
+/// stop and start at the token's slot in its block, and the borrowing reads (`record`,
+/// `run`, `push`, `record_mut`) refuse it rather than hand out permuted words.
+#[test]
+fn a_fast_scan_store_reads_back_what_a_rows_store_holds() {
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 64,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[0x71; 32]),
+    );
+    // (op, argument): 0 push a new record, 1 overwrite token `arg % len`, 2 truncate to
+    // `arg % (len + 1)`.
+    let ops = proptest::collection::vec((0u8..3, any::<u32>()), 0..400);
+    runner
+        .run(
+            &(1usize..10, 0usize..3, growth_strategy(), ops),
+            |(words, scales, (growth, _), ops)| {
+                let mut fast =
+                    TokenStore::with_order(words, scales, growth, RecordOrder::FastScan).unwrap();
+                let mut model: Vec<(Vec<u32>, Vec<f16>)> = Vec::new();
+                for (i, &(op, arg)) in ops.iter().enumerate() {
+                    let (w, s) = record_of(i, words, scales);
+                    // Any 32-bit word is eight 4-bit codes.
+                    let w: Vec<u32> = w.iter().map(|x| x.wrapping_mul(0x9E37_79B9) ^ arg).collect();
+                    match op {
+                        0 => match fast.push_record(&w, &s) {
+                            Ok(()) => model.push((w, s)),
+                            Err(CacheError::ContextOverflow { .. }) => {
+                                let full = matches!(growth, Growth::Static { capacity } if capacity == model.len());
+                                prop_assert!(full, "overflow below capacity");
+                            }
+                            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+                        },
+                        1 if !model.is_empty() => {
+                            let t = arg as usize % model.len();
+                            fast.write_record(t, &w, &s).unwrap();
+                            model[t] = (w, s);
+                        }
+                        _ => {
+                            let len = arg as usize % (model.len() + 1);
+                            fast.truncate(len);
+                            model.truncate(len);
+                        }
+                    }
+                }
+                prop_assert_eq!(fast.len(), model.len());
+                for (t, (w, s)) in model.iter().enumerate() {
+                    let (got_w, got_s) = fast.record_copy(t).unwrap();
+                    prop_assert_eq!(&*got_w, &w[..], "token {}", t);
+                    prop_assert_eq!(got_s, &s[..]);
+                    prop_assert!(fast.record(t).is_none());
+                }
+                let mut t = 0;
+                while let Some((records, s, len)) = fast.records(t, usize::MAX) {
+                    let RunRecords::FastScan { codes, lead } = records else {
+                        return Err(TestCaseError::fail("a rows run from a fast-scan store"));
+                    };
+                    let (page, slot) = page_of(growth, t);
+                    prop_assert_eq!(lead, slot % FAST_SCAN_BLOCK, "token {} of page {}", t, page);
+                    let blocks = (lead + len).div_ceil(FAST_SCAN_BLOCK);
+                    prop_assert_eq!(codes.len(), blocks * words * 8 * 16);
+                    prop_assert_eq!(s.len(), len * scales);
+                    prop_assert!(fast.run(t, usize::MAX).is_none());
+                    t += len;
+                }
+                prop_assert_eq!(t, model.len());
+                prop_assert!(fast.push().is_err());
+                if !model.is_empty() {
+                    prop_assert!(fast.record_mut(0).is_err());
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+/// The page holding token `t` in a fast-scan store under `growth` (whose doubling pages start
+/// at a multiple of 32 tokens) and `t`'s index in it.
+fn page_of(growth: Growth, t: usize) -> (usize, usize) {
+    let growth = match growth {
+        Growth::Doubling { initial } => Growth::Doubling {
+            initial: initial.next_multiple_of(FAST_SCAN_BLOCK),
+        },
+        g => g,
+    };
+    let starts = page_starts(growth, t + 1);
+    let page = starts.len() - 1;
+    (page, t - starts[page])
 }

@@ -293,6 +293,26 @@ fn bench_attention_times_an_allocation_file() {
         "1",
     ]);
     assert!(!ok && stderr.contains("allocation TOML file"), "{stderr}");
+    // A file that does not parse names its problem, not "unknown config".
+    let broken = dir.join("broken.toml");
+    std::fs::write(
+        &broken,
+        "name = \"b\"\nkey = { codec = \"mse\", bits = 4, record_order = \"columns\" }\n\
+         value = { codec = \"mse\", bits = 4 }\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = tq(&[
+        "bench",
+        "attention",
+        "--configs",
+        broken.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert!(
+        !ok && stderr.contains("record_order") && !stderr.contains("unknown config"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -53,6 +53,7 @@ impl Allocation {
                     max_rewind: layout.max_rewind,
                     growth,
                     ring_slots: layout.ring_slots(),
+                    order: resolved.record_order,
                 })
             })
             .collect()

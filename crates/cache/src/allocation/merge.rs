@@ -13,6 +13,7 @@ use crate::allocation::schema::{CodecKind, StreamSettings};
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
 use crate::codec::{MseSpec, ProdSpec};
+use crate::record_order::RecordOrder;
 
 /// The table a patch comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +72,7 @@ pub(crate) struct Merged {
     norm_correction: Option<Sourced<bool>>,
     center: Option<Sourced<CenterPolicy>>,
     basis: Option<Sourced<BasisPolicy>>,
+    record_order: Option<Sourced<RecordOrder>>,
     window: Option<Sourced<RecentWindow>>,
 }
 
@@ -93,6 +95,8 @@ pub(crate) struct Resolved {
     /// over a two-tier split gives).
     pub basis: BasisPolicy,
     pub basis_path: Option<Origin>,
+    /// The memory order of the stream's records.
+    pub record_order: RecordOrder,
     /// The stream's own recent window, `None` when no table set one (the allocation's
     /// top-level `recent_fp_tokens` / `recent_fraction` apply).
     pub window: Option<RecentWindow>,
@@ -118,6 +122,7 @@ impl Merged {
             norm_correction: None,
             center: None,
             basis: None,
+            record_order: None,
             window: None,
         }
     }
@@ -158,6 +163,7 @@ impl Merged {
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
         set(&mut self.basis, patch.basis, origin);
+        set(&mut self.record_order, patch.record_order, origin);
         set(&mut self.window, patch.window(), origin);
     }
 
@@ -187,6 +193,14 @@ impl Merged {
         {
             return Err(AllocationError::field(
                 b.origin.path("basis"),
+                FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(o) = self.record_order
+            && o.origin.section == Section::Outliers
+        {
+            return Err(AllocationError::field(
+                o.origin.path("record_order"),
                 FieldProblem::WholeStreamOnly,
             ));
         }
@@ -298,6 +312,7 @@ impl Merged {
             center: self.center.map_or(CenterPolicy::None, |c| c.value),
             basis: self.basis.map_or(BasisPolicy::None, |b| b.value),
             basis_path: self.basis.map(|b| b.origin),
+            record_order: self.record_order.map_or(RecordOrder::Rows, |o| o.value),
             window: self.window.map(|w| w.value),
         })
     }

@@ -171,6 +171,9 @@ pub struct ResolvedStream {
     pub center: CenterPolicy,
     /// Whether the stream fits a data-aware basis (see [`basis`](crate::basis)).
     pub basis: BasisPolicy,
+    /// The memory order asked of the stream's records
+    /// ([`body_order`](crate::stream::body_order) says which take it).
+    pub record_order: crate::record_order::RecordOrder,
     /// The newest tokens the stream keeps unquantized: its own window if a table set one, else
     /// the allocation's top-level one (ignored on sliding-window layers). A count, a fraction
     /// of the tokens held or both: [`RecentWindow::tokens_at`] gives its tokens at a length.

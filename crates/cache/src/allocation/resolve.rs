@@ -218,6 +218,7 @@ impl Allocation {
             plan,
             center,
             basis,
+            record_order: whole.record_order,
             recent: whole.window.unwrap_or(self.top_level_window()),
         })
     }

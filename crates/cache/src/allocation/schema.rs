@@ -13,6 +13,7 @@ use tq_rotation::RotationKind;
 use crate::allocation::plan::RecentWindow;
 use crate::basis::BasisPolicy;
 use crate::center::CenterPolicy;
+use crate::record_order::RecordOrder;
 
 /// The base seed used when a file gives none ("TQ-ALLOC" in ASCII; below 2⁶³ because TOML
 /// integers are signed 64-bit).
@@ -255,6 +256,14 @@ pub struct StreamSettings {
     /// [`basis`](crate::basis)). Not allowed in `[outliers]`, nor together with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<BasisPolicy>,
+    /// The memory order of the stream's compressed records (default `rows`). `fast-scan`
+    /// stores 4-bit TQ_mse records 32 tokens at a time, coordinate-major: attention then
+    /// scores keys with byte-table look-ups and sums values in integers in that layout (see
+    /// [`attention::fast_scan`](crate::attention::fast_scan)). Other codecs keep rows
+    /// ([`body_order`](crate::stream::body_order)). The same bytes either way. Not allowed in
+    /// `[outliers]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_order: Option<RecordOrder>,
     /// This stream's own recent window: the newest tokens kept unquantized, replacing the
     /// allocation's top-level `recent_fp_tokens` for the streams the table applies to (so an
     /// `[[override]]` can give one layer, head or stream a longer or shorter window). Not

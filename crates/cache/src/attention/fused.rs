@@ -13,7 +13,10 @@
 //! equal-bit group: the query is projected onto the basis once (`U·q`), each group gathers its
 //! components, rotates them and folds its scale `a_G` in; outputs scatter to the components
 //! (times `a_G`) and map back through `Uᵀ` once per output row. The inner loops are the run kernels of [`simd`](super::simd)
-//! (AVX2, NEON or scalar, chosen once per call).
+//! (AVX2, NEON or scalar, chosen once per call). A body stored in the fast-scan order
+//! ([`RecordOrder::FastScan`]: 4-bit single-part TQ_mse records, 32 tokens per block,
+//! coordinate-major) is scored with per-head byte tables and its values summed in integers
+//! from its blocks, by the [`fast_scan`] run kernels instead.
 //!
 //! Work splits into blocks of [`block_tokens`] visible tokens per (query, KV head) (256 up
 //! to 2048, growing with the visible range so per-block costs stay small), flash-decoding style: each block keeps its own max, sum and accumulators, and blocks are
@@ -25,12 +28,15 @@ use rayon::prelude::*;
 use tq_qjl::QjlSketch;
 use tq_rotation::Rotation;
 
+use super::fast_scan;
 use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
+use crate::record_order::RecordOrder;
 use crate::stream::Stream;
 use crate::token_codec::TokenCodec;
+use crate::token_store::RunRecords;
 
 /// Fewest visible tokens per work item.
 pub const BLOCK_TOKENS: usize = 256;
@@ -301,12 +307,23 @@ struct HeadPlan<'a> {
 /// instead of being collected).
 fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
     let (keys, values) = (cache.keys(g), cache.values(g));
-    Ok(HeadPlan {
+    let plan = HeadPlan {
         keys,
         values,
         key_parts: parts_of(keys.codec())?,
         value_parts: parts_of(values.codec())?,
-    })
+    };
+    // The fast-scan runs read one coded part (`stream::body_order` gives that order to
+    // single-part TQ_mse bodies only).
+    for (stream, parts) in [(keys, &plan.key_parts), (values, &plan.value_parts)] {
+        let single_codes = parts.len() == 1 && matches!(parts[0].body, Body::Codes { .. });
+        if stream.body().order() == RecordOrder::FastScan && !single_codes {
+            return Err(CacheError::InvalidConfig(
+                "a fast-scan body must hold single-part codes".into(),
+            ));
+        }
+    }
+    Ok(plan)
 }
 
 /// The query heads of one GQA group prepared against one key part, `[group, ·]` row-major.
@@ -334,6 +351,53 @@ struct PreparedGroup {
     window: Vec<f32>,
     /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
+    /// For a key body in the fast-scan order, each head's byte table of the part's rotated
+    /// query ([`fast_scan::ScoreTable`]); empty otherwise.
+    tables: Vec<fast_scan::ScoreTable>,
+}
+
+/// [`PreparedGroup::tables`] for the keys of one KV head.
+fn prepare_tables(
+    keys: &Stream,
+    parts: &Parts<'_>,
+    out: &mut PreparedGroup,
+) -> Result<(), CacheError> {
+    if keys.body().order() != RecordOrder::FastScan {
+        out.tables.clear();
+        return Ok(());
+    }
+    // `body_order` gives the fast-scan order to single-part TQ_mse records only.
+    let (
+        Some(Part {
+            body: Body::Codes {
+                bits, centroids, ..
+            },
+            dim,
+            ..
+        }),
+        Some(prepared),
+    ) = (parts.first(), out.parts.first())
+    else {
+        return Err(CacheError::InvalidConfig(
+            "a fast-scan body must hold single-part codes".into(),
+        ));
+    };
+    let queries = prepared.keys.queries();
+    let heads = queries.len() / dim;
+    // Kept between calls and rebuilt in place: a decode step allocates no table.
+    out.tables.truncate(heads);
+    for (h, q) in queries.chunks_exact(*dim).enumerate() {
+        let table_error = |e: fast_scan::FastScanError| {
+            CacheError::InvalidConfig(format!("fast-scan query table: {e}"))
+        };
+        match out.tables.get_mut(h) {
+            Some(table) => table.rebuild(q, centroids, *bits).map_err(table_error)?,
+            None => out
+                .tables
+                .push(fast_scan::ScoreTable::new(q, centroids, *bits).map_err(table_error)?),
+        }
+    }
+    Ok(())
 }
 
 /// [`PreparedGroup::window`]: the scaled query rows in the coordinates of the keys' 8-bit
@@ -500,6 +564,8 @@ struct BlockScratch {
     window_back: Vec<f32>,
     /// An 8-bit copy as f32 bit patterns, `s·c_j` (exact in f32).
     window_words: Vec<u32>,
+    /// The value sums of fast-scan runs.
+    fast: fast_scan::RunScratch,
 }
 
 /// The 8-bit copies `codes` (one step per record in `steps`) as an f32 plain run in the window
@@ -571,8 +637,14 @@ static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec:
 
 /// What [`walk`] hands over: a run of body records, or one copy (plain, or 8-bit).
 #[derive(Clone, Copy)]
-enum Record {
+enum Record<'a> {
     Body,
+    /// Body records in the fast-scan order: the blocks covering the run, which starts at slot
+    /// `lead` of the first (the visit's words are empty).
+    FastScan {
+        codes: &'a [u8],
+        lead: usize,
+    },
     Plain(PlainKind),
     /// An 8-bit window copy (words: its codes; scales: its step). The codes live in the
     /// window codec's rotated coordinates, so the copy is scored against the rotated query
@@ -588,7 +660,7 @@ fn walk<'a>(
     stream: &'a Stream,
     range: std::ops::Range<usize>,
     window_start: usize,
-    mut visit: impl FnMut(usize, &'a [u32], &'a [f16], usize, Record),
+    mut visit: impl FnMut(usize, &'a [u32], &'a [f16], usize, Record<'a>),
 ) {
     let body = stream.body();
     let sink_end = stream.sink_end();
@@ -618,10 +690,15 @@ fn walk<'a>(
             t += 1;
         } else {
             let limit = range.end.min(window_start) - t;
-            let Some((w, s, n)) = body.run(stream.body_slot(t), limit) else {
+            let Some((records, s, n)) = body.records(stream.body_slot(t), limit) else {
                 return;
             };
-            visit(t, w, s, n, Record::Body);
+            match records {
+                RunRecords::Rows(w) => visit(t, w, s, n, Record::Body),
+                RunRecords::FastScan { codes, lead } => {
+                    visit(t, &[], s, n, Record::FastScan { codes, lead })
+                }
+            }
             t += n;
         }
     }
@@ -742,6 +819,7 @@ fn run_block_with(
         window_values,
         window_back,
         window_words,
+        fast,
     } = scratch;
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
     let scores = zeroed(scores, group * len);
@@ -752,6 +830,12 @@ fn run_block_with(
         |t, words, halves, n, record| {
             let out = &mut scores[t - start..];
             let record_words = words.len() / n;
+            if let Record::FastScan { codes, lead } = record {
+                scales.load(isa, halves, n);
+                let norms = (&scales.all[..], scales.per_token);
+                fast_scan::score_run(isa, &prepared.tables, codes, lead, n, norms, out, len);
+                return;
+            }
             if let Record::Q8 = record {
                 // (Πq)·(s·c) per head: the copies as f32 in their rotated coordinates, through
                 // the plain kernel.
@@ -851,6 +935,32 @@ fn run_block_with(
             let i = t - start;
             let record_words = words.len() / n;
             let weights = &probabilities[i * group..(i + n) * group];
+            if let Record::FastScan { codes, lead } = record {
+                // One coded part: `head_plan` refuses any other fast-scan body.
+                let (Some(part), Some(acc)) = (plan.value_parts.first(), parts.first_mut()) else {
+                    return;
+                };
+                let Body::Codes { centroids, .. } = &part.body else {
+                    return;
+                };
+                scales.load(isa, halves, n);
+                let norms = (&scales.all[..], scales.per_token);
+                let values = ensure(&mut acc.values, group * part.dim);
+                let (table, gamma) = fast_scan::centroid_bytes(centroids);
+                fast_scan::accumulate_run(
+                    isa,
+                    codes,
+                    lead,
+                    n,
+                    part.dim,
+                    (&table, gamma),
+                    (weights, group),
+                    norms,
+                    fast,
+                    values,
+                );
+                return;
+            }
             if let Record::Q8 = record {
                 let run = q8_as_f32(words, halves, d, window_words);
                 simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));
@@ -1031,6 +1141,7 @@ fn attend_with(
             .try_for_each(|(i, (p, q))| {
                 let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
                 prepare(isa, &plan.key_parts, q, d, shape.scale, p)?;
+                prepare_tables(plan.keys, &plan.key_parts, p)?;
                 prepare_window(plan.keys, d, p)
             })?;
         let wave_prepared = &prepared[..wave];

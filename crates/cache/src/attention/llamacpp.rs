@@ -153,13 +153,21 @@ struct Rows<'a> {
     range: std::ops::Range<usize>,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
     /// The f16 key and value records of token `t` (two f16 per `u32`, low half first).
     fn records(&self, t: usize) -> Result<(&[u32], &[u32]), CacheError> {
         let missing = || CacheError::InvalidConfig("token missing".into());
+        // f16 records are rows, borrowed from the store.
+        let borrowed = |record: std::borrow::Cow<'a, [u32]>| match record {
+            std::borrow::Cow::Borrowed(words) => Some(words),
+            std::borrow::Cow::Owned(_) => None,
+        };
         let (_, k, _) = self.keys.token(t).ok_or_else(missing)?;
         let (_, v, _) = self.values.token(t).ok_or_else(missing)?;
-        Ok((k, v))
+        Ok((
+            borrowed(k).ok_or_else(missing)?,
+            borrowed(v).ok_or_else(missing)?,
+        ))
     }
 }
 

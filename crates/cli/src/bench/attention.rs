@@ -234,13 +234,17 @@ const SHAPES: [BenchShape; 2] = [
 /// error.
 fn chosen_configs(configs: &[String]) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let presets: Vec<&str> = Allocation::preset_names().collect();
-    if let Some(unknown) = configs.iter().find(|c| {
-        !matches!(c.as_str(), "f32" | "f16")
-            && !presets.contains(&c.as_str())
-            && Allocation::load(c.as_str()).is_err()
-    }) {
+    for config in configs {
+        if matches!(config.as_str(), "f32" | "f16") || presets.contains(&config.as_str()) {
+            continue;
+        }
+        // A file that exists but does not parse says why; anything else is an unknown name.
+        if std::path::Path::new(config).is_file() {
+            Allocation::load(config.as_str()).map_err(|e| format!("config `{config}`: {e}"))?;
+            continue;
+        }
         return Err(format!(
-            "unknown config `{unknown}` (f32, f16, an allocation TOML file or a preset: {})",
+            "unknown config `{config}` (f32, f16, an allocation TOML file or a preset: {})",
             presets.join(", ")
         )
         .into());

@@ -315,12 +315,12 @@ fn body_error(
             for i in 0..n {
                 let t = start + i;
                 let index = layout.ring_slots().map_or(t, |slots| t % slots);
-                let Some((record, scales)) = stream.body().record(index) else {
+                let Some((record, scales)) = stream.body().record_copy(index) else {
                     continue;
                 };
                 stream
                     .codec()
-                    .decode_into(record, scales, &mut scratch, &mut stored)?;
+                    .decode_into(&record, scales, &mut scratch, &mut stored)?;
                 if let Some(mean) = stream.mean() {
                     for (s, m) in stored.iter_mut().zip(mean) {
                         *s += m;

@@ -240,7 +240,7 @@ fn rotate_back(
 /// One block's integer value sums into `lanes` (`values_int::accumulate_block`), in AVX2
 /// registers where the CPU has them (AVX-512 CPUs too), in NEON registers on aarch64, else
 /// the reference loop: the same integers and float steps.
-fn accumulate_int(
+pub(super) fn accumulate_int(
     isa: Isa,
     codes: &[u8],
     padded_dim: usize,

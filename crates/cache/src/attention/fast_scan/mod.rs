@@ -31,12 +31,19 @@
 //! values in integers too (7-bit weights per block and head, 8-bit centroids, `vpmaddubsw`),
 //! with a derived and tested error bound.
 //!
-//! **Limits of this first layout**: single-part TurboQuant_mse codes of b ≤ 4 bits
-//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); its
-//! f32 value side is slower than the fused kernel's on AVX-512 (`tq bench scan --attention`);
-//! on AVX2 a whole step in f32 is 1.0–1.1× the f16 kernel, with integer value sums
-//! 2.0–2.3× (docs/results.md); not yet wired into
-//! [`KvCache`](crate::kv_cache::KvCache) or the fused kernel, which stays the reference. On
+//! **In the cache.** A stream whose allocation asks for `record_order = "fast-scan"` stores its
+//! body in this layout ([`record_order`](crate::record_order): the same bytes as its rows), and
+//! the fused kernel scores and sums its runs with these kernels (the module `runs`): keys
+//! through each query head's [`ScoreTable`], values in integers as [`ValueSums::Int8`] sums
+//! them, both tested (`tests/fast_scan_cache.rs`). Measured on Zen 3 (AVX2, docs/results.md):
+//! a 4-bit cache decodes 1.5–1.8× faster in this order than in rows at 16K–64K tokens, with
+//! the same KL divergence within its error.
+//!
+//! **Limits**: single-part TurboQuant_mse codes of b ≤ 4 bits, and in the cache 4 bits only
+//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); the
+//! f32 value sums of [`attend`] are slower than the fused kernel's on AVX-512 and AVX2
+//! (`tq bench scan --attention`), the integer ones 2.0–2.3× the f16 kernel for a whole
+//! standalone step on AVX2 (docs/results.md). On
 //! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass) and sums
 //! integer values with `tbl` and `smull` (tested under QEMU, not timed on hardware); its f32
 //! value sums run the scalar loops, which give the same bits. AVX-512 CPUs take the AVX2
@@ -62,6 +69,7 @@ mod attend;
 mod layout;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod runs;
 mod scalar;
 mod table;
 mod values_int;
@@ -71,7 +79,9 @@ mod x86;
 
 pub use attend::{AttendScratch, FastScanStream, ValueSums, attend, attend_with};
 pub use layout::FastScanBlocks;
+pub(crate) use runs::{RunScratch, accumulate_run, score_run};
 pub use table::ScoreTable;
+pub(crate) use values_int::centroid_bytes;
 
 use super::simd::Isa;
 

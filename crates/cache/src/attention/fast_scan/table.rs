@@ -20,6 +20,26 @@ impl ScoreTable {
     /// The table of `rotated_query` (`Π·q`, length `d`) against `centroids` (the codebook,
     /// `2^bits` values).
     pub fn new(rotated_query: &[f32], centroids: &[f32], bits: u8) -> Result<Self, FastScanError> {
+        let mut table = Self {
+            dim: 0,
+            bits,
+            entries: Vec::new(),
+            step: 1.0,
+            offset: 0.0,
+        };
+        table.rebuild(rotated_query, centroids, bits)?;
+        Ok(table)
+    }
+
+    /// This table made [`new`](Self::new)`(rotated_query, centroids, bits)` in place, reusing
+    /// its memory (the cache's decode loop builds one per query head and step). Left unchanged
+    /// on an error.
+    pub fn rebuild(
+        &mut self,
+        rotated_query: &[f32],
+        centroids: &[f32],
+        bits: u8,
+    ) -> Result<(), FastScanError> {
         if !(1..=4).contains(&bits) {
             return Err(FastScanError::UnsupportedBits { bits });
         }
@@ -48,7 +68,9 @@ impl ScoreTable {
         // Per coordinate the products span |q'_j|·(c_max − c_min); the widest sets the step.
         let widest = rotated_query.iter().fold(0.0f32, |m, q| m.max(q.abs())) * (c_max - c_min);
         let step = if widest > 0.0 { widest / 255.0 } else { 1.0 };
-        let mut entries = vec![0u8; dim.next_multiple_of(4) * LANE_BYTES];
+        let entries = &mut self.entries;
+        entries.clear();
+        entries.resize(dim.next_multiple_of(4) * LANE_BYTES, 0);
         let mut offset = 0.0f64;
         for (j, &q) in rotated_query.iter().enumerate() {
             let o = q * if q >= 0.0 { c_min } else { c_max };
@@ -58,13 +80,11 @@ impl ScoreTable {
                 entries[j * LANE_BYTES + k] = u.clamp(0.0, 255.0) as u8;
             }
         }
-        Ok(Self {
-            dim,
-            bits,
-            entries,
-            step,
-            offset: offset as f32,
-        })
+        self.dim = dim;
+        self.bits = bits;
+        self.step = step;
+        self.offset = offset as f32;
+        Ok(())
     }
 
     /// The head dimension.

@@ -30,7 +30,7 @@ const LEVELS: f32 = 127.0;
 
 /// `(e, γ)`: the centroids (up to 16) as signed bytes `round(c_k / γ)`, padded with zeros to
 /// 16 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
-pub(super) fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
+pub(crate) fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
     let max = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
     let gamma = max / LEVELS;
     let mut e = [0i8; 16];

@@ -1,0 +1,164 @@
+//! The fast scan on a cache's records: runs of a [`TokenStore`](crate::token_store::TokenStore)
+//! kept in [`RecordOrder::FastScan`](crate::record_order::RecordOrder::FastScan), as the fused
+//! kernel walks them ([`RunRecords::FastScan`](crate::token_store::RunRecords::FastScan): the
+//! whole blocks of 32 records that cover the run, the run starting at slot `lead`).
+//!
+//! [`score_run`] gives each token of the run its fast score against each head's
+//! [`ScoreTable`]; [`accumulate_run`] adds each head's weighted values, in the rotated domain,
+//! to the fused kernel's accumulator, summed in integers. Both read the blocks with the kernels
+//! of the standalone layout ([`FastScanBlocks`](super::FastScanBlocks)), whose bytes these
+//! are, so a token's score is the one [`scores`](super::scores) gives for it, bit for bit,
+//! wherever its block starts in the run. Slots of a block outside the run are read and
+//! ignored: their scores are not written and their weights are zero.
+//!
+//! Why integer value sums: values summed in f32 from this layout (a centroid looked up per
+//! code and multiplied by each head's weight, sixteen lanes per coordinate) measured no faster
+//! than the rows kernel, which does the same work per code; `vpmaddubsw` multiplies and pairs
+//! 32 tokens' weight and centroid bytes in one instruction (docs/results.md, "The fast-scan
+//! order in the cache").
+
+use super::layout::LANE_BYTES;
+use super::{BLOCK, ScoreTable, sums_tile};
+use crate::attention::simd::Isa;
+
+/// The slots of block `b` of a run of `n` tokens that starts at slot `lead` of block 0, as
+/// `(first slot, end slot, run index of the first slot)`; `None` past the run.
+fn block_slots(b: usize, lead: usize, n: usize) -> Option<(usize, usize, usize)> {
+    let lo = if b == 0 { lead } else { 0 };
+    let first = (b * BLOCK + lo).checked_sub(lead)?;
+    (first < n).then(|| (lo, BLOCK.min(lo + n - first), first))
+}
+
+/// `out[h·row + k] = norm_k · (δ_h · sum_h(k) + o_h)` for the `n` tokens `k` of the run whose
+/// blocks are `codes` (from slot `lead`), `tables[h]` the table of head `h`; `norms[k·stride]`
+/// is token `k`'s norm.
+///
+/// # Panics
+/// If `codes` is not whole blocks of the tables' width, or `out` / `norms` are too short.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn score_run(
+    isa: Isa,
+    tables: &[ScoreTable],
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    (norms, stride): (&[f32], usize),
+    out: &mut [f32],
+    row: usize,
+) {
+    let Some(first) = tables.first() else {
+        return;
+    };
+    let block_bytes = first.entries().len();
+    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK);
+    let mut sums = [[0u32; BLOCK]; 4];
+    for (b, block) in codes.chunks_exact(block_bytes).enumerate() {
+        let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
+            break;
+        };
+        for (tile, group) in tables.chunks(4).enumerate() {
+            sums_tile(isa, group, block, &mut sums[..group.len()]);
+            for (g, table) in group.iter().enumerate() {
+                let h = 4 * tile + g;
+                let out = &mut out[h * row + k0..h * row + k0 + hi - lo];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let norm = norms[(k0 + i) * stride];
+                    *o = norm * table.dequantize(sums[g][lo + i]);
+                }
+            }
+        }
+    }
+}
+
+/// Reusable buffers of [`accumulate_run`].
+#[derive(Default)]
+pub(crate) struct RunScratch {
+    /// Each head's weight bytes of one block.
+    bytes: Vec<[u8; BLOCK]>,
+    /// Each head's weight scale of one block.
+    scales: Vec<f32>,
+    /// `[group, dim, 4]`: the run's scaled partial sums per head and coordinate.
+    lanes: Vec<f32>,
+}
+
+/// `out[h·dim + j] += Σ_k w_hk · c[code(k, j)]`, `w_hk = p[k·group + h] · norm_k`, over the `n`
+/// tokens of the run whose blocks are `codes` (from slot `lead`): each head's weighted values
+/// in the rotated domain, summed in integers as [`attend_with`](super::attend_with)'s
+/// [`ValueSums::Int8`](super::ValueSums::Int8) sums them (the module `values_int`): per block
+/// and head 7-bit weights `round(w / s)`, `s` the block's largest weight over 127, times the
+/// centroids as bytes `e = round(c / γ)` (`table`, `gamma`), exact integer sums scaled by `s`
+/// into four lanes per coordinate, reduced once per run times `γ`. Slots outside the run weigh
+/// zero. Each coordinate is within `Σ_b (s_b/2)·Σ_t |e_t γ| + Σ_t w_t γ/2` of the exact sum
+/// (tested, `tests/fast_scan_cache.rs`).
+///
+/// # Panics
+/// If `codes` is not whole blocks of `dim` coordinates, `dim` is not a multiple of 4, or a
+/// slice is too short.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate_run(
+    isa: Isa,
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    dim: usize,
+    (table, gamma): (&[i8; 16], f32),
+    (probabilities, group): (&[f32], usize),
+    (norms, stride): (&[f32], usize),
+    scratch: &mut RunScratch,
+    out: &mut [f32],
+) {
+    let block_bytes = dim * LANE_BYTES;
+    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK && dim.is_multiple_of(4));
+    let RunScratch {
+        bytes,
+        scales,
+        lanes,
+    } = scratch;
+    bytes.resize(group, [0; BLOCK]);
+    scales.resize(group, 0.0);
+    lanes.clear();
+    lanes.resize(group * dim * 4, 0.0);
+    let mut w = [0.0f32; BLOCK];
+    for (b, block) in codes.chunks_exact(block_bytes).enumerate() {
+        let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
+            break;
+        };
+        for h in 0..group {
+            w.fill(0.0);
+            for (i, slot) in (lo..hi).enumerate() {
+                let k = k0 + i;
+                w[slot] = probabilities[k * group + h] * norms[k * stride];
+            }
+            scales[h] = super::values_int::weight_bytes(&w, &mut bytes[h]);
+        }
+        super::attend::accumulate_int(isa, block, dim, table, bytes, scales, lanes);
+    }
+    for (o, partials) in out.iter_mut().zip(lanes.chunks_exact(4)) {
+        *o += super::values_int::reduce(partials, gamma);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_slots_cover_the_run_once() {
+        for lead in [0, 1, 17, 31] {
+            for n in [1, 2, 15, 31, 32, 33, 64, 100] {
+                let mut seen = Vec::new();
+                for b in 0.. {
+                    let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
+                        break;
+                    };
+                    assert!(lo < hi && hi <= BLOCK);
+                    for (i, slot) in (lo..hi).enumerate() {
+                        assert_eq!(b * BLOCK + slot - lead, k0 + i);
+                        seen.push(k0 + i);
+                    }
+                }
+                assert_eq!(seen, (0..n).collect::<Vec<_>>(), "lead {lead}, n {n}");
+            }
+        }
+    }
+}

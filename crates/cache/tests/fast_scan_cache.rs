@@ -1,0 +1,605 @@
+//! The fused kernel on bodies stored in the fast-scan order (a stream's `record_order =
+//! "fast-scan"`):
+//!
+//! - values alone in that order (keys f16) are summed in integers: with zero queries (every
+//!   weight 1) they give the integer sums computed here token by token within f32 rounding
+//!   (`2e-4·max|v| + 1e-5`, as `simd_fused.rs`), so any token read from the wrong slot, or
+//!   weighted wrongly, shows; with any queries they stay within the derived bound of the
+//!   integer sums of the rows order's output;
+//! - keys alone in that order (values f16) give the softmax of the fast scores computed
+//!   independently here, token by token, from each token's codes through the public
+//!   [`ScoreTable`] and [`block_sums`] (f64 softmax, same tolerance);
+//! - with both, windows, sinks and rings: bit-identical across thread counts, the same records
+//!   as the rows order (decoded token by token), a saved cache reloads bit-identical, and the
+//!   output stays within the derived bound of the rows order: each score moves by at most
+//!   `ε = norm·d·δ/2` (the table's rounding), so each softmax weight by a factor within
+//!   `e^{±2ε}` and each output coordinate by at most `(e^{2ε} − 1)·max_t |v_t|`.
+
+mod common;
+
+use common::{growing, sliding, vectors};
+use tq_cache::TokenCodec;
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::AttentionShape;
+use tq_cache::attention::fast_scan::{BLOCK, FastScanBlocks, ScoreTable, block_sums};
+use tq_cache::attention::simd::{Isa, fused_attention_on};
+use tq_cache::codec::CodecScratch;
+use tq_cache::kv_cache::{KvCache, KvLayout};
+use tq_cache::record_order::RecordOrder;
+
+const D: usize = 64;
+
+/// `body` with every stream table's `ORDER` made `record_order = "fast-scan"` (or nothing).
+fn allocation(body: &str, fast: bool) -> Allocation {
+    let order = if fast {
+        ", record_order = \"fast-scan\""
+    } else {
+        ""
+    };
+    let body = body.replace(", ORDER", order);
+    Allocation::from_toml_str(&format!("name = \"t\"\n{body}")).unwrap()
+}
+
+fn cache(layout: KvLayout, body: &str, fast: bool, tokens: usize, seed: u64) -> KvCache {
+    let mut cache = KvCache::with_allocation(layout, &allocation(body, fast), 0, 1).unwrap();
+    common::fill(&mut cache, 0, tokens, seed);
+    cache
+}
+
+fn shape(q_heads: usize) -> AttentionShape {
+    AttentionShape {
+        q_heads,
+        scale: 1.0 / (D as f32).sqrt(),
+    }
+}
+
+fn run(isa: Isa, cache: &KvCache, q_heads: usize, positions: &[u32], seed: u64) -> Vec<f32> {
+    let queries = vectors(positions.len() * q_heads, D, seed);
+    let mut out = vec![0.0f32; queries.len()];
+    fused_attention_on(isa, cache, &queries, positions, shape(q_heads), &mut out).unwrap();
+    out
+}
+
+fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+fn max_abs_value(cache: &KvCache) -> f32 {
+    let mut scratch = CodecScratch::new(D);
+    let mut v = vec![0.0f32; D];
+    let mut max = 0.0f32;
+    for g in 0..cache.layout().kv_heads {
+        let values = cache.values(g);
+        for t in values.first_stored()..values.len() {
+            values.decode(t, &mut scratch, &mut v).unwrap();
+            max = v.iter().fold(max, |m, x| m.max(x.abs()));
+        }
+    }
+    max
+}
+
+fn close(what: &str, got: &[f32], expected: &[f32], tolerance: f32) {
+    for (i, (a, b)) in got.iter().zip(expected).enumerate() {
+        assert!(
+            (a - b).abs() <= tolerance,
+            "{what}: output {i}: {a} vs {b} (tolerance {tolerance})"
+        );
+    }
+}
+
+const VALUES_ONLY: &str =
+    "key = { codec = \"f16\", ORDER }\nvalue = { codec = \"mse\", bits = 4, ORDER }";
+const KEYS_ONLY: &str =
+    "key = { codec = \"mse\", bits = 4, ORDER }\nvalue = { codec = \"f16\", ORDER }";
+const BOTH: &str =
+    "key = { codec = \"mse\", bits = 4, ORDER }\nvalue = { codec = \"mse\", bits = 4, ORDER }";
+const WINDOWS: &str = "sink_tokens = 2\nrecent_fp_tokens = 40\n\
+    key = { codec = \"mse\", bits = 4, ORDER }\nvalue = { codec = \"mse\", bits = 4, ORDER }";
+const WINDOWS_Q8: &str = "sink_tokens = 2\nrecent_fp_tokens = 50\nrecent_dtype = \"q8\"\n\
+    key = { codec = \"mse\", bits = 4, center = \"first-chunk\", ORDER }\n\
+    value = { codec = \"mse\", bits = 4, norm_correction = true, ORDER }";
+
+#[test]
+fn only_four_bit_mse_bodies_take_the_fast_scan_order() {
+    let both = cache(growing(2, D), BOTH, true, 40, 1);
+    let values_only = cache(growing(2, D), VALUES_ONLY, true, 40, 1);
+    let rows = cache(growing(2, D), BOTH, false, 40, 1);
+    let three_bits = cache(
+        growing(2, D),
+        "key = { codec = \"mse\", bits = 3, ORDER }\nvalue = { codec = \"mse\", bits = 5, ORDER }",
+        true,
+        40,
+        1,
+    );
+    for g in 0..2 {
+        let order = |c: &KvCache| [c.keys(g), c.values(g)].map(|s| s.body().order());
+        assert_eq!(order(&both), [RecordOrder::FastScan; 2]);
+        assert_eq!(
+            order(&values_only),
+            [RecordOrder::Rows, RecordOrder::FastScan]
+        );
+        assert_eq!(order(&rows), [RecordOrder::Rows; 2]);
+        assert_eq!(order(&three_bits), [RecordOrder::Rows; 2]);
+    }
+    // The same bytes as rows.
+    assert_eq!(both.bytes_per_token(), rows.bytes_per_token());
+}
+
+/// Values in the fast-scan order are summed in integers: with zero queries every visible token
+/// weighs `e^0 = 1` (checked first, on every instruction set), so each block's weight bytes and
+/// scale, the centroid bytes and the exact integer sums can be computed here from each token's
+/// codes and norm, and the output must be their mean, turned back, within f32 rounding
+/// (`2e-4·max|v| + 1e-5`). A token read from the wrong slot, a weight of the wrong token or a
+/// block scaled by another block's scale moves a coordinate by more than that.
+#[test]
+fn fast_scan_values_sum_the_integer_weights() {
+    for isa in Isa::available() {
+        let mut ones = [0.0f32; 37];
+        assert_eq!(
+            tq_cache::attention::simd::exp_shifted_sum(isa, &mut ones, 0.0),
+            37.0
+        );
+        assert!(ones.iter().all(|&p| p == 1.0), "{isa:?}: e^0 is not 1");
+    }
+    let (kv, q_heads) = (2usize, 6usize);
+    for tokens in [1300usize, 9000] {
+        let fast = cache(growing(kv, D), VALUES_ONLY, true, tokens, 3);
+        let tolerance = 2e-4 * max_abs_value(&fast) + 1e-5;
+        let last = tokens as u32 - 1;
+        let positions = [0u32, 5, 31, 32, 700, 1299, last];
+        let zeros = vec![0.0f32; positions.len() * q_heads * D];
+        for g in 0..kv {
+            let values = fast.values(g);
+            let TokenCodec::Mse(codec) = values.codec() else {
+                panic!("4-bit TQ_mse values")
+            };
+            let centroids = codec.codebook().centroids_f32();
+            let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
+            let e: Vec<f64> = centroids
+                .iter()
+                .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
+                .collect();
+            let mut codes = vec![0u8; D];
+            let records: Vec<(Vec<u8>, f32)> = (0..tokens)
+                .map(|t| {
+                    let (words, scales) = values.body().record_copy(t).unwrap();
+                    tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+                    (codes.clone(), scales[0].to_f32())
+                })
+                .collect();
+            for (i, &p) in positions.iter().enumerate() {
+                let visible = &records[..=p as usize];
+                let mut rotated = vec![0.0f64; D];
+                for block in visible.chunks(BLOCK) {
+                    // The kernel's f32 steps: the block's scale, each weight's byte.
+                    let scale = block.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
+                    for (codes, w) in block {
+                        let u = f64::from((w / scale).min(127.0).round_ties_even());
+                        for (r, &c) in rotated.iter_mut().zip(codes) {
+                            *r += f64::from(scale) * u * e[usize::from(c)];
+                        }
+                    }
+                }
+                let mean: Vec<f32> = rotated
+                    .iter()
+                    .map(|r| (r * f64::from(gamma) / visible.len() as f64) as f32)
+                    .collect();
+                let mut expected = vec![0.0f32; D];
+                codec
+                    .rotation()
+                    .apply_inverse(&mean, &mut expected)
+                    .unwrap();
+                for isa in Isa::available() {
+                    let mut got = vec![0.0f32; zeros.len()];
+                    fused_attention_on(isa, &fast, &zeros, &positions, shape(q_heads), &mut got)
+                        .unwrap();
+                    for h in 0..q_heads / kv {
+                        let row = (i * kv + g) * (q_heads / kv) + h;
+                        close(
+                            &format!("{tokens} tokens, {isa:?}, head {g}/{h}, position {p}"),
+                            &got[row * D..(row + 1) * D],
+                            &expected,
+                            tolerance,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Values in the fast-scan order against the rows order, any queries: within the derived
+/// bound of the integer sums. Per block `b` and head the weights `w_t = p_t·‖v_t‖` round to
+/// steps `s_b = max w / 127` (error ≤ `s_b/2` each) and the centroids to steps
+/// `γ = max|c| / 127` (error ≤ `γ/2`), so rotated coordinate `j` moves by at most
+/// `B_j = (Σ_b (s_b/2)·Σ_{t∈b} (|c_tj| + γ/2) + Σ_t w_t·γ/2) / Σ_t p_t`, and an output
+/// coordinate (an orthogonal map back) by at most `‖B‖₂` — here computed from the exact
+/// softmax of the f16 keys (1% slack for the kernel's f32 weights) plus f32 rounding.
+#[test]
+fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
+    let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
+    let group = q_heads / kv;
+    let fast = cache(growing(kv, D), VALUES_ONLY, true, tokens, 3);
+    let rows = cache(growing(kv, D), VALUES_ONLY, false, tokens, 3);
+    let positions = [0u32, 40, 700, 1299];
+    let queries = vectors(positions.len() * q_heads, D, 4);
+    let scale = shape(q_heads).scale;
+    let rounding = 2e-4 * max_abs_value(&rows) + 1e-5;
+    let mut scratch = CodecScratch::new(D);
+    let mut k = vec![0.0f32; D];
+    for isa in Isa::available() {
+        let got = run(isa, &fast, q_heads, &positions, 4);
+        let expected = run(isa, &rows, q_heads, &positions, 4);
+        for g in 0..kv {
+            let values = fast.values(g);
+            let TokenCodec::Mse(codec) = values.codec() else {
+                panic!("4-bit TQ_mse values")
+            };
+            let centroids = codec.codebook().centroids_f32();
+            let gamma = f64::from(centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0);
+            let mut codes = vec![0u8; D];
+            for (i, &p) in positions.iter().enumerate() {
+                for h in 0..group {
+                    let row = (i * kv + g) * group + h;
+                    let q = &queries[row * D..(row + 1) * D];
+                    let visible = p as usize + 1;
+                    let scores: Vec<f64> = (0..visible)
+                        .map(|t| {
+                            fast.keys(g).decode(t, &mut scratch, &mut k).unwrap();
+                            q.iter().zip(&k).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+                    let probabilities: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = probabilities.iter().sum();
+                    let mut bound = vec![0.0f64; D];
+                    for (b, chunk) in probabilities.chunks(BLOCK).enumerate() {
+                        let weights: Vec<(f64, Vec<u8>)> = chunk
+                            .iter()
+                            .enumerate()
+                            .map(|(i, pr)| {
+                                let (words, scales) =
+                                    values.body().record_copy(b * BLOCK + i).unwrap();
+                                tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+                                (pr * f64::from(scales[0].to_f32()), codes.clone())
+                            })
+                            .collect();
+                        let step = weights.iter().fold(0.0f64, |m, (w, _)| m.max(*w)) / 127.0;
+                        for (w, codes) in &weights {
+                            for (bj, &c) in bound.iter_mut().zip(codes) {
+                                let c = f64::from(centroids[usize::from(c)]).abs();
+                                *bj += step / 2.0 * (c + gamma / 2.0) + w * gamma / 2.0;
+                            }
+                        }
+                    }
+                    let limit = 1.01
+                        * bound
+                            .iter()
+                            .map(|b| (b / total).powi(2))
+                            .sum::<f64>()
+                            .sqrt();
+                    close(
+                        &format!("{isa:?}, head {g}/{h}, position {p} (bound {limit})"),
+                        &got[row * D..(row + 1) * D],
+                        &expected[row * D..(row + 1) * D],
+                        limit as f32 + rounding,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Keys in the fast-scan order: the softmax of the fast scores, computed here from each
+/// token's codes (gathered back from the store) with the public table and block sums.
+#[test]
+fn fast_scan_keys_score_with_the_byte_tables() {
+    let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
+    let group = q_heads / kv;
+    let cache = cache(growing(kv, D), KEYS_ONLY, true, tokens, 5);
+    let positions = [0u32, 40, 700, 1299];
+    let queries = vectors(positions.len() * q_heads, D, 6);
+    let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
+    let scale = shape(q_heads).scale;
+    let mut scratch = CodecScratch::new(D);
+    let mut v = vec![0.0f32; D];
+    for g in 0..kv {
+        let keys = cache.keys(g);
+        let TokenCodec::Mse(codec) = keys.codec() else {
+            panic!("4-bit TQ_mse keys")
+        };
+        // Every token's codes and norm, into the standalone layout.
+        let mut blocks = FastScanBlocks::new(D, 4).unwrap();
+        let mut codes = vec![0u8; D];
+        for t in 0..tokens {
+            let (words, scales) = keys.body().record_copy(t).unwrap();
+            tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+            blocks.push(&codes, scales[0].to_f32()).unwrap();
+        }
+        let values: Vec<Vec<f32>> = (0..tokens)
+            .map(|t| {
+                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
+                v.clone()
+            })
+            .collect();
+        for isa in Isa::available() {
+            let got = run(isa, &cache, q_heads, &positions, 6);
+            for (i, &p) in positions.iter().enumerate() {
+                for h in 0..group {
+                    let row = (i * kv + g) * group + h;
+                    let q: Vec<f32> = queries[row * D..(row + 1) * D]
+                        .iter()
+                        .map(|x| x * scale)
+                        .collect();
+                    let mut rotated = vec![0.0f32; D];
+                    codec.rotation().apply(&q, &mut rotated).unwrap();
+                    let table =
+                        ScoreTable::new(&rotated, codec.codebook().centroids_f32(), 4).unwrap();
+                    let visible = p as usize + 1;
+                    let mut scores = Vec::with_capacity(visible);
+                    let mut sums = [0u32; BLOCK];
+                    for t in 0..visible {
+                        if t % BLOCK == 0 {
+                            block_sums(Isa::Scalar, &table, &blocks, t / BLOCK, &mut sums).unwrap();
+                        }
+                        let norm = keys.body().record_copy(t).unwrap().1[0].to_f32();
+                        scores.push(f64::from(norm * table.dequantize(sums[t % BLOCK])));
+                    }
+                    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    let expected: Vec<f32> = (0..D)
+                        .map(|j| {
+                            let sum: f64 = weights
+                                .iter()
+                                .zip(&values)
+                                .map(|(w, v)| w * f64::from(v[j]))
+                                .sum();
+                            (sum / total) as f32
+                        })
+                        .collect();
+                    close(
+                        &format!("{isa:?}, head {g}/{h}, position {p}"),
+                        &got[row * D..(row + 1) * D],
+                        &expected,
+                        tolerance,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Caches with the keys (and, with `values`, the values) in the fast-scan order, and the same
+/// in rows: plain, with sinks and an f16 window, with an 8-bit window and centering, and a
+/// sliding-window ring.
+fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
+    let mut out = Vec::new();
+    let bodies = [
+        ("plain", BOTH, growing(2, D)),
+        ("windows", WINDOWS, growing(2, D)),
+        ("q8 windows", WINDOWS_Q8, growing(2, D)),
+        ("ring", BOTH, sliding(2, D, 200, 0)),
+    ];
+    for (name, body, layout) in bodies {
+        // The value table is the last line that names a codec.
+        let body = if values {
+            body.to_string()
+        } else {
+            let (head, value) = body.rsplit_once("value = ").unwrap();
+            format!("{head}value = {}", value.replace(", ORDER", ""))
+        };
+        out.push((
+            name,
+            cache(layout, &body, true, 1300, 7),
+            cache(layout, &body, false, 1300, 7),
+        ));
+    }
+    out
+}
+
+#[test]
+fn fast_scan_caches_are_bit_identical_across_thread_counts() {
+    for (name, cache, _) in fast_caches(true) {
+        let positions = [0u32, 255, 256, 700, 1299];
+        for isa in Isa::available() {
+            let one = in_pool(1, || run(isa, &cache, 6, &positions, 8));
+            for threads in [2, 3] {
+                let many = in_pool(threads, || run(isa, &cache, 6, &positions, 8));
+                assert!(
+                    one.iter()
+                        .zip(&many)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} on {isa:?}: 1 vs {threads} threads differ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_scan_caches_hold_the_rows_records() {
+    let mut scratch = CodecScratch::new(D);
+    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
+    for (name, fast, rows) in fast_caches(true) {
+        for g in 0..2 {
+            for (x, y) in [
+                (fast.keys(g), rows.keys(g)),
+                (fast.values(g), rows.values(g)),
+            ] {
+                assert_eq!(x.first_stored(), y.first_stored());
+                for t in x.first_stored()..x.len() {
+                    x.decode(t, &mut scratch, &mut a).unwrap();
+                    y.decode(t, &mut scratch, &mut b).unwrap();
+                    assert_eq!(common::bits(&a), common::bits(&b), "{name}: token {t}");
+                }
+            }
+        }
+    }
+}
+
+/// Keys in the fast-scan order (values in rows), with windows, sinks and rings: within the
+/// derived bound of the rows order (the module docs).
+#[test]
+fn fast_scan_keys_stay_within_the_score_bound() {
+    for (name, fast, rows) in fast_caches(false) {
+        // ε over every query head and stored key: norm · d · δ / 2.
+        let positions = [3u32, 640, 1299];
+        let queries = vectors(positions.len() * 6, D, 9);
+        let scale = shape(6).scale;
+        let mut epsilon = 0.0f32;
+        for g in 0..2 {
+            let keys = fast.keys(g);
+            let TokenCodec::Mse(codec) = keys.codec() else {
+                panic!("4-bit TQ_mse keys")
+            };
+            let norm = (0..keys.body().len()).fold(0.0f32, |m, t| {
+                m.max(keys.body().record_copy(t).unwrap().1[0].to_f32())
+            });
+            for q in queries.chunks_exact(D) {
+                let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
+                let mut rotated = vec![0.0f32; D];
+                codec.rotation().apply(&q, &mut rotated).unwrap();
+                let table = ScoreTable::new(&rotated, codec.codebook().centroids_f32(), 4).unwrap();
+                epsilon = epsilon.max(norm * table.error_bound());
+            }
+        }
+        let bound = ((2.0 * epsilon).exp() - 1.0) * max_abs_value(&rows)
+            + 2e-4 * max_abs_value(&rows)
+            + 1e-5;
+        for isa in Isa::available() {
+            let got = run(isa, &fast, 6, &positions, 9);
+            let expected = run(isa, &rows, 6, &positions, 9);
+            close(
+                &format!("{name} {isa:?} (ε = {epsilon})"),
+                &got,
+                &expected,
+                bound,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_saved_fast_scan_cache_reloads_bit_identical() {
+    use tq_cache::persist::{from_bytes, to_bytes};
+    use tq_cache::states::{ModelCache, StateKind, StateSpec};
+    for (layout, body) in [(growing(2, D), WINDOWS_Q8), (sliding(2, D, 200, 0), BOTH)] {
+        let specs = vec![StateSpec {
+            name: "l0".into(),
+            kind: StateKind::Kv { layer: 0, layout },
+        }];
+        let mut model = ModelCache::with_allocation(specs, &allocation(body, true)).unwrap();
+        let width = 2 * D;
+        let (keys, values) = (vectors(700, width, 11), vectors(700, width, 12));
+        let positions: Vec<u32> = (0..700).collect();
+        model.append_layer(0, &keys, &values, &positions).unwrap();
+        let bytes = to_bytes(&model).unwrap();
+        let loaded = from_bytes(&bytes).unwrap();
+        assert_eq!(to_bytes(&loaded).unwrap(), bytes);
+        let (before, after) = (model.kv(0).unwrap(), loaded.kv(0).unwrap());
+        for g in 0..2 {
+            assert_eq!(after.keys(g).body().order(), RecordOrder::FastScan);
+            assert_eq!(after.values(g).body(), before.values(g).body());
+        }
+        for isa in Isa::available() {
+            let a = run(isa, before, 6, &[0, 300, 699], 10);
+            let b = run(isa, after, 6, &[0, 300, 699], 10);
+            assert_eq!(common::bits(&a), common::bits(&b), "{isa:?}");
+        }
+    }
+}
+
+#[test]
+fn record_order_is_a_whole_stream_setting_with_known_values() {
+    use tq_cache::allocation::{AllocationError, FieldProblem};
+    let base = "name = \"t\"\nkey = { codec = \"mse\", bits = 4 }\nvalue = { codec = \"mse\", bits = 4 }\n";
+    let outliers =
+        format!("{base}[outliers]\nchannels = 8\nkey = {{ record_order = \"fast-scan\" }}");
+    match Allocation::from_toml_str(&outliers) {
+        Err(AllocationError::Field { path, problem }) => {
+            assert_eq!(path, "outliers.key.record_order");
+            assert_eq!(problem, FieldProblem::WholeStreamOnly);
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+    let unknown = base.replace(
+        "bits = 4 }\nvalue",
+        "bits = 4, record_order = \"columns\" }\nvalue",
+    );
+    let m = Allocation::from_toml_str(&unknown).unwrap_err().to_string();
+    assert!(m.contains("columns") && m.contains("fast-scan"), "{m}");
+}
+
+/// The shipped lever files put both streams (or the keys alone) in the fast-scan order, the
+/// same bytes as `mse-k4v4`, and the setting survives a round trip through TOML (what a saved
+/// cache's allocation records).
+#[test]
+fn the_fast_scan_lever_files_order_what_they_say() {
+    let plain = KvCache::with_allocation(
+        growing(3, D),
+        &Allocation::preset("mse-k4v4").unwrap(),
+        0,
+        30,
+    )
+    .unwrap();
+    for (file, values) in [
+        ("mse-k4v4-fast-scan.toml", RecordOrder::FastScan),
+        ("mse-k4v4-fast-scan-keys.toml", RecordOrder::Rows),
+    ] {
+        let path = format!("{}/presets/levers/{file}", env!("CARGO_MANIFEST_DIR"));
+        let lever = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let text = lever.to_toml_string().unwrap();
+        assert!(text.contains("record_order = \"fast-scan\""), "{text}");
+        assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
+        let cache = KvCache::with_allocation(growing(3, D), &lever, 0, 30).unwrap();
+        assert_eq!(cache.bytes_per_token(), plain.bytes_per_token());
+        for g in 0..3 {
+            assert_eq!(
+                cache.keys(g).body().order(),
+                RecordOrder::FastScan,
+                "{file}"
+            );
+            assert_eq!(cache.values(g).body().order(), values, "{file}");
+        }
+    }
+}
+
+/// A basis stream asks for the fast-scan order before its first batch, when its codec is the
+/// plain one; once the basis is fitted its records are parts of several widths and the body
+/// is rows again — the same cache, bit for bit, as one that never asked. Cleared, it returns
+/// to the plain codec's order, and refilled it gives what a fresh cache gives.
+#[test]
+fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleared() {
+    let body = "key = { codec = \"mse\", bits = 4, basis = \"pca\", ORDER }\n\
+                value = { codec = \"mse\", bits = 4, ORDER }";
+    let fresh = || KvCache::with_allocation(growing(2, D), &allocation(body, true), 0, 1).unwrap();
+    let mut fast = fresh();
+    assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan);
+    common::fill(&mut fast, 0, 700, 13);
+    let rows = cache(growing(2, D), body, false, 700, 13);
+    for g in 0..2 {
+        assert!(
+            matches!(fast.keys(g).codec(), TokenCodec::Basis(_)),
+            "a fitted basis"
+        );
+        assert_eq!(fast.keys(g).body().order(), RecordOrder::Rows);
+        assert_eq!(fast.values(g).body().order(), RecordOrder::FastScan);
+        assert_eq!(fast.keys(g).body(), rows.keys(g).body());
+    }
+    fast.clear();
+    assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan);
+    common::fill(&mut fast, 0, 700, 14);
+    let mut again = fresh();
+    common::fill(&mut again, 0, 700, 14);
+    for isa in Isa::available() {
+        let a = run(isa, &fast, 6, &[0, 350, 699], 15);
+        let b = run(isa, &again, 6, &[0, 350, 699], 15);
+        assert_eq!(common::bits(&a), common::bits(&b), "{isa:?}");
+    }
+}
