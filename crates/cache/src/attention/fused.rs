@@ -927,6 +927,8 @@ fn run_block_with(
     code_weights.clear();
     sign_weights.clear();
     window_values.clear();
+    // Head-major `e^(s − max)`, what fast-scan value runs read (a head's weights contiguous).
+    let exp_scores: &[f32] = scores;
     walk(
         plan.values,
         range,
@@ -954,7 +956,7 @@ fn run_block_with(
                     n,
                     part.dim,
                     (&table, gamma),
-                    (weights, group),
+                    (&exp_scores[i..], len, group),
                     norms,
                     fast,
                     values,

@@ -36,7 +36,7 @@
 //! the fused kernel scores and sums its runs with these kernels (the module `runs`): keys
 //! through each query head's [`ScoreTable`], values in integers as [`ValueSums::Int8`] sums
 //! them, both tested (`tests/fast_scan_cache.rs`). Measured on Zen 3 (AVX2, docs/results.md):
-//! a 4-bit cache decodes 1.5–1.8× faster in this order than in rows at 16K–64K tokens, with
+//! a 4-bit cache decodes 1.5–2.0× faster in this order than in rows at 16K–64K tokens, with
 //! the same KL divergence within its error.
 //!
 //! **Limits**: single-part TurboQuant_mse codes of b ≤ 4 bits, and in the cache 4 bits only

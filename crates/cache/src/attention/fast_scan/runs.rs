@@ -29,6 +29,48 @@ fn block_slots(b: usize, lead: usize, n: usize) -> Option<(usize, usize, usize)>
     (first < n).then(|| (lo, BLOCK.min(lo + n - first), first))
 }
 
+/// Dispatch of [`score_run_body`]: compiled for AVX2 where the CPU has it, so the scores'
+/// float steps run eight lanes at a time (the same operations, so the same bits).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn score_run(
+    isa: Isa,
+    tables: &[ScoreTable],
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    norms: (&[f32], usize),
+    out: &mut [f32],
+    row: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_kernels(isa) {
+        // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
+        unsafe { score_run_avx2(isa, tables, codes, lead, n, norms, out, row) };
+        return;
+    }
+    score_run_body(isa, tables, codes, lead, n, norms, out, row);
+}
+
+/// [`score_run_body`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+unsafe fn score_run_avx2(
+    isa: Isa,
+    tables: &[ScoreTable],
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    norms: (&[f32], usize),
+    out: &mut [f32],
+    row: usize,
+) {
+    score_run_body(isa, tables, codes, lead, n, norms, out, row);
+}
+
 /// `out[h·row + k] = norm_k · (δ_h · sum_h(k) + o_h)` for the `n` tokens `k` of the run whose
 /// blocks are `codes` (from slot `lead`), `tables[h]` the table of head `h`; `norms[k·stride]`
 /// is token `k`'s norm.
@@ -36,7 +78,8 @@ fn block_slots(b: usize, lead: usize, n: usize) -> Option<(usize, usize, usize)>
 /// # Panics
 /// If `codes` is not whole blocks of the tables' width, or `out` / `norms` are too short.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn score_run(
+#[inline(always)]
+fn score_run_body(
     isa: Isa,
     tables: &[ScoreTable],
     codes: &[u8],
@@ -81,7 +124,62 @@ pub(crate) struct RunScratch {
     lanes: Vec<f32>,
 }
 
-/// `out[h·dim + j] += Σ_k w_hk · c[code(k, j)]`, `w_hk = p[k·group + h] · norm_k`, over the `n`
+/// Dispatch of [`accumulate_run_body`]: compiled for AVX2 where the CPU has it, so each
+/// block's weights, their bytes and the partial sums' scaling run eight lanes at a time (plain
+/// float operations, so the same bits).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate_run(
+    isa: Isa,
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    dim: usize,
+    table: (&[i8; 16], f32),
+    weights: (&[f32], usize, usize),
+    norms: (&[f32], usize),
+    scratch: &mut RunScratch,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_kernels(isa) {
+        // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
+        unsafe {
+            accumulate_run_avx2(
+                isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+            )
+        };
+        return;
+    }
+    accumulate_run_body(
+        isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+    );
+}
+
+/// [`accumulate_run_body`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+unsafe fn accumulate_run_avx2(
+    isa: Isa,
+    codes: &[u8],
+    lead: usize,
+    n: usize,
+    dim: usize,
+    table: (&[i8; 16], f32),
+    weights: (&[f32], usize, usize),
+    norms: (&[f32], usize),
+    scratch: &mut RunScratch,
+    out: &mut [f32],
+) {
+    accumulate_run_body(
+        isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+    );
+}
+
+/// `out[h·dim + j] += Σ_k w_hk · c[code(k, j)]`, `w_hk = p[h·row + k] · norm_k`, over the `n`
 /// tokens of the run whose blocks are `codes` (from slot `lead`): each head's weighted values
 /// in the rotated domain, summed in integers as [`attend_with`](super::attend_with)'s
 /// [`ValueSums::Int8`](super::ValueSums::Int8) sums them (the module `values_int`): per block
@@ -95,14 +193,15 @@ pub(crate) struct RunScratch {
 /// If `codes` is not whole blocks of `dim` coordinates, `dim` is not a multiple of 4, or a
 /// slice is too short.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn accumulate_run(
+#[inline(always)]
+fn accumulate_run_body(
     isa: Isa,
     codes: &[u8],
     lead: usize,
     n: usize,
     dim: usize,
     (table, gamma): (&[i8; 16], f32),
-    (probabilities, group): (&[f32], usize),
+    (probabilities, row, group): (&[f32], usize, usize),
     (norms, stride): (&[f32], usize),
     scratch: &mut RunScratch,
     out: &mut [f32],
@@ -125,9 +224,9 @@ pub(crate) fn accumulate_run(
         };
         for h in 0..group {
             w.fill(0.0);
-            for (i, slot) in (lo..hi).enumerate() {
-                let k = k0 + i;
-                w[slot] = probabilities[k * group + h] * norms[k * stride];
+            let p = &probabilities[h * row + k0..h * row + k0 + hi - lo];
+            for ((w, &p), k) in w[lo..hi].iter_mut().zip(p).zip(k0..) {
+                *w = p * norms[k * stride];
             }
             scales[h] = super::values_int::weight_bytes(&w, &mut bytes[h]);
         }
