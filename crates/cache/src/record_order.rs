@@ -13,11 +13,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Tokens per block of the fast-scan order.
+/// Tokens per block of the fast-scan order (and of the kernel's standalone layout,
+/// [`fast_scan::BLOCK`](crate::attention::fast_scan::BLOCK), which is this constant).
 pub const FAST_SCAN_BLOCK: usize = 32;
 
 /// Bytes of one coordinate of a block: 32 four-bit codes.
-const LANE_BYTES: usize = FAST_SCAN_BLOCK / 2;
+pub(crate) const LANE_BYTES: usize = FAST_SCAN_BLOCK / 2;
 
 /// The memory order of a store's records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

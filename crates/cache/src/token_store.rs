@@ -360,10 +360,9 @@ impl TokenStore {
             s.copy_from_slice(scales);
             return Ok(());
         }
-        let first = self.buffer_index(token)?;
-        let (page, _) = self.locate(token);
+        let (buffer, first) = self.buffer_slot(token)?;
         let (rw, spt) = (self.record_words, self.scales_per_token);
-        let b = &mut self.buffers[self.pages[page].buffer];
+        let b = &mut self.buffers[buffer];
         let bytes = record_order::block_bytes(rw);
         let block = first / FAST_SCAN_BLOCK;
         record_order::scatter(
@@ -400,8 +399,8 @@ impl TokenStore {
         }
     }
 
-    /// The record index of token `token` (< len) within its page's buffer.
-    fn buffer_index(&self, token: usize) -> Result<usize, CacheError> {
+    /// `(buffer, record index within it)` of token `token` (< len).
+    fn buffer_slot(&self, token: usize) -> Result<(usize, usize), CacheError> {
         if token >= self.len {
             return Err(CacheError::ShapeMismatch {
                 what: "token index",
@@ -410,7 +409,8 @@ impl TokenStore {
             });
         }
         let (page, offset) = self.locate(token);
-        Ok(self.pages[page].offset + offset)
+        let p = &self.pages[page];
+        Ok((p.buffer, p.offset + offset))
     }
 
     /// Makes room for one more record.
@@ -469,11 +469,9 @@ impl TokenStore {
     /// [`RecordOrder::Rows`] only, see [`write_record`](Self::write_record)).
     pub fn record_mut(&mut self, token: usize) -> Result<(&mut [u32], &mut [f16]), CacheError> {
         self.rows_only()?;
-        let first = self.buffer_index(token)?;
-        let (page, _) = self.locate(token);
-        let p = &self.pages[page];
+        let (buffer, first) = self.buffer_slot(token)?;
         let (w, s) = (self.record_words, self.scales_per_token);
-        let b = &mut self.buffers[p.buffer];
+        let b = &mut self.buffers[buffer];
         Ok((
             &mut b.words[first * w..(first + 1) * w],
             &mut b.scales[first * s..(first + 1) * s],

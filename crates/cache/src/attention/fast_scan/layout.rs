@@ -2,8 +2,8 @@
 
 use super::{BLOCK, FastScanError};
 
-/// Bytes of one coordinate of one block: 32 four-bit codes.
-pub(super) const LANE_BYTES: usize = BLOCK / 2;
+/// Bytes of one coordinate of one block: 32 four-bit codes (the cache's fast-scan order's).
+pub(super) use crate::record_order::LANE_BYTES;
 
 /// Compressed vectors (keys or values) in the fast-scan layout.
 ///

@@ -92,8 +92,9 @@ fn avx2_kernels(isa: Isa) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available()
 }
 
-/// Tokens per block of the layout.
-pub const BLOCK: usize = 32;
+/// Tokens per block of the layout: the cache's fast-scan record order
+/// ([`FAST_SCAN_BLOCK`](crate::record_order::FAST_SCAN_BLOCK)), whose blocks these kernels read.
+pub const BLOCK: usize = crate::record_order::FAST_SCAN_BLOCK;
 
 /// Errors of the fast-scan layout and tables.
 #[derive(Debug, thiserror::Error, PartialEq)]
