@@ -132,6 +132,72 @@ impl std::fmt::Display for BasisPolicy {
     }
 }
 
+/// The widths a basis may give its groups: a set of bit counts in `1..=8` (default: all of
+/// them). `basis_bits = [4, 2, 1]` in an allocation keeps a basis record in whole nibbles, the
+/// widths the fast-scan order holds ([`body_order`](crate::stream::body_order)). Written as
+/// a list, widest first.
+///
+/// ```
+/// use tq_cache::basis::GroupWidths;
+/// let nibbles = GroupWidths::new(&[1, 2, 4]).unwrap();
+/// assert_eq!(nibbles, GroupWidths::NIBBLES);
+/// assert!(nibbles.contains(2) && !nibbles.contains(3));
+/// assert_eq!(nibbles.to_vec(), vec![4, 2, 1]);
+/// assert!(GroupWidths::new(&[]).is_err() && GroupWidths::new(&[9]).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupWidths(u16);
+
+impl GroupWidths {
+    /// Every width, 1 to 8 bits.
+    pub const ALL: Self = Self(0x1FE);
+    /// The widths whose codes fill whole nibbles: 4, 2 and 1 bits.
+    pub const NIBBLES: Self = Self((1 << 4) | (1 << 2) | (1 << 1));
+
+    /// The set of `widths`; an error names a width outside `1..=8` or an empty list.
+    pub fn new(widths: &[u8]) -> Result<Self, String> {
+        if widths.is_empty() {
+            return Err("basis_bits: at least one width".into());
+        }
+        widths.iter().try_fold(Self(0), |set, &b| {
+            if (1..=8).contains(&b) {
+                Ok(Self(set.0 | 1 << b))
+            } else {
+                Err(format!("basis_bits: widths are 1 to 8 bits, not {b}"))
+            }
+        })
+    }
+
+    /// Whether `bits` is in the set.
+    pub fn contains(self, bits: u8) -> bool {
+        bits < 16 && self.0 & (1 << bits) != 0
+    }
+
+    /// The widths, widest first.
+    pub fn to_vec(self) -> Vec<u8> {
+        (1..=8u8).rev().filter(|&b| self.contains(b)).collect()
+    }
+}
+
+impl Default for GroupWidths {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl Serialize for GroupWidths {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_vec().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for GroupWidths {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let widths = Vec::<u8>::deserialize(deserializer)?;
+        Self::new(&widths).map_err(serde::de::Error::custom)
+    }
+}
+
 /// One group of components with equal bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BasisGroup {
@@ -288,6 +354,28 @@ pub fn distortion_table(head_dim: usize) -> Result<[f64; 9], CodecError> {
 /// assert!(groups[0].bits > 4 && groups.len() > 1);
 /// ```
 pub fn allocate_bits(variances: &[f64], words: usize, distortion: &[f64; 9]) -> Vec<BasisGroup> {
+    allocate_bits_within(variances, words, distortion, GroupWidths::ALL)
+}
+
+/// [`allocate_bits`] with every group's width in `widths` (the same dynamic program over
+/// those widths only).
+///
+/// ```
+/// use tq_cache::basis::{allocate_bits_within, BasisGroup, GroupWidths};
+/// let d = [1.0, 0.36, 0.12, 0.035, 0.0095, 0.0025, 6.4e-4, 1.6e-4, 4.1e-5];
+/// let mut skewed = vec![0.01; 64];
+/// skewed[..16].fill(1.0);
+/// // 3 bits on average in 6 words: no group of 3, 5 or more bits.
+/// let groups = allocate_bits_within(&skewed, 6, &d, GroupWidths::NIBBLES);
+/// assert!(groups.iter().all(|g| matches!(g.bits, 1 | 2 | 4)));
+/// assert!(groups.iter().map(|g| g.len * usize::from(g.bits)).sum::<usize>() <= 6 * 32);
+/// ```
+pub fn allocate_bits_within(
+    variances: &[f64],
+    words: usize,
+    distortion: &[f64; 9],
+    widths: GroupWidths,
+) -> Vec<BasisGroup> {
     let d = variances.len();
     let mut prefix = vec![0.0f64; d + 1];
     for (i, &v) in variances.iter().enumerate() {
@@ -321,6 +409,9 @@ pub fn allocate_bits(variances: &[f64], words: usize, distortion: &[f64; 9]) -> 
                 }
                 for bits in (1..last.min(9)).rev() {
                     let b = bits as u8;
+                    if !widths.contains(b) {
+                        continue;
+                    }
                     // A final group: as long as the remaining words allow (longer is better,
                     // since D(β) < 1).
                     let room = (words - used) * 32 / bits;
@@ -425,6 +516,25 @@ pub fn fit_planes(
     pairs: RopePairs,
     query_energy: &[f64],
 ) -> Result<BasisFit, CacheError> {
+    fit_planes_within(
+        tokens,
+        head_dim,
+        bits,
+        pairs,
+        query_energy,
+        GroupWidths::ALL,
+    )
+}
+
+/// [`fit_planes`] with every group's width in `widths` ([`allocate_bits_within`]).
+pub fn fit_planes_within(
+    tokens: &[f32],
+    head_dim: usize,
+    bits: u8,
+    pairs: RopePairs,
+    query_energy: &[f64],
+    widths: GroupWidths,
+) -> Result<BasisFit, CacheError> {
     let d = head_dim;
     if d == 0
         || !d.is_multiple_of(2)
@@ -486,7 +596,7 @@ pub fn fit_planes(
     order.sort_by(|&a, &b| weight(b).total_cmp(&weight(a)).then(a.cmp(&b)));
     let coordinates: Vec<usize> = order.iter().flat_map(|&p| pairs.plane(p, d)).collect();
     let weights: Vec<f64> = order.iter().flat_map(|&p| [weight(p); 2]).collect();
-    let Some(groups) = allocate_groups(&weights, d, bits)? else {
+    let Some(groups) = allocate_groups(&weights, d, bits, widths)? else {
         return Ok(BasisFit::Identity);
     };
     let rank: usize = groups.iter().map(|g| g.len).sum();
@@ -511,6 +621,16 @@ pub fn fit_planes(
 /// ragged batch ([`CacheError::ShapeMismatch`]) or a non-finite value
 /// ([`CodecError::NonFinite`]).
 pub fn fit_basis(tokens: &[f32], head_dim: usize, bits: u8) -> Result<BasisFit, CacheError> {
+    fit_basis_within(tokens, head_dim, bits, GroupWidths::ALL)
+}
+
+/// [`fit_basis`] with every group's width in `widths` ([`allocate_bits_within`]).
+pub fn fit_basis_within(
+    tokens: &[f32],
+    head_dim: usize,
+    bits: u8,
+    widths: GroupWidths,
+) -> Result<BasisFit, CacheError> {
     if head_dim == 0 || !tokens.len().is_multiple_of(head_dim) {
         return Err(CacheError::ShapeMismatch {
             what: "first batch of a basis stream",
@@ -565,7 +685,7 @@ pub fn fit_basis(tokens: &[f32], head_dim: usize, bits: u8) -> Result<BasisFit, 
         .iter()
         .map(|&i| eigen.eigenvalues[i].max(0.0))
         .collect();
-    let Some(groups) = allocate_groups(&variances, d, bits)? else {
+    let Some(groups) = allocate_groups(&variances, d, bits, widths)? else {
         return Ok(BasisFit::Identity);
     };
     let rank: usize = groups.iter().map(|g| g.len).sum();
@@ -609,15 +729,17 @@ fn check_batch(tokens: &[f32], d: usize, bits: u8) -> Result<(), CacheError> {
     Ok(())
 }
 
-/// [`allocate_bits`] on `weights` (sorted, descending) within the plain `bits`-bit record's
-/// words; `None` when it gives every coordinate `bits` bits, i.e. the plain codec.
+/// [`allocate_bits_within`] on `weights` (sorted, descending) within the plain `bits`-bit
+/// record's words and `widths`; `None` when it gives every coordinate `bits` bits, i.e. the
+/// plain codec.
 fn allocate_groups(
     weights: &[f64],
     d: usize,
     bits: u8,
+    widths: GroupWidths,
 ) -> Result<Option<Vec<BasisGroup>>, CacheError> {
     let distortion = distortion_table(d)?;
-    let groups = allocate_bits(weights, words_for(d, bits), &distortion);
+    let groups = allocate_bits_within(weights, words_for(d, bits), &distortion, widths);
     Ok((groups != [BasisGroup { len: d, bits }]).then_some(groups))
 }
 

@@ -106,6 +106,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             mean: None,
             basis: crate::basis::BasisPolicy::None,
             basis_fit: None,
+            basis_bits: crate::basis::GroupWidths::ALL,
             rope_pairs: layout.rope_pairs,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,

@@ -1,15 +1,16 @@
 //! How a [`TokenStore`](crate::token_store::TokenStore) lays its records out in memory.
 //!
 //! [`RecordOrder::Rows`] keeps each record's words together (token-major), what every codec
-//! writes and reads. [`RecordOrder::FastScan`] keeps records of 4-bit codes **32 tokens at a
-//! time, coordinate-major**: the layout of the fast-scan kernel
+//! writes and reads. [`RecordOrder::FastScan`] keeps records **32 tokens at a time,
+//! nibble-major**: the layout of the fast-scan kernel
 //! ([`attention::fast_scan`](crate::attention::fast_scan)), in which one byte shuffle looks up
-//! a coordinate's table entries for 32 tokens at once. A block of 32 records of `w` words
-//! (`8w` four-bit codes: code `j` of a record is nibble `j mod 8` of its word `j / 8`, the
-//! order [`packing`](crate::codec::packing) writes) is `8w · 16` bytes: for each coordinate
-//! `j`, 16 bytes, byte `i` holding token `i`'s code in its low nibble and token `i + 16`'s in
-//! its high nibble. The same bytes as the records, permuted, so a fast-scan store costs what a
-//! row store does; the scales (norms) stay token-major beside the codes.
+//! a nibble's table entries for 32 tokens at once. A record of `w` words is `8w` nibbles
+//! (nibble `k` of a record is bits `4(k mod 8) ..` of its word `k / 8`), which hold one 4-bit,
+//! two 2-bit or four 1-bit codes each in the order [`packing`](crate::codec::packing) writes
+//! them; the order itself only moves nibbles. A block of 32 records is `8w · 16` bytes: for
+//! each nibble lane `k`, 16 bytes, byte `i` holding token `i`'s nibble in its low half and
+//! token `i + 16`'s in its high half. The same bytes as the records, permuted, so a fast-scan
+//! store costs what a row store does; the scales (norms) stay token-major beside the codes.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// [`fast_scan::BLOCK`](crate::attention::fast_scan::BLOCK), which is this constant).
 pub const FAST_SCAN_BLOCK: usize = 32;
 
-/// Bytes of one coordinate of a block: 32 four-bit codes.
+/// Bytes of one nibble lane of a block: 32 nibbles.
 pub(crate) const LANE_BYTES: usize = FAST_SCAN_BLOCK / 2;
 
 /// The memory order of a store's records.
@@ -27,7 +28,7 @@ pub enum RecordOrder {
     /// Token-major: each record's words contiguous.
     #[default]
     Rows,
-    /// Records of 4-bit codes in blocks of 32 tokens, coordinate-major (the module docs).
+    /// Records in blocks of 32 tokens, nibble-major (the module docs).
     FastScan,
 }
 
@@ -36,7 +37,7 @@ pub(crate) fn block_bytes(record_words: usize) -> usize {
     record_words * 8 * LANE_BYTES
 }
 
-/// Writes `record` (words of packed 4-bit codes) into slot `slot` (< 32) of `block`.
+/// Writes `record` (words of packed codes, read as nibbles) into slot `slot` (< 32) of `block`.
 pub(crate) fn scatter(record: &[u32], slot: usize, block: &mut [u8]) {
     let (byte, shift) = (slot % LANE_BYTES, 4 * (slot / LANE_BYTES));
     let keep = !(0x0Fu8 << shift);

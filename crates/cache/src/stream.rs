@@ -90,6 +90,10 @@ pub struct StreamLayout {
     /// for bit: the fit is integers).
     #[serde(default)]
     pub basis_fit: Option<BasisFit>,
+    /// The widths the basis may give its groups (default: 1 to 8 bits; see
+    /// [`GroupWidths`](crate::basis::GroupWidths)).
+    #[serde(default, skip_serializing_if = "is_all_widths")]
+    pub basis_bits: crate::basis::GroupWidths,
     /// The coordinate pairs the model's RoPE turns together (the planes of a plane basis;
     /// from [`KvLayout::rope_pairs`](crate::kv_cache::KvLayout::rope_pairs)).
     #[serde(default)]
@@ -119,11 +123,15 @@ pub struct StreamLayout {
     /// `Some(slots)` for a ring buffer of that many records.
     pub ring_slots: Option<usize>,
     /// The memory order asked of the body's records: [`RecordOrder::FastScan`] stores them
-    /// the way the fast-scan kernel reads them. Only single-part 4-bit TQ_mse bodies of a
-    /// dimension that is a multiple of 8 take it; every other body keeps rows
+    /// the way the fast-scan kernel reads them. Only single-part TQ_mse bodies of 1, 2 or 4
+    /// bits whose records are whole words take it; every other body keeps rows
     /// ([`body_order`]), which reads the same tokens.
     #[serde(default, skip_serializing_if = "is_rows")]
     pub order: RecordOrder,
+}
+
+fn is_all_widths(widths: &crate::basis::GroupWidths) -> bool {
+    *widths == crate::basis::GroupWidths::ALL
 }
 
 fn is_rows(order: &RecordOrder) -> bool {
@@ -131,13 +139,36 @@ fn is_rows(order: &RecordOrder) -> bool {
 }
 
 /// The order a body coded by `codec` takes when `asked` for: the fast-scan order holds records
-/// of 4-bit codes only (one nibble per coordinate, a whole number of words), so it applies to
-/// single-part 4-bit TQ_mse codecs of a dimension that is a multiple of 8 — not to two tiers,
-/// bases, QJL sign bits or other widths, which keep rows.
+/// as nibbles, each of which the kernel looks up whole, so it applies to TQ_mse codecs whose
+/// codes fill whole nibbles and words — 1, 2 or 4 bits (four, two or one codes per nibble),
+/// `d·b` a multiple of 32 — and to fitted bases whose groups all have 1, 2 or 4 bits (each
+/// group starts on a word boundary); not to two tiers, QJL sign bits, 3- or 5-to-8-bit codes
+/// (which straddle nibbles), which keep rows.
+///
+/// ```
+/// use tq_cache::record_order::RecordOrder;
+/// use tq_cache::stream::body_order;
+/// use tq_cache::codec::MseSpec;
+/// use tq_cache::{CodecSpec, TokenCodec};
+/// let order = |bits| {
+///     let codec = TokenCodec::new(&CodecSpec::Mse(MseSpec::new(64, bits, 7))).unwrap();
+///     body_order(RecordOrder::FastScan, &codec)
+/// };
+/// assert_eq!(order(2), RecordOrder::FastScan);
+/// assert_eq!(order(3), RecordOrder::Rows);
+/// ```
 pub fn body_order(asked: RecordOrder, codec: &TokenCodec) -> RecordOrder {
     match (asked, codec) {
         (RecordOrder::FastScan, TokenCodec::Mse(c))
-            if c.spec().bits == 4 && c.dim().is_multiple_of(8) =>
+            if matches!(c.spec().bits, 1 | 2 | 4)
+                && (c.dim() * usize::from(c.spec().bits)).is_multiple_of(32) =>
+        {
+            RecordOrder::FastScan
+        }
+        // A basis record's groups start on a word boundary each, so groups of 1, 2 or 4 bits
+        // fill whole nibbles one after another.
+        (RecordOrder::FastScan, TokenCodec::Basis(c))
+            if c.groups().iter().all(|g| matches!(g.bits, 1 | 2 | 4)) =>
         {
             RecordOrder::FastScan
         }
@@ -363,11 +394,16 @@ impl StreamLayout {
             && let CodecSpec::Mse(spec) = self.codec
         {
             layout.basis_fit = Some(match (self.basis, query_energy) {
-                (BasisPolicy::Planes, Some(query)) => {
-                    crate::basis::fit_planes(&stored, head_dim, spec.bits, self.rope_pairs, query)?
-                }
+                (BasisPolicy::Planes, Some(query)) => crate::basis::fit_planes_within(
+                    &stored,
+                    head_dim,
+                    spec.bits,
+                    self.rope_pairs,
+                    query,
+                    self.basis_bits,
+                )?,
                 (BasisPolicy::Planes, None) => BasisFit::Identity,
-                _ => crate::basis::fit_basis(&stored, head_dim, spec.bits)?,
+                _ => crate::basis::fit_basis_within(&stored, head_dim, spec.bits, self.basis_bits)?,
             });
         }
         Ok(layout)

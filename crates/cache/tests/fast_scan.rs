@@ -6,6 +6,9 @@
 //! - A fast score differs from the exact `norm · Σ_j q'_j c[code_j]` by at most the table's
 //!   bound `norm · d · δ / 2` plus f32 rounding: a hard bound, not a statistic, which any
 //!   mixed-up token, coordinate or nibble breaks by far.
+//! - The same bound holds for a table over several parts one after another (a basis record's
+//!   groups: their own query slices, codebooks and widths, lanes padded where a part's words
+//!   end early), the integer sums read from packed words as the cache stores them.
 //! - On the real TurboQuant_mse codec the table's score error is a small share of the codec's
 //!   own (a statistic: see its test for the sample size).
 
@@ -15,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use rand_distr::StandardNormal;
 use tq_cache::attention::fast_scan::{
-    AttendScratch, BLOCK, FastScanBlocks, FastScanError, FastScanStream, ScoreTable, ValueSums,
-    attend, attend_with, block_sums, scores, scores_heads,
+    AttendScratch, BLOCK, FastScanBlocks, FastScanError, FastScanStream, ScoreTable, TablePart,
+    ValueSums, attend, attend_with, block_sums, scores, scores_heads,
 };
 use tq_cache::attention::simd::Isa;
 use tq_cache::codec::packing::unpack;
@@ -117,22 +120,107 @@ proptest! {
                 .map(|(&c, &q)| f64::from(q) * f64::from(centroids[usize::from(c)]))
                 .sum::<f64>()
                 * f64::from(norms[t]);
-            // Each entry is within δ/2 of its product (plus the f32 rounding of (q c − o)/δ,
-            // ≤ 255·3ε steps, covered by 1e-3·δ); the final δ·sum + offset rounds twice; the
+            // Each entry is within δ/2 of its lane's sum of products (plus the f32 rounding of
+            // Σ(q c − o)/δ, ≤ 255·6ε steps, covered by 1e-3·δ); the final δ·sum + offset rounds twice; the
             // exact sum is in f64. The last term bounds f32 products against the magnitudes.
             let magnitude: f64 = query.iter().map(|q| f64::from(q.abs() * c_max)).sum();
+            // `error_bound` is L·δ/2 over the L lanes that hold coordinates (one per coordinate
+            // at b = 3, 4, one per 2 or 4 at b = 2, 1): the 1e-3·δ per lane is 2e-3 of it.
             let bound = f64::from(norms[t])
-                * (dim as f64 * f64::from(table.step()) * (0.5 + 1e-3) + 8.0 * f64::from(f32::EPSILON) * magnitude);
+                * (f64::from(table.error_bound()) * (1.0 + 2e-3) + 8.0 * f64::from(f32::EPSILON) * magnitude);
             prop_assert!((f64::from(out[t]) - exact).abs() <= bound, "token {t}: {} vs {exact}, bound {bound}", out[t]);
         }
     }
 }
 
-/// 16-bit lanes would overflow past 256 steps of 255: a dimension of 1100 with every entry at
-/// 255 makes each lane of the AVX2 kernel add 550 of them, so the widening must work.
+/// One random coded part of a record: its width, query slice, codebook and codes.
+struct RandomPart {
+    bits: u8,
+    query: Vec<f32>,
+    centroids: Vec<f32>,
+    codes: Vec<u8>,
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// Parts of 1, 2 or 4 bits with their own queries and codebooks, packed one after another
+    /// as a basis record packs its groups (each on whole words): the integer sum over the
+    /// record's nibbles, dequantized, is within the table's bound of the exact score. A part
+    /// scored against another part's codebook or query, or read from the wrong lanes, misses
+    /// it by far.
+    #[test]
+    fn a_table_over_several_parts_stays_within_its_bound(
+        shapes in proptest::collection::vec((0usize..3, 1usize..40), 1..5),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let parts: Vec<RandomPart> = shapes
+            .iter()
+            .map(|&(w, len)| {
+                let bits = [1u8, 2, 4][w];
+                let mut centroids = gaussian(1 << bits, &mut rng);
+                centroids.sort_by(f32::total_cmp);
+                let query = gaussian(len, &mut rng);
+                let codes: Vec<u8> = (0..len).map(|_| rng.random_range(0..1u8 << bits)).collect();
+                RandomPart { bits, query, centroids, codes }
+            })
+            .collect();
+        let mut words = Vec::new();
+        for part in &parts {
+            let mut own = vec![0u32; tq_cache::codec::packing::words_for(part.codes.len(), part.bits)];
+            tq_cache::codec::packing::pack(&part.codes, part.bits, &mut own).unwrap();
+            words.extend(own);
+        }
+        let extra = rng.random_range(0..3usize);
+        words.resize(words.len() + extra, 0);
+        let lanes = (8 * words.len()).next_multiple_of(4);
+        let table_parts: Vec<TablePart<'_>> = parts
+            .iter()
+            .map(|part| TablePart {
+                query: &part.query,
+                centroids: &part.centroids,
+                bits: part.bits,
+                lanes: 8 * tq_cache::codec::packing::words_for(part.codes.len(), part.bits),
+            })
+            .collect();
+        let mut table = ScoreTable::default();
+        table.rebuild_parts(&table_parts, lanes).unwrap();
+        prop_assert_eq!(table.lanes(), lanes);
+        let sum: u32 = (0..8 * words.len())
+            .map(|l| u32::from(table.entry(l, ((words[l / 8] >> (4 * (l % 8))) & 0x0F) as u8).unwrap()))
+            .sum();
+        let exact: f64 = parts
+            .iter()
+            .flat_map(|part| {
+                part.query
+                    .iter()
+                    .zip(&part.codes)
+                    .map(|(&q, &c)| f64::from(q) * f64::from(part.centroids[usize::from(c)]))
+            })
+            .sum();
+        let magnitude: f64 = parts
+            .iter()
+            .flat_map(|part| {
+                let c_max = part.centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
+                part.query.iter().map(move |q| f64::from(q.abs() * c_max))
+            })
+            .sum();
+        // As in the single-part bound: δ/2 per lane plus the f32 rounding of the entries
+        // (2e-3 of the bound) and of the final δ·sum + offset (the magnitude term).
+        let bound = f64::from(table.error_bound()) * (1.0 + 2e-3) + 8.0 * f64::from(f32::EPSILON) * magnitude;
+        let fast = f64::from(table.dequantize(sum));
+        prop_assert!((fast - exact).abs() <= bound, "{} vs {}, bound {}", fast, exact, bound);
+    }
+}
+
+/// 16-bit lanes would overflow past 256 steps of 255: 1-bit codes at d = 4400 fill 1100
+/// nibble lanes (four codes each) with every entry at 255, so each lane of the AVX2 kernel
+/// adds 550 of them, and the widening must work.
 #[test]
 fn long_dimensions_widen_before_the_lanes_overflow() {
-    let dim = 1100;
+    let dim = 4400;
+    let lanes = dim / 4;
     let mut keys = FastScanBlocks::new(dim, 1).unwrap();
     for _ in 0..40 {
         keys.push(&vec![1u8; dim], 1.0).unwrap();
@@ -144,7 +232,7 @@ fn long_dimensions_widen_before_the_lanes_overflow() {
             block_sums(isa, &table, &keys, block, &mut sums).unwrap();
             let valid = if block == 0 { BLOCK } else { 40 - BLOCK };
             assert!(
-                sums[..valid].iter().all(|&s| s == 255 * dim as u32),
+                sums[..valid].iter().all(|&s| s == 255 * lanes as u32),
                 "{}: {sums:?}",
                 isa.name()
             );

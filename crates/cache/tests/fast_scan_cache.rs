@@ -1,5 +1,5 @@
 //! The fused kernel on bodies stored in the fast-scan order (a stream's `record_order =
-//! "fast-scan"`):
+//! "fast-scan"`), with 4-, 2- and 1-bit codes (one, two and four codes per nibble):
 //!
 //! - values alone in that order (keys f16) are summed in integers: with zero queries (every
 //!   weight 1) they give the integer sums computed here token by token within f32 rounding
@@ -12,7 +12,7 @@
 //! - with both, windows, sinks and rings: bit-identical across thread counts, the same records
 //!   as the rows order (decoded token by token), a saved cache reloads bit-identical, and the
 //!   output stays within the derived bound of the rows order: each score moves by at most
-//!   `ε = norm·d·δ/2` (the table's rounding), so each softmax weight by a factor within
+//!   `ε = norm·L·δ/2` (the table's rounding over its `L` lanes), so each softmax weight by a factor within
 //!   `e^{±2ε}` and each output coordinate by at most `(e^{2ε} − 1)·max_t |v_t|`.
 
 mod common;
@@ -38,6 +38,11 @@ fn allocation(body: &str, fast: bool) -> Allocation {
     };
     let body = body.replace(", ORDER", order);
     Allocation::from_toml_str(&format!("name = \"t\"\n{body}")).unwrap()
+}
+
+/// `body` (written for 4-bit codes) with every stream at `bits` bits.
+fn at_bits(body: &str, bits: u8) -> String {
+    body.replace("bits = 4", &format!("bits = {bits}"))
 }
 
 fn cache(layout: KvLayout, body: &str, fast: bool, tokens: usize, seed: u64) -> KvCache {
@@ -103,8 +108,27 @@ const WINDOWS_Q8: &str = "sink_tokens = 2\nrecent_fp_tokens = 50\nrecent_dtype =
     key = { codec = \"mse\", bits = 4, center = \"first-chunk\", ORDER }\n\
     value = { codec = \"mse\", bits = 4, norm_correction = true, ORDER }";
 
+/// The widths whose codes fill whole nibbles (one, two or four codes each).
+const NIBBLE_WIDTHS: [u8; 3] = [4, 2, 1];
+
 #[test]
-fn only_four_bit_mse_bodies_take_the_fast_scan_order() {
+fn only_mse_bodies_of_whole_nibbles_take_the_fast_scan_order() {
+    for bits in NIBBLE_WIDTHS {
+        let fast = cache(growing(2, D), &at_bits(BOTH, bits), true, 40, 1);
+        let rows = cache(growing(2, D), &at_bits(BOTH, bits), false, 40, 1);
+        for g in 0..2 {
+            for s in [fast.keys(g), fast.values(g)] {
+                assert_eq!(s.body().order(), RecordOrder::FastScan, "{bits} bits");
+            }
+        }
+        // The same bytes as rows.
+        assert_eq!(fast.bytes_per_token(), rows.bytes_per_token());
+    }
+    // d·b not a multiple of 32: records that end inside a word keep rows.
+    let narrow =
+        KvCache::with_allocation(growing(1, 24), &allocation(&at_bits(BOTH, 2), true), 0, 1)
+            .unwrap();
+    assert_eq!(narrow.keys(0).body().order(), RecordOrder::Rows);
     let both = cache(growing(2, D), BOTH, true, 40, 1);
     let values_only = cache(growing(2, D), VALUES_ONLY, true, 40, 1);
     let rows = cache(growing(2, D), BOTH, false, 40, 1);
@@ -146,8 +170,11 @@ fn fast_scan_values_sum_the_integer_weights() {
         assert!(ones.iter().all(|&p| p == 1.0), "{isa:?}: e^0 is not 1");
     }
     let (kv, q_heads) = (2usize, 6usize);
-    for tokens in [1300usize, 9000] {
-        let fast = cache(growing(kv, D), VALUES_ONLY, true, tokens, 3);
+    for (bits, tokens) in NIBBLE_WIDTHS
+        .into_iter()
+        .flat_map(|b| [(b, 1300usize), (b, 9000)])
+    {
+        let fast = cache(growing(kv, D), &at_bits(VALUES_ONLY, bits), true, tokens, 3);
         let tolerance = 2e-4 * max_abs_value(&fast) + 1e-5;
         let last = tokens as u32 - 1;
         let positions = [0u32, 5, 31, 32, 700, 1299, last];
@@ -155,7 +182,7 @@ fn fast_scan_values_sum_the_integer_weights() {
         for g in 0..kv {
             let values = fast.values(g);
             let TokenCodec::Mse(codec) = values.codec() else {
-                panic!("4-bit TQ_mse values")
+                panic!("TQ_mse values")
             };
             let centroids = codec.codebook().centroids_f32();
             let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
@@ -167,7 +194,7 @@ fn fast_scan_values_sum_the_integer_weights() {
             let records: Vec<(Vec<u8>, f32)> = (0..tokens)
                 .map(|t| {
                     let (words, scales) = values.body().record_copy(t).unwrap();
-                    tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+                    tq_cache::codec::packing::unpack(&words, bits, &mut codes).unwrap();
                     (codes.clone(), scales[0].to_f32())
                 })
                 .collect();
@@ -200,7 +227,9 @@ fn fast_scan_values_sum_the_integer_weights() {
                     for h in 0..q_heads / kv {
                         let row = (i * kv + g) * (q_heads / kv) + h;
                         close(
-                            &format!("{tokens} tokens, {isa:?}, head {g}/{h}, position {p}"),
+                            &format!(
+                                "{bits} bits, {tokens} tokens, {isa:?}, head {g}/{h}, position {p}"
+                            ),
                             &got[row * D..(row + 1) * D],
                             &expected,
                             tolerance,
@@ -221,10 +250,17 @@ fn fast_scan_values_sum_the_integer_weights() {
 /// softmax of the f16 keys (1% slack for the kernel's f32 weights) plus f32 rounding.
 #[test]
 fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
+    for bits in NIBBLE_WIDTHS {
+        values_within_the_integer_bound_of_rows(bits);
+    }
+}
+
+fn values_within_the_integer_bound_of_rows(bits: u8) {
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let group = q_heads / kv;
-    let fast = cache(growing(kv, D), VALUES_ONLY, true, tokens, 3);
-    let rows = cache(growing(kv, D), VALUES_ONLY, false, tokens, 3);
+    let body = at_bits(VALUES_ONLY, bits);
+    let fast = cache(growing(kv, D), &body, true, tokens, 3);
+    let rows = cache(growing(kv, D), &body, false, tokens, 3);
     let positions = [0u32, 40, 700, 1299];
     let queries = vectors(positions.len() * q_heads, D, 4);
     let scale = shape(q_heads).scale;
@@ -237,7 +273,7 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
         for g in 0..kv {
             let values = fast.values(g);
             let TokenCodec::Mse(codec) = values.codec() else {
-                panic!("4-bit TQ_mse values")
+                panic!("TQ_mse values")
             };
             let centroids = codec.codebook().centroids_f32();
             let gamma = f64::from(centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0);
@@ -265,7 +301,7 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
                             .map(|(i, pr)| {
                                 let (words, scales) =
                                     values.body().record_copy(b * BLOCK + i).unwrap();
-                                tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+                                tq_cache::codec::packing::unpack(&words, bits, &mut codes).unwrap();
                                 (pr * f64::from(scales[0].to_f32()), codes.clone())
                             })
                             .collect();
@@ -284,7 +320,9 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
                             .sum::<f64>()
                             .sqrt();
                     close(
-                        &format!("{isa:?}, head {g}/{h}, position {p} (bound {limit})"),
+                        &format!(
+                            "{bits} bits, {isa:?}, head {g}/{h}, position {p} (bound {limit})"
+                        ),
                         &got[row * D..(row + 1) * D],
                         &expected[row * D..(row + 1) * D],
                         limit as f32 + rounding,
@@ -299,9 +337,15 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
 /// token's codes (gathered back from the store) with the public table and block sums.
 #[test]
 fn fast_scan_keys_score_with_the_byte_tables() {
+    for bits in NIBBLE_WIDTHS {
+        keys_score_with_the_byte_tables(bits);
+    }
+}
+
+fn keys_score_with_the_byte_tables(bits: u8) {
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let group = q_heads / kv;
-    let cache = cache(growing(kv, D), KEYS_ONLY, true, tokens, 5);
+    let cache = cache(growing(kv, D), &at_bits(KEYS_ONLY, bits), true, tokens, 5);
     let positions = [0u32, 40, 700, 1299];
     let queries = vectors(positions.len() * q_heads, D, 6);
     let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
@@ -311,14 +355,14 @@ fn fast_scan_keys_score_with_the_byte_tables() {
     for g in 0..kv {
         let keys = cache.keys(g);
         let TokenCodec::Mse(codec) = keys.codec() else {
-            panic!("4-bit TQ_mse keys")
+            panic!("TQ_mse keys")
         };
         // Every token's codes and norm, into the standalone layout.
-        let mut blocks = FastScanBlocks::new(D, 4).unwrap();
+        let mut blocks = FastScanBlocks::new(D, bits).unwrap();
         let mut codes = vec![0u8; D];
         for t in 0..tokens {
             let (words, scales) = keys.body().record_copy(t).unwrap();
-            tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+            tq_cache::codec::packing::unpack(&words, bits, &mut codes).unwrap();
             blocks.push(&codes, scales[0].to_f32()).unwrap();
         }
         let values: Vec<Vec<f32>> = (0..tokens)
@@ -339,7 +383,7 @@ fn fast_scan_keys_score_with_the_byte_tables() {
                     let mut rotated = vec![0.0f32; D];
                     codec.rotation().apply(&q, &mut rotated).unwrap();
                     let table =
-                        ScoreTable::new(&rotated, codec.codebook().centroids_f32(), 4).unwrap();
+                        ScoreTable::new(&rotated, codec.codebook().centroids_f32(), bits).unwrap();
                     let visible = p as usize + 1;
                     let mut scores = Vec::with_capacity(visible);
                     let mut sums = [0u32; BLOCK];
@@ -381,15 +425,18 @@ fn fast_scan_keys_score_with_the_byte_tables() {
 fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
     let mut out = Vec::new();
     let bodies = [
-        ("plain", BOTH, growing(2, D)),
-        ("windows", WINDOWS, growing(2, D)),
-        ("q8 windows", WINDOWS_Q8, growing(2, D)),
-        ("ring", BOTH, sliding(2, D, 200, 0)),
+        ("plain", BOTH.to_string(), growing(2, D)),
+        ("windows", WINDOWS.to_string(), growing(2, D)),
+        ("q8 windows", WINDOWS_Q8.to_string(), growing(2, D)),
+        ("ring", BOTH.to_string(), sliding(2, D, 200, 0)),
+        ("2-bit", at_bits(BOTH, 2), growing(2, D)),
+        ("2-bit q8 windows", at_bits(WINDOWS_Q8, 2), growing(2, D)),
+        ("1-bit ring", at_bits(BOTH, 1), sliding(2, D, 200, 0)),
     ];
     for (name, body, layout) in bodies {
         // The value table is the last line that names a codec.
         let body = if values {
-            body.to_string()
+            body
         } else {
             let (head, value) = body.rsplit_once("value = ").unwrap();
             format!("{head}value = {}", value.replace(", ORDER", ""))
@@ -448,7 +495,7 @@ fn fast_scan_caches_hold_the_rows_records() {
 #[test]
 fn fast_scan_keys_stay_within_the_score_bound() {
     for (name, fast, rows) in fast_caches(false) {
-        // ε over every query head and stored key: norm · d · δ / 2.
+        // ε over every query head and stored key: norm · L · δ / 2 (`error_bound`).
         let positions = [3u32, 640, 1299];
         let queries = vectors(positions.len() * 6, D, 9);
         let scale = shape(6).scale;
@@ -456,8 +503,9 @@ fn fast_scan_keys_stay_within_the_score_bound() {
         for g in 0..2 {
             let keys = fast.keys(g);
             let TokenCodec::Mse(codec) = keys.codec() else {
-                panic!("4-bit TQ_mse keys")
+                panic!("TQ_mse keys")
             };
+            let bits = codec.spec().bits;
             let norm = (0..keys.body().len()).fold(0.0f32, |m, t| {
                 m.max(keys.body().record_copy(t).unwrap().1[0].to_f32())
             });
@@ -465,7 +513,8 @@ fn fast_scan_keys_stay_within_the_score_bound() {
                 let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
                 let mut rotated = vec![0.0f32; D];
                 codec.rotation().apply(&q, &mut rotated).unwrap();
-                let table = ScoreTable::new(&rotated, codec.codebook().centroids_f32(), 4).unwrap();
+                let table =
+                    ScoreTable::new(&rotated, codec.codebook().centroids_f32(), bits).unwrap();
                 epsilon = epsilon.max(norm * table.error_bound());
             }
         }
@@ -489,7 +538,12 @@ fn fast_scan_keys_stay_within_the_score_bound() {
 fn a_saved_fast_scan_cache_reloads_bit_identical() {
     use tq_cache::persist::{from_bytes, to_bytes};
     use tq_cache::states::{ModelCache, StateKind, StateSpec};
-    for (layout, body) in [(growing(2, D), WINDOWS_Q8), (sliding(2, D, 200, 0), BOTH)] {
+    let two_bits = at_bits(WINDOWS_Q8, 2);
+    for (layout, body) in [
+        (growing(2, D), WINDOWS_Q8),
+        (sliding(2, D, 200, 0), BOTH),
+        (growing(2, D), two_bits.as_str()),
+    ] {
         let specs = vec![StateSpec {
             name: "l0".into(),
             kind: StateKind::Kv { layer: 0, layout },
@@ -536,35 +590,123 @@ fn record_order_is_a_whole_stream_setting_with_known_values() {
     assert!(m.contains("columns") && m.contains("fast-scan"), "{m}");
 }
 
-/// The shipped lever files put both streams (or the keys alone) in the fast-scan order, the
-/// same bytes as `mse-k4v4`, and the setting survives a round trip through TOML (what a saved
-/// cache's allocation records).
+/// `basis_bits` is a whole-stream `mse` setting of widths 1 to 8: an empty list, a width
+/// out of range, the `[outliers]` table or another codec is an error naming the field; it
+/// survives a round trip through TOML; and a basis fitted under it uses only those widths.
+#[test]
+fn basis_bits_is_a_checked_list_of_widths() {
+    use tq_cache::allocation::{AllocationError, FieldProblem};
+    let with = |key: &str| {
+        format!("name = \"t\"\nkey = {{ {key} }}\nvalue = {{ codec = \"mse\", bits = 4 }}\n")
+    };
+    for (key, says) in [
+        (
+            "codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = []",
+            "at least one width",
+        ),
+        (
+            "codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 9]",
+            "not 9",
+        ),
+    ] {
+        let m = Allocation::from_toml_str(&with(key))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("basis_bits") && m.contains(says), "{m}");
+    }
+    match Allocation::from_toml_str(&with("codec = \"f16\", basis_bits = [4, 2, 1]")) {
+        Err(AllocationError::Field { path, problem }) => {
+            assert_eq!(path, "key.basis_bits");
+            assert!(
+                matches!(problem, FieldProblem::NotApplicable { .. }),
+                "{problem:?}"
+            );
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+    let outliers = format!(
+        "{}[outliers]\nchannels = 8\nkey = {{ basis_bits = [4] }}",
+        with("codec = \"mse\", bits = 4")
+    );
+    match Allocation::from_toml_str(&outliers) {
+        Err(AllocationError::Field { path, problem }) => {
+            assert_eq!(path, "outliers.key.basis_bits");
+            assert_eq!(problem, FieldProblem::WholeStreamOnly);
+        }
+        other => panic!("expected a field error, got {other:?}"),
+    }
+    let lever = allocation(NIBBLE_BASIS, true);
+    let text = lever.to_toml_string().unwrap();
+    assert!(text.contains("basis_bits = [4, 2, 1]"), "{text}");
+    assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
+    // Without the list the same data fits groups of other widths (3 bits among them), which
+    // keep rows.
+    let free = cache(
+        growing(2, D),
+        &NIBBLE_BASIS.replace(", basis_bits = [4, 2, 1]", ""),
+        true,
+        700,
+        21,
+    );
+    let TokenCodec::Basis(codec) = free.keys(0).codec() else {
+        panic!("a fitted basis")
+    };
+    assert!(codec.groups().iter().any(|g| !matches!(g.bits, 1 | 2 | 4)));
+    assert_eq!(free.keys(0).body().order(), RecordOrder::Rows);
+}
+
+/// The shipped lever files put the streams they name in the fast-scan order, the same bytes
+/// as the allocation they reorder (a preset, or `levers/mse-k2v2.toml`), and the setting
+/// survives a round trip through TOML (what a saved cache's allocation records). The
+/// recommended presets' keys (a plane basis) keep rows.
 #[test]
 fn the_fast_scan_lever_files_order_what_they_say() {
-    let plain = KvCache::with_allocation(
-        growing(3, D),
-        &Allocation::preset("mse-k4v4").unwrap(),
-        0,
-        30,
-    )
-    .unwrap();
-    for (file, values) in [
-        ("mse-k4v4-fast-scan.toml", RecordOrder::FastScan),
-        ("mse-k4v4-fast-scan-keys.toml", RecordOrder::Rows),
-    ] {
+    let lever = |file: &str| {
         let path = format!("{}/presets/levers/{file}", env!("CARGO_MANIFEST_DIR"));
-        let lever = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (fast, rows) = (RecordOrder::FastScan, RecordOrder::Rows);
+    for (file, reference, keys, values) in [
+        (
+            "mse-k4v4-fast-scan.toml",
+            Allocation::preset("mse-k4v4").unwrap(),
+            fast,
+            fast,
+        ),
+        (
+            "mse-k4v4-fast-scan-keys.toml",
+            Allocation::preset("mse-k4v4").unwrap(),
+            fast,
+            rows,
+        ),
+        (
+            "mse-k2v2-fast-scan.toml",
+            lever("mse-k2v2.toml"),
+            fast,
+            fast,
+        ),
+        (
+            "rec3.25-fast-scan-values.toml",
+            Allocation::preset("rec3.25").unwrap(),
+            rows,
+            fast,
+        ),
+        (
+            "rec2.5-fast-scan-values.toml",
+            Allocation::preset("rec2.5").unwrap(),
+            rows,
+            fast,
+        ),
+    ] {
+        let lever = lever(file);
         let text = lever.to_toml_string().unwrap();
         assert!(text.contains("record_order = \"fast-scan\""), "{text}");
         assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
+        let plain = KvCache::with_allocation(growing(3, D), &reference, 0, 30).unwrap();
         let cache = KvCache::with_allocation(growing(3, D), &lever, 0, 30).unwrap();
-        assert_eq!(cache.bytes_per_token(), plain.bytes_per_token());
+        assert_eq!(cache.bytes_per_token(), plain.bytes_per_token(), "{file}");
         for g in 0..3 {
-            assert_eq!(
-                cache.keys(g).body().order(),
-                RecordOrder::FastScan,
-                "{file}"
-            );
+            assert_eq!(cache.keys(g).body().order(), keys, "{file}");
             assert_eq!(cache.values(g).body().order(), values, "{file}");
         }
     }
@@ -601,5 +743,279 @@ fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleare
         let a = run(isa, &fast, 6, &[0, 350, 699], 15);
         let b = run(isa, &again, 6, &[0, 350, 699], 15);
         assert_eq!(common::bits(&a), common::bits(&b), "{isa:?}");
+    }
+}
+
+/// A basis of whole nibbles: 3-bit streams with a principal-component basis whose groups
+/// may only have 4, 2 or 1 bits (`basis_bits`), so the fitted records (several groups, one
+/// after another) stay in the fast-scan order.
+const NIBBLE_BASIS: &str = "key = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }\n\
+    value = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }";
+
+/// The fitted basis of `stream`, with at least two groups, all of 1, 2 or 4 bits.
+fn nibble_basis(stream: &tq_cache::stream::Stream) -> &tq_cache::basis::BasisCodec {
+    let TokenCodec::Basis(codec) = stream.codec() else {
+        panic!("a fitted basis")
+    };
+    let widths: Vec<u8> = codec.groups().iter().map(|g| g.bits).collect();
+    assert!(
+        widths.len() >= 2 && widths.iter().all(|b| matches!(b, 1 | 2 | 4)),
+        "{widths:?}"
+    );
+    codec
+}
+
+/// A basis fitted within the nibble widths keeps the fast-scan order; the same records as in
+/// rows, the same bits at any thread count, and a saved cache reloads bit-identical.
+#[test]
+fn a_nibble_basis_keeps_the_fast_scan_order() {
+    let fast = cache(growing(2, D), NIBBLE_BASIS, true, 1300, 21);
+    let rows = cache(growing(2, D), NIBBLE_BASIS, false, 1300, 21);
+    let mut scratch = CodecScratch::new(D);
+    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
+    for g in 0..2 {
+        for (x, y) in [
+            (fast.keys(g), rows.keys(g)),
+            (fast.values(g), rows.values(g)),
+        ] {
+            nibble_basis(x);
+            assert_eq!(x.body().order(), RecordOrder::FastScan);
+            assert_eq!(y.body().order(), RecordOrder::Rows);
+            for t in 0..x.len() {
+                x.decode(t, &mut scratch, &mut a).unwrap();
+                y.decode(t, &mut scratch, &mut b).unwrap();
+                assert_eq!(common::bits(&a), common::bits(&b), "token {t}");
+            }
+        }
+    }
+    let positions = [0u32, 255, 700, 1299];
+    for isa in Isa::available() {
+        let one = in_pool(1, || run(isa, &fast, 6, &positions, 22));
+        let three = in_pool(3, || run(isa, &fast, 6, &positions, 22));
+        assert_eq!(common::bits(&one), common::bits(&three), "{isa:?}");
+    }
+    use tq_cache::persist::{from_bytes, to_bytes};
+    use tq_cache::states::{ModelCache, StateKind, StateSpec};
+    let specs = vec![StateSpec {
+        name: "l0".into(),
+        kind: StateKind::Kv {
+            layer: 0,
+            layout: growing(2, D),
+        },
+    }];
+    let mut model = ModelCache::with_allocation(specs, &allocation(NIBBLE_BASIS, true)).unwrap();
+    let (keys, values) = (vectors(700, 2 * D, 23), vectors(700, 2 * D, 24));
+    let all: Vec<u32> = (0..700).collect();
+    model.append_layer(0, &keys, &values, &all).unwrap();
+    let bytes = to_bytes(&model).unwrap();
+    let loaded = from_bytes(&bytes).unwrap();
+    assert_eq!(to_bytes(&loaded).unwrap(), bytes);
+    let (before, after) = (model.kv(0).unwrap(), loaded.kv(0).unwrap());
+    assert_eq!(after.keys(0).body().order(), RecordOrder::FastScan);
+    for isa in Isa::available() {
+        let x = run(isa, before, 6, &[0, 300, 699], 25);
+        let y = run(isa, after, 6, &[0, 300, 699], 25);
+        assert_eq!(common::bits(&x), common::bits(&y), "{isa:?}");
+    }
+}
+
+/// Nibble-basis keys in the fast-scan order (values f16): the softmax of the fast scores
+/// computed here token by token — each query head's table over all groups built from the
+/// public codec (each group's slice of the projected query, rotated and scaled by `a_G`,
+/// against its own codebook, lanes one after another), each token's integer sum read from its
+/// record's nibbles — within f32 rounding (`2e-4·max|v| + 1e-5`, f64 softmax). A group read
+/// from the wrong lanes, or scored against another group's or head's query or codebook, moves
+/// the output far past it.
+#[test]
+fn nibble_basis_keys_score_with_one_table_over_the_groups() {
+    use tq_cache::attention::fast_scan::TablePart;
+    let body = NIBBLE_BASIS.replace(
+        "value = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }",
+        "value = { codec = \"f16\" }",
+    );
+    let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
+    let group_size = q_heads / kv;
+    let cache = cache(growing(kv, D), &body, true, tokens, 26);
+    let positions = [3u32, 640, 1299];
+    let queries = vectors(positions.len() * q_heads, D, 27);
+    let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
+    let scale = shape(q_heads).scale;
+    let mut scratch = CodecScratch::new(D);
+    let mut v = vec![0.0f32; D];
+    let outputs: Vec<(Isa, Vec<f32>)> = Isa::available()
+        .into_iter()
+        .map(|isa| (isa, run(isa, &cache, q_heads, &positions, 27)))
+        .collect();
+    for g in 0..kv {
+        let keys = cache.keys(g);
+        let codec = nibble_basis(keys);
+        let records: Vec<(Vec<u32>, f32)> = (0..tokens)
+            .map(|t| {
+                let (words, scales) = keys.body().record_copy(t).unwrap();
+                (words.into_owned(), scales[0].to_f32())
+            })
+            .collect();
+        let values: Vec<Vec<f32>> = (0..tokens)
+            .map(|t| {
+                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
+                v.clone()
+            })
+            .collect();
+        for (i, &p) in positions.iter().enumerate() {
+            for h in 0..group_size {
+                let row = (i * kv + g) * group_size + h;
+                let q: Vec<f32> = queries[row * D..(row + 1) * D]
+                    .iter()
+                    .map(|x| x * scale)
+                    .collect();
+                let mut projected = vec![0.0f32; codec.rank()];
+                codec.project(&q, &mut projected);
+                let slices: Vec<Vec<f32>> = codec
+                    .groups()
+                    .iter()
+                    .map(|group| {
+                        let gathered: Vec<f32> = group
+                            .components
+                            .iter()
+                            .map(|&c| projected[usize::from(c)])
+                            .collect();
+                        let mut rotated = vec![0.0f32; group.len()];
+                        group.rotation.apply(&gathered, &mut rotated).unwrap();
+                        rotated.iter().map(|v| v * group.scale).collect()
+                    })
+                    .collect();
+                let parts: Vec<TablePart<'_>> = codec
+                    .groups()
+                    .iter()
+                    .zip(&slices)
+                    .map(|(group, query)| TablePart {
+                        query,
+                        centroids: group.codebook.centroids_f32(),
+                        bits: group.bits,
+                        lanes: 8 * group.words(),
+                    })
+                    .collect();
+                let mut table = ScoreTable::default();
+                table
+                    .rebuild_parts(&parts, 8 * codec.record_words())
+                    .unwrap();
+                let scores: Vec<f64> = records[..=p as usize]
+                    .iter()
+                    .map(|(words, norm)| {
+                        let sum: u32 = (0..table.lanes())
+                            .map(|l| {
+                                let nibble = (words[l / 8] >> (4 * (l % 8))) & 0x0F;
+                                u32::from(table.entry(l, nibble as u8).unwrap())
+                            })
+                            .sum();
+                        f64::from(norm * table.dequantize(sum))
+                    })
+                    .collect();
+                let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                let expected: Vec<f32> = (0..D)
+                    .map(|j| {
+                        let sum: f64 = weights
+                            .iter()
+                            .zip(&values)
+                            .map(|(w, v)| w * f64::from(v[j]))
+                            .sum();
+                        (sum / total) as f32
+                    })
+                    .collect();
+                for (isa, got) in &outputs {
+                    close(
+                        &format!("{isa:?}, head {g}/{h}, position {p}"),
+                        &got[row * D..(row + 1) * D],
+                        &expected,
+                        tolerance,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Nibble-basis values in the fast-scan order (keys f16), zero queries (every weight 1): the
+/// output is the integer sums computed here group by group from each token's codes — per
+/// block the weight bytes of the norms, each group's centroids as bytes — turned back through
+/// the group's rotation and scale and the basis rows, within f32 rounding. A group summed
+/// from another group's lanes or with another group's codebook moves it far past that.
+#[test]
+fn nibble_basis_values_sum_the_integer_weights() {
+    let body = NIBBLE_BASIS.replace(
+        "key = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }",
+        "key = { codec = \"f16\" }",
+    );
+    let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
+    let fast = cache(growing(kv, D), &body, true, tokens, 28);
+    let tolerance = 2e-4 * max_abs_value(&fast) + 1e-5;
+    let positions = [0u32, 31, 32, 700, 1299];
+    let zeros = vec![0.0f32; positions.len() * q_heads * D];
+    let outputs: Vec<(Isa, Vec<f32>)> = Isa::available()
+        .into_iter()
+        .map(|isa| {
+            let mut got = vec![0.0f32; zeros.len()];
+            fused_attention_on(isa, &fast, &zeros, &positions, shape(q_heads), &mut got).unwrap();
+            (isa, got)
+        })
+        .collect();
+    for g in 0..kv {
+        let values = fast.values(g);
+        let codec = nibble_basis(values);
+        let records: Vec<(Vec<u32>, f32)> = (0..tokens)
+            .map(|t| {
+                let (words, scales) = values.body().record_copy(t).unwrap();
+                (words.into_owned(), scales[0].to_f32())
+            })
+            .collect();
+        for (i, &p) in positions.iter().enumerate() {
+            let visible = &records[..=p as usize];
+            let mut components = vec![0.0f32; codec.rank()];
+            for group in codec.groups() {
+                let centroids = group.codebook.centroids_f32();
+                let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
+                let e: Vec<f64> = centroids
+                    .iter()
+                    .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
+                    .collect();
+                let mut codes = vec![0u8; group.len()];
+                let mut rotated = vec![0.0f64; group.len()];
+                for block in visible.chunks(BLOCK) {
+                    let scale = block.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
+                    for (words, w) in block {
+                        let own = &words[group.word_offset..group.word_offset + group.words()];
+                        tq_cache::codec::packing::unpack(own, group.bits, &mut codes).unwrap();
+                        let u = f64::from((w / scale).min(127.0).round_ties_even());
+                        for (r, &c) in rotated.iter_mut().zip(&codes) {
+                            *r += f64::from(scale) * u * e[usize::from(c)];
+                        }
+                    }
+                }
+                let mean: Vec<f32> = rotated
+                    .iter()
+                    .map(|r| (r * f64::from(gamma) / visible.len() as f64) as f32)
+                    .collect();
+                let mut back = vec![0.0f32; group.len()];
+                group.rotation.apply_inverse(&mean, &mut back).unwrap();
+                for (&c, v) in group.components.iter().zip(&back) {
+                    components[usize::from(c)] = v * group.scale;
+                }
+            }
+            let mut expected = vec![0.0f32; D];
+            codec.add_back(&components, &mut expected);
+            for (isa, got) in &outputs {
+                for h in 0..q_heads / kv {
+                    let row = (i * kv + g) * (q_heads / kv) + h;
+                    close(
+                        &format!("{isa:?}, head {g}/{h}, position {p}"),
+                        &got[row * D..(row + 1) * D],
+                        &expected,
+                        tolerance,
+                    );
+                }
+            }
+        }
     }
 }

@@ -43,6 +43,7 @@ impl Allocation {
                     mean: None,
                     basis: resolved.basis,
                     basis_fit: None,
+                    basis_bits: resolved.basis_bits,
                     rope_pairs: layout.rope_pairs,
                     fp: self.fp_codec(layout.head_dim),
                     recent: Some(self.recent_codec(layout.head_dim))

@@ -10,7 +10,7 @@ use crate::CodecSpec;
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::plan::{RecentWindow, StreamKind};
 use crate::allocation::schema::{CodecKind, StreamSettings};
-use crate::basis::BasisPolicy;
+use crate::basis::{BasisPolicy, GroupWidths};
 use crate::center::CenterPolicy;
 use crate::codec::{MseSpec, ProdSpec};
 use crate::record_order::RecordOrder;
@@ -72,6 +72,7 @@ pub(crate) struct Merged {
     norm_correction: Option<Sourced<bool>>,
     center: Option<Sourced<CenterPolicy>>,
     basis: Option<Sourced<BasisPolicy>>,
+    basis_bits: Option<Sourced<GroupWidths>>,
     record_order: Option<Sourced<RecordOrder>>,
     window: Option<Sourced<RecentWindow>>,
 }
@@ -95,6 +96,8 @@ pub(crate) struct Resolved {
     /// over a two-tier split gives).
     pub basis: BasisPolicy,
     pub basis_path: Option<Origin>,
+    /// The widths the basis may give its groups.
+    pub basis_bits: GroupWidths,
     /// The memory order of the stream's records.
     pub record_order: RecordOrder,
     /// The stream's own recent window, `None` when no table set one (the allocation's
@@ -122,6 +125,7 @@ impl Merged {
             norm_correction: None,
             center: None,
             basis: None,
+            basis_bits: None,
             record_order: None,
             window: None,
         }
@@ -152,6 +156,7 @@ impl Merged {
             }
             if codec != CodecKind::Mse {
                 self.basis = None;
+                self.basis_bits = None;
             }
         }
         set(&mut self.codec, patch.codec, origin);
@@ -163,6 +168,7 @@ impl Merged {
         set(&mut self.norm_correction, patch.norm_correction, origin);
         set(&mut self.center, patch.center, origin);
         set(&mut self.basis, patch.basis, origin);
+        set(&mut self.basis_bits, patch.basis_bits, origin);
         set(&mut self.record_order, patch.record_order, origin);
         set(&mut self.window, patch.window(), origin);
     }
@@ -194,6 +200,22 @@ impl Merged {
             return Err(AllocationError::field(
                 b.origin.path("basis"),
                 FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(b) = self.basis_bits
+            && b.origin.section == Section::Outliers
+        {
+            return Err(AllocationError::field(
+                b.origin.path("basis_bits"),
+                FieldProblem::WholeStreamOnly,
+            ));
+        }
+        if let Some(b) = self.basis_bits
+            && kind != CodecKind::Mse
+        {
+            return Err(AllocationError::field(
+                b.origin.path("basis_bits"),
+                FieldProblem::NotApplicable { codec: kind },
             ));
         }
         if let Some(o) = self.record_order
@@ -312,6 +334,7 @@ impl Merged {
             center: self.center.map_or(CenterPolicy::None, |c| c.value),
             basis: self.basis.map_or(BasisPolicy::None, |b| b.value),
             basis_path: self.basis.map(|b| b.origin),
+            basis_bits: self.basis_bits.map_or(GroupWidths::ALL, |b| b.value),
             record_order: self.record_order.map_or(RecordOrder::Rows, |o| o.value),
             window: self.window.map(|w| w.value),
         })

@@ -171,6 +171,8 @@ pub struct ResolvedStream {
     pub center: CenterPolicy,
     /// Whether the stream fits a data-aware basis (see [`basis`](crate::basis)).
     pub basis: BasisPolicy,
+    /// The widths the basis may give its groups (`basis_bits`; all of 1 to 8 by default).
+    pub basis_bits: crate::basis::GroupWidths,
     /// The memory order asked of the stream's records
     /// ([`body_order`](crate::stream::body_order) says which take it).
     pub record_order: crate::record_order::RecordOrder,

@@ -218,6 +218,7 @@ impl Allocation {
             plan,
             center,
             basis,
+            basis_bits: whole.basis_bits,
             record_order: whole.record_order,
             recent: whole.window.unwrap_or(self.top_level_window()),
         })

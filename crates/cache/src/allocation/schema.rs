@@ -256,9 +256,16 @@ pub struct StreamSettings {
     /// [`basis`](crate::basis)). Not allowed in `[outliers]`, nor together with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<BasisPolicy>,
+    /// The widths a fitted basis may give its groups (`mse` only; default: 1 to 8 bits), a
+    /// list such as `[4, 2, 1]` — the widths the fast-scan order holds (see
+    /// [`GroupWidths`](crate::basis::GroupWidths)). Read only where a basis is fitted. Not
+    /// allowed in `[outliers]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis_bits: Option<crate::basis::GroupWidths>,
     /// The memory order of the stream's compressed records (default `rows`). `fast-scan`
-    /// stores 4-bit TQ_mse records 32 tokens at a time, coordinate-major: attention then
-    /// scores keys with byte-table look-ups and sums values in integers in that layout (see
+    /// stores TQ_mse records of 1, 2 or 4 bits (and basis records whose groups all have
+    /// those widths) 32 tokens at a time, nibble-major: attention then scores keys with
+    /// byte-table look-ups and sums values in integers in that layout (see
     /// [`attention::fast_scan`](crate::attention::fast_scan)). Other codecs keep rows
     /// ([`body_order`](crate::stream::body_order)). The same bytes either way. Not allowed in
     /// `[outliers]`.

@@ -14,8 +14,8 @@
 //! components, rotates them and folds its scale `a_G` in; outputs scatter to the components
 //! (times `a_G`) and map back through `Uᵀ` once per output row. The inner loops are the run kernels of [`simd`](super::simd)
 //! (AVX2, NEON or scalar, chosen once per call). A body stored in the fast-scan order
-//! ([`RecordOrder::FastScan`]: 4-bit single-part TQ_mse records, 32 tokens per block,
-//! coordinate-major) is scored with per-head byte tables and its values summed in integers
+//! ([`RecordOrder::FastScan`]: single-part TQ_mse records of 1, 2 or 4 bits, 32 tokens per
+//! block, nibble-major) is scored with per-head byte tables and its values summed in integers
 //! from its blocks, by the [`fast_scan`] run kernels instead.
 //!
 //! Work splits into blocks of [`block_tokens`] visible tokens per (query, KV head) (256 up
@@ -313,17 +313,50 @@ fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
         key_parts: parts_of(keys.codec())?,
         value_parts: parts_of(values.codec())?,
     };
-    // The fast-scan runs read one coded part (`stream::body_order` gives that order to
-    // single-part TQ_mse bodies only).
+    // The fast-scan runs read coded parts of whole nibbles one after another
+    // (`stream::body_order` gives that order to no other body).
     for (stream, parts) in [(keys, &plan.key_parts), (values, &plan.value_parts)] {
-        let single_codes = parts.len() == 1 && matches!(parts[0].body, Body::Codes { .. });
-        if stream.body().order() == RecordOrder::FastScan && !single_codes {
+        if stream.body().order() == RecordOrder::FastScan && !nibble_parts(parts) {
             return Err(CacheError::InvalidConfig(
-                "a fast-scan body must hold single-part codes".into(),
+                "a fast-scan body must hold codes of 1, 2 or 4 bits, part after part".into(),
             ));
         }
     }
     Ok(plan)
+}
+
+/// Whether every part of a record is codes of 1, 2 or 4 bits without sign bits, each part's
+/// words following the previous part's: what the fast-scan runs read, a part's nibble lanes
+/// starting at 8 per word before it.
+fn nibble_parts(parts: &Parts<'_>) -> bool {
+    let mut words = 0;
+    !parts.is_empty()
+        && parts.iter().all(|part| match part.body {
+            Body::Codes {
+                bits: 1 | 2 | 4,
+                sketch: None,
+                code_words,
+                ..
+            } if part.word_offset == words && part.scale_offset == 0 => {
+                words += code_words;
+                true
+            }
+            _ => false,
+        })
+}
+
+/// Where part `part` of a record of `record_words` words lies in a fast-scan block.
+fn run_part(part: &Part<'_>, record_words: usize) -> fast_scan::RunPart {
+    let code_words = match part.body {
+        Body::Codes { code_words, .. } => code_words,
+        Body::Plain(_) => 0,
+    };
+    fast_scan::RunPart {
+        block_lanes: 8 * record_words,
+        first_lane: 8 * part.word_offset,
+        lanes: 8 * code_words,
+        dim: part.dim,
+    }
 }
 
 /// The query heads of one GQA group prepared against one key part, `[group, ·]` row-major.
@@ -356,7 +389,9 @@ struct PreparedGroup {
     tables: Vec<fast_scan::ScoreTable>,
 }
 
-/// [`PreparedGroup::tables`] for the keys of one KV head.
+/// [`PreparedGroup::tables`] for the keys of one KV head: per query head, one table over
+/// every part of the record (a basis record's groups one after another), each part against
+/// its own prepared query (scales folded in) and codebook.
 fn prepare_tables(
     keys: &Stream,
     parts: &Parts<'_>,
@@ -366,36 +401,48 @@ fn prepare_tables(
         out.tables.clear();
         return Ok(());
     }
-    // `body_order` gives the fast-scan order to single-part TQ_mse records only.
-    let (
-        Some(Part {
-            body: Body::Codes {
-                bits, centroids, ..
-            },
-            dim,
-            ..
-        }),
-        Some(prepared),
-    ) = (parts.first(), out.parts.first())
-    else {
-        return Err(CacheError::InvalidConfig(
-            "a fast-scan body must hold single-part codes".into(),
-        ));
+    let table_error = |e: fast_scan::FastScanError| {
+        CacheError::InvalidConfig(format!("fast-scan query table: {e}"))
     };
-    let queries = prepared.keys.queries();
-    let heads = queries.len() / dim;
+    let record_lanes = 8 * keys.codec().record_words();
+    let heads = out.plain.len() / keys.codec().dim().max(1);
     // Kept between calls and rebuilt in place: a decode step allocates no table.
     out.tables.truncate(heads);
-    for (h, q) in queries.chunks_exact(*dim).enumerate() {
-        let table_error = |e: fast_scan::FastScanError| {
-            CacheError::InvalidConfig(format!("fast-scan query table: {e}"))
-        };
-        match out.tables.get_mut(h) {
-            Some(table) => table.rebuild(q, centroids, *bits).map_err(table_error)?,
-            None => out
-                .tables
-                .push(fast_scan::ScoreTable::new(q, centroids, *bits).map_err(table_error)?),
+    let empty = fast_scan::TablePart {
+        query: &[],
+        centroids: &[],
+        bits: 0,
+        lanes: 0,
+    };
+    for h in 0..heads {
+        // `head_plan` admits only coded parts of whole nibbles in this order.
+        let mut table_parts = [empty; MAX_PARTS];
+        for ((slot, part), prepared) in table_parts.iter_mut().zip(parts.iter()).zip(&out.parts) {
+            let Body::Codes {
+                bits,
+                centroids,
+                code_words,
+                ..
+            } = part.body
+            else {
+                return Err(CacheError::InvalidConfig(
+                    "a fast-scan body must hold codes".into(),
+                ));
+            };
+            *slot = fast_scan::TablePart {
+                query: &prepared.keys.queries()[h * part.dim..(h + 1) * part.dim],
+                centroids,
+                bits,
+                lanes: 8 * code_words,
+            };
         }
+        let table_parts = &table_parts[..parts.len()];
+        if h == out.tables.len() {
+            out.tables.push(fast_scan::ScoreTable::default());
+        }
+        out.tables[h]
+            .rebuild_parts(table_parts, record_lanes)
+            .map_err(table_error)?;
     }
     Ok(())
 }
@@ -938,29 +985,33 @@ fn run_block_with(
             let record_words = words.len() / n;
             let weights = &probabilities[i * group..(i + n) * group];
             if let Record::FastScan { codes, lead } = record {
-                // One coded part: `head_plan` refuses any other fast-scan body.
-                let (Some(part), Some(acc)) = (plan.value_parts.first(), parts.first_mut()) else {
-                    return;
-                };
-                let Body::Codes { centroids, .. } = &part.body else {
-                    return;
-                };
+                // Coded parts of whole nibbles sharing one norm: `head_plan` refuses any other
+                // fast-scan body.
                 scales.load(isa, halves, n);
                 let norms = (&scales.all[..], scales.per_token);
-                let values = ensure(&mut acc.values, group * part.dim);
-                let (table, gamma) = fast_scan::centroid_bytes(centroids);
-                fast_scan::accumulate_run(
-                    isa,
-                    codes,
-                    lead,
-                    n,
-                    part.dim,
-                    (&table, gamma),
-                    (&exp_scores[i..], len, group),
-                    norms,
-                    fast,
-                    values,
-                );
+                let record_words = plan.values.codec().record_words();
+                for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
+                    let Body::Codes {
+                        centroids, bits, ..
+                    } = &part.body
+                    else {
+                        continue;
+                    };
+                    let values = ensure(&mut acc.values, group * part.dim);
+                    let tables = fast_scan::ValueTables::new(centroids, *bits);
+                    fast_scan::accumulate_run(
+                        isa,
+                        codes,
+                        lead,
+                        n,
+                        run_part(part, record_words),
+                        &tables,
+                        (&exp_scores[i..], len, group),
+                        norms,
+                        fast,
+                        values,
+                    );
+                }
                 return;
             }
             if let Record::Q8 = record {

@@ -311,18 +311,40 @@ fn build(
         other => KvCache::with_allocation(layout, &Allocation::load(other)?, 0, 1)?,
     };
     let width = shape.kv_heads * d;
+    let queries = plane_queries(shape);
     let mut start = 0;
     while start < tokens {
         let end = tokens.min(start + FILL_CHUNK);
         let positions: Vec<u32> = (start as u32..end as u32).collect();
-        cache.append(
+        // The first batch with queries, so a plane-basis stream fits its groups.
+        cache.append_with_queries(
             &keys[start * width..end * width],
             &values[start * width..end * width],
             &positions,
+            &queries,
+            shape.q_heads,
         )?;
         start = end;
     }
     Ok(cache)
+}
+
+/// Queries (`[64, q_heads·head_dim]`) whose energy falls geometrically over the RoPE planes
+/// (adjacent pairs), 256× from the first plane to the last, as a model's queries concentrate
+/// on a few planes: a plane-basis stream (`basis = "planes"`, the recommended presets' keys)
+/// fitted with them gives its planes different widths — groups of several widths, the records
+/// it holds on a model — where isotropic queries (or none) leave it the plain codec.
+fn plane_queries(shape: &BenchShape) -> Vec<f32> {
+    let (d, width) = (shape.head_dim, shape.q_heads * shape.head_dim);
+    let mut rng = ChaCha20Rng::seed_from_u64(0x51_AE5);
+    (0..64 * width)
+        .map(|i| {
+            let plane = (i % d) / 2;
+            let amplitude = 16f32.powf(-(plane as f32) / (d / 2) as f32);
+            let g: f32 = StandardNormal.sample(&mut rng);
+            amplitude * g
+        })
+        .collect()
 }
 
 /// Bytes of the records and scales a step over `range` reads from one stream.

@@ -15,6 +15,7 @@
 use crate::codec::TqMse;
 
 use super::layout::LANE_BYTES;
+use super::values_int::ValueTables;
 use super::weights::LANES;
 use super::{BLOCK, FastScanBlocks, FastScanError, ScoreTable, scores_heads, values_int, weights};
 use crate::attention::simd::Isa;
@@ -147,10 +148,10 @@ pub fn attend_with(
     scores_heads(isa, &s.tables, keys, &mut s.scores)?;
     let value_centroids = value_codec.codebook().centroids_f32();
     if sums == ValueSums::Int8 {
-        let (table, gamma) = values_int::centroid_bytes(value_centroids);
-        let pd = values.padded_dim();
+        let tables = ValueTables::new(value_centroids, values.bits());
+        let rows = values.lanes() * tables.per;
         s.lanes.clear();
-        s.lanes.resize(heads * pd * 4, 0.0);
+        s.lanes.resize(heads * rows * 4, 0.0);
         s.weight_bytes.resize(values.blocks() * heads, [0; BLOCK]);
         s.block_scales.resize(values.blocks() * heads, 0.0);
         weights::softmax_weight_bytes(
@@ -161,25 +162,25 @@ pub fn attend_with(
             &mut s.block_scales,
         );
         for block in 0..values.blocks() {
-            let rows = block * heads..(block + 1) * heads;
+            let block_heads = block * heads..(block + 1) * heads;
             accumulate_int(
                 isa,
                 values.block_codes(block),
-                pd,
-                &table,
-                &s.weight_bytes[rows.clone()],
-                &s.block_scales[rows],
+                rows,
+                &tables,
+                &s.weight_bytes[block_heads.clone()],
+                &s.block_scales[block_heads],
                 &mut s.lanes,
             );
         }
         return rotate_back(
             value_codec,
             &s.lanes,
-            pd,
+            rows,
             4,
             &mut s.reduced,
             out,
-            |partials| values_int::reduce(partials, gamma),
+            |partials| values_int::reduce(partials, tables.gamma),
         );
     }
     // Weights p_t · ‖v_t‖ / Σ p, zero on the padding of the last block.
@@ -188,12 +189,11 @@ pub fn attend_with(
     weights::softmax_weights(isa, &mut s.scores, values.norms(), &mut s.weights, padded);
     s.lanes.clear();
     s.lanes.resize(heads * d * LANES, 0.0);
-    let mut centroids = [0.0f32; 16];
-    centroids[..value_centroids.len()].copy_from_slice(value_centroids);
+    let tables = FloatTables::new(value_centroids, values.bits());
     accumulate(
         isa,
         values,
-        &centroids,
+        &tables,
         &s.weights,
         padded,
         heads,
@@ -243,28 +243,57 @@ fn rotate_back(
 pub(super) fn accumulate_int(
     isa: Isa,
     codes: &[u8],
-    padded_dim: usize,
-    table: &[i8; 16],
+    rows: usize,
+    tables: &ValueTables,
     weights: &[[u8; BLOCK]],
     scales: &[f32],
     lanes: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if super::avx2_kernels(isa) {
-        // SAFETY: AVX2 was detected just above; `padded_dim` is a multiple of 4, `codes` a
-        // whole block, one weight row and scale per head, `lanes` `heads · padded_dim · 4`.
+        // SAFETY: AVX2 was detected just above; `rows` is the block's lanes (a multiple of 4)
+        // times the codes per lane, `codes` a whole block, one weight row and scale per head,
+        // `lanes` `heads · rows · 4`.
         unsafe {
-            super::x86::accumulate_block_int_avx2(codes, padded_dim, table, weights, scales, lanes)
+            super::x86::accumulate_block_int_avx2(codes, rows, tables, weights, scales, lanes)
         };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
-        super::neon::accumulate_block_int(codes, padded_dim, table, weights, scales, lanes);
+        super::neon::accumulate_block_int(codes, rows, tables, weights, scales, lanes);
         return;
     }
     let _ = isa;
-    values_int::accumulate_block(codes, padded_dim, table, weights, scales, lanes);
+    values_int::accumulate_block(codes, rows, tables, weights, scales, lanes);
+}
+
+/// A value codebook as the f32 sums read it: per position `i` of a nibble lane (`m` codes per
+/// nibble), the 16 centroids `c[(n >> b·i) mod 2^b]` that nibble `n` decodes to (with one code
+/// per nibble the codebook itself, zero-padded). Coordinate `j` reads lane `j / m` through
+/// table `j mod m`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FloatTables {
+    pub(super) tables: [[f32; 16]; 4],
+    pub(super) per: usize,
+}
+
+impl FloatTables {
+    fn new(centroids: &[f32], bits: u8) -> Self {
+        let per = super::layout::codes_per_lane(bits);
+        let mut tables = [[0.0f32; 16]; 4];
+        if per == 1 {
+            tables[0][..centroids.len()].copy_from_slice(centroids);
+        } else {
+            let mask = (1usize << bits) - 1;
+            for (i, table) in tables.iter_mut().enumerate().take(per) {
+                for (n, t) in table.iter_mut().enumerate() {
+                    *t = centroids[(n >> (usize::from(bits) * i)) & mask];
+                }
+            }
+        }
+        Self { tables, per }
+    }
 }
 
 /// `lanes[(h·d + j)·16 + i] += w_h(32b + i)·c[code(32b + i, j)]`, then the same for token
@@ -272,7 +301,7 @@ pub(super) fn accumulate_int(
 fn accumulate(
     isa: Isa,
     values: &FastScanBlocks,
-    centroids: &[f32; 16],
+    centroids: &FloatTables,
     weights: &[f32],
     padded: usize,
     heads: usize,
@@ -282,8 +311,8 @@ fn accumulate(
     if isa == Isa::Avx512 && isa.is_available() {
         for block in 0..values.blocks() {
             // SAFETY: AVX-512 F/BW was detected just above; `weights` holds `heads · padded`
-            // values and `lanes` `heads · d · 16`, the block's codes `padded_dim · 16` bytes
-            // (the kernel reads the first `d · 16`).
+            // values and `lanes` `heads · d · 16`, the block's codes `lanes · 16` bytes (the
+            // kernel reads the `⌈d / m⌉` lanes that hold coordinates).
             unsafe {
                 super::x86::accumulate_block_avx512(
                     values.block_codes(block),
@@ -320,10 +349,12 @@ fn accumulate(
     }
     let _ = isa;
     let d = values.dim();
+    let per = centroids.per;
     for block in 0..values.blocks() {
         let codes = values.block_codes(block);
         for j in 0..d {
-            let lane = &codes[j * LANE_BYTES..(j + 1) * LANE_BYTES];
+            let lane = &codes[(j / per) * LANE_BYTES..(j / per + 1) * LANE_BYTES];
+            let centroids = &centroids.tables[j % per];
             for h in 0..heads {
                 let w = &weights[h * padded + block * BLOCK..h * padded + (block + 1) * BLOCK];
                 let acc = &mut lanes[(h * d + j) * LANES..(h * d + j + 1) * LANES];

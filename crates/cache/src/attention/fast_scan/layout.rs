@@ -2,19 +2,39 @@
 
 use super::{BLOCK, FastScanError};
 
-/// Bytes of one coordinate of one block: 32 four-bit codes (the cache's fast-scan order's).
+/// Bytes of one nibble lane of one block: 32 nibbles (the cache's fast-scan order's).
 pub(super) use crate::record_order::LANE_BYTES;
+
+/// Codes of `bits` bits held by one nibble: four 1-bit or two 2-bit codes (`4 / b`, the
+/// nibbles of their packed words), else one (a 3-bit code leaves a bit of its nibble unused).
+pub(crate) const fn codes_per_lane(bits: u8) -> usize {
+    match bits {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    }
+}
+
+/// Nibble lanes of a block of `dim` codes of `bits` bits: `⌈dim / codes_per_lane⌉` padded
+/// with zero nibbles to a multiple of 4, so the vector kernels take whole registers.
+pub(crate) const fn lanes_for(dim: usize, bits: u8) -> usize {
+    dim.div_ceil(codes_per_lane(bits)).next_multiple_of(4)
+}
 
 /// Compressed vectors (keys or values) in the fast-scan layout.
 ///
-/// Block `k` holds tokens `32k .. 32k + 32`: for each rotated coordinate `j` (the dimension
-/// padded with zero codes to a multiple of 4, so the vector kernels take whole registers),
-/// 16 bytes where byte `i` holds token `i`'s code in its low nibble and token
-/// `i + 16`'s in its high nibble; then the block's 32 norms (zero past the last token).
+/// Block `k` holds tokens `32k .. 32k + 32` in **nibble lanes**: lane `l` holds, for each
+/// token, the codes of coordinates `l·m .. l·m + m` packed into a nibble (`m` =
+/// 4 / b codes for b = 1, 2, one code for b = 3, 4; code `l·m + i` in bits `b·i ..`, the order
+/// [`packing`](crate::codec::packing) writes words in). A lane is 16 bytes, byte `i` holding
+/// token `i`'s nibble in its low half and token `i + 16`'s in its high half; the lanes are
+/// padded with zero nibbles to a multiple of 4. Then the block's 32 norms (zero past the last
+/// token). So b = 2 costs half the bytes of b = 4, and the kernels look up `m` codes with
+/// one byte shuffle.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FastScanBlocks {
     dim: usize,
-    padded_dim: usize,
+    lanes: usize,
     bits: u8,
     len: usize,
     codes: Vec<u8>,
@@ -32,7 +52,7 @@ impl FastScanBlocks {
         }
         Ok(Self {
             dim,
-            padded_dim: dim.next_multiple_of(4),
+            lanes: lanes_for(dim, bits),
             bits,
             len: 0,
             codes: Vec::new(),
@@ -67,13 +87,15 @@ impl FastScanBlocks {
         let slot = self.len % BLOCK;
         if slot == 0 {
             self.codes
-                .resize(self.codes.len() + self.padded_dim * LANE_BYTES, 0);
+                .resize(self.codes.len() + self.lanes * LANE_BYTES, 0);
             self.norms.resize(self.norms.len() + BLOCK, 0.0);
         }
-        let base = (self.len / BLOCK) * self.padded_dim * LANE_BYTES;
+        let base = (self.len / BLOCK) * self.lanes * LANE_BYTES;
         let (byte, shift) = (slot % LANE_BYTES, 4 * (slot / LANE_BYTES));
+        let per = codes_per_lane(self.bits);
         for (j, &code) in codes.iter().enumerate() {
-            self.codes[base + j * LANE_BYTES + byte] |= code << shift;
+            let nibble = code << (usize::from(self.bits) * (j % per));
+            self.codes[base + (j / per) * LANE_BYTES + byte] |= nibble << shift;
         }
         self.norms[self.len] = norm;
         self.len += 1;
@@ -86,9 +108,11 @@ impl FastScanBlocks {
             return None;
         }
         let slot = token % BLOCK;
-        let base = (token / BLOCK) * self.padded_dim * LANE_BYTES;
-        let byte = self.codes[base + j * LANE_BYTES + slot % LANE_BYTES];
-        Some((byte >> (4 * (slot / LANE_BYTES))) & 0x0F)
+        let base = (token / BLOCK) * self.lanes * LANE_BYTES;
+        let per = codes_per_lane(self.bits);
+        let byte = self.codes[base + (j / per) * LANE_BYTES + slot % LANE_BYTES];
+        let nibble = (byte >> (4 * (slot / LANE_BYTES))) & 0x0F;
+        Some((nibble >> (usize::from(self.bits) * (j % per))) & ((1 << self.bits) - 1))
     }
 
     /// Tokens held.
@@ -116,9 +140,16 @@ impl FastScanBlocks {
         self.bits
     }
 
-    /// Bytes stored per token: the codes (a nibble per padded coordinate) and an f32 norm.
+    /// Bytes stored per token: the codes (a nibble per lane) and an f32 norm.
+    ///
+    /// ```
+    /// use tq_cache::attention::fast_scan::FastScanBlocks;
+    /// assert_eq!(FastScanBlocks::new(64, 4).unwrap().bytes_per_token(), 32 + 4);
+    /// assert_eq!(FastScanBlocks::new(64, 2).unwrap().bytes_per_token(), 16 + 4);
+    /// assert_eq!(FastScanBlocks::new(64, 3).unwrap().bytes_per_token(), 32 + 4);
+    /// ```
     pub fn bytes_per_token(&self) -> usize {
-        self.padded_dim / 2 + 4
+        self.lanes / 2 + 4
     }
 
     /// The norms of every token, in order.
@@ -126,14 +157,14 @@ impl FastScanBlocks {
         &self.norms[..self.len]
     }
 
-    /// The dimension padded with zero codes to a multiple of 4.
-    pub(super) fn padded_dim(&self) -> usize {
-        self.padded_dim
+    /// Nibble lanes per block ([`lanes_for`]).
+    pub(super) fn lanes(&self) -> usize {
+        self.lanes
     }
 
-    /// The code bytes of block `block` (`padded_dim · 16`).
+    /// The code bytes of block `block` (`lanes · 16`).
     pub(super) fn block_codes(&self, block: usize) -> &[u8] {
-        let stride = self.padded_dim * LANE_BYTES;
+        let stride = self.lanes * LANE_BYTES;
         &self.codes[block * stride..(block + 1) * stride]
     }
 

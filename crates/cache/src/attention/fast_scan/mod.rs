@@ -6,24 +6,27 @@
 //! evaluates that per token: unpack a record, look up its centroids, multiply-add, reduce. Here
 //! instead:
 //!
-//! - [`FastScanBlocks`] stores the codes of a **block of 32 tokens coordinate-major**: for each
-//!   rotated coordinate `j`, 16 bytes hold the 4-bit codes of the block's 32 tokens (token `i`
-//!   in the low nibble of byte `i`, token `i + 16` in the high nibble), and the block's norms
-//!   sit beside the codes.
-//! - [`ScoreTable`] holds, per query and coordinate, the `2^b` products `q'_j · c_k`,
-//!   **quantized to bytes** with one step `δ` shared by every coordinate (each coordinate keeps
-//!   its own offset, the smallest of its products).
-//! - A block's scores are then one byte shuffle per coordinate and 32 tokens (`vpshufb`, NEON's
+//! - [`FastScanBlocks`] stores the codes of a **block of 32 tokens in nibble lanes**: a nibble
+//!   holds one 4-bit (or 3-bit) code, two 2-bit or four 1-bit codes (the nibbles of their
+//!   packed words), and per lane 16 bytes hold the block's 32 nibbles (token `i` in the low
+//!   half of byte `i`, token `i + 16` in the high half); the block's norms sit beside the codes.
+//! - [`ScoreTable`] holds, per query and lane, the 16 sums `Σ_i q'_i · c[n_i]` of the lane's
+//!   coordinates for each nibble `n` (for one code per nibble, the `2^b` products `q'_j · c_k`),
+//!   **quantized to bytes** with one step `δ` shared by every lane (each keeps its own offset,
+//!   the smallest of its sums).
+//! - A block's scores are then one byte shuffle per lane and 32 tokens (`vpshufb`, NEON's
 //!   `tbl`: the 16-entry table indexes itself with the 32 nibbles), summed in **16-bit integers**. Integer
 //!   sums are exact: the sums, and so the scores, are the same bits on every instruction set,
 //!   thread count and block split (tested: [`Isa::Scalar`], [`Isa::Avx2`], [`Isa::Avx512`],
 //!   [`Isa::Neon`]).
 //!
 //! **The table's error.** Rounding an entry to the nearest multiple of `δ` moves it by at most
-//! `δ/2`, and a score adds `d` entries, so the fast score differs from the exact
-//! `norm · Σ_j q'_j c[code_j]` by at most `norm · d · δ / 2` (plus f32 rounding), with
-//! `δ = max_j (max_k − min_k of q'_j c_k) / 255`. Tested against that bound, and against the
-//! codec's own score error: the table adds a small fraction of it (`tests/fast_scan.rs`).
+//! `δ/2`, and a score adds one entry per lane, so the fast score differs from the exact
+//! `norm · Σ_j q'_j c[code_j]` by at most `norm · L · δ / 2` (plus f32 rounding) over the `L`
+//! lanes that hold coordinates, with `δ = max_l (Σ_{i ∈ l} |q'_i|·(c_max − c_min)) / 255`.
+//! Tested against that bound, and against the codec's own score error: the table adds a small
+//! fraction of it (`tests/fast_scan.rs`: 0.07% of it at b = 2, where two codes share a lane's
+//! step, 3% at b = 4).
 //!
 //! [`attend`] completes a decode step on the layout: scores, a softmax, and the values'
 //! weighted sum from the same layout in the rotated domain, one inverse rotation per output,
@@ -36,12 +39,15 @@
 //! the fused kernel scores and sums its runs with these kernels (the module `runs`): keys
 //! through each query head's [`ScoreTable`], values in integers as [`ValueSums::Int8`] sums
 //! them, both tested (`tests/fast_scan_cache.rs`). Measured on Zen 3 (AVX2, docs/results.md):
-//! a 4-bit cache decodes 1.5–2.0× faster in this order than in rows at 16K–64K tokens, with
-//! the same KL divergence within its error.
+//! a 4-bit cache decodes 1.5–2.0× faster in this order than in rows at 16K–64K tokens, a
+//! 2-bit one 1.6–1.7× (1.6–2.2× f16), with the same KL divergence within its error. A basis
+//! record whose groups all have 1, 2 or 4 bits takes the order too: one table per query head
+//! over every group ([`ScoreTable::rebuild_parts`]), the values summed group by group.
 //!
-//! **Limits**: single-part TurboQuant_mse codes of b ≤ 4 bits, and in the cache 4 bits only
-//! (2- and 3-bit codes take a nibble too, so this layout does not yet save their bytes); the
-//! f32 value sums of [`attend`] are slower than the fused kernel's on AVX-512 and AVX2
+//! **Limits**: single-part TurboQuant_mse codes of b ≤ 4 bits, and in the cache 1, 2 or 4 bits
+//! (a 3-bit code takes a whole nibble here, so it saves no bytes over 4 bits, and in packed
+//! records it straddles nibbles); the f32 value sums of [`attend`] are slower than the fused
+//! kernel's on AVX-512 and AVX2
 //! (`tq bench scan --attention`), the integer ones 2.0–2.3× the f16 kernel for a whole
 //! standalone step on AVX2 (docs/results.md). On
 //! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass) and sums
@@ -79,9 +85,9 @@ mod x86;
 
 pub use attend::{AttendScratch, FastScanStream, ValueSums, attend, attend_with};
 pub use layout::FastScanBlocks;
-pub(crate) use runs::{RunScratch, accumulate_run, score_run};
-pub use table::ScoreTable;
-pub(crate) use values_int::centroid_bytes;
+pub(crate) use runs::{RunPart, RunScratch, accumulate_run, score_run};
+pub use table::{ScoreTable, TablePart};
+pub(crate) use values_int::ValueTables;
 
 use super::simd::Isa;
 
@@ -285,7 +291,7 @@ fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLO
         let e = |h: usize| tables[h].entries();
         if isa == Isa::Avx512 && isa.is_available() {
             // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; every
-            // table and `codes` hold `padded_dim · 16` bytes (the tables were checked against
+            // table and `codes` hold `lanes · 16` bytes (the tables were checked against
             // the keys).
             unsafe {
                 match tables.len() {
@@ -347,7 +353,7 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if isa.is_available() => {
             // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; `codes` and
-            // the table hold `padded_dim · 16` bytes, a multiple of 64 (asserted by `x86`).
+            // the table hold `lanes · 16` bytes, a multiple of 64 (asserted by `x86`).
             unsafe {
                 x86::sums_heads_avx512::<1>(
                     [table.entries()],

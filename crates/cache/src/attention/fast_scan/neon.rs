@@ -8,6 +8,7 @@ use core::arch::aarch64::*;
 
 use super::BLOCK;
 use super::layout::LANE_BYTES;
+use super::values_int::ValueTables;
 
 /// Coordinates a 16-bit lane may add before it is widened: 256 · 255 < 65 536.
 const FLUSH: usize = 256;
@@ -58,28 +59,31 @@ pub(super) fn sums(entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
 /// (7-bit, so a signed byte), and pairwise additions form partial `m` over tokens
 /// `4m..4m+4` and `16+4m..16+4m+4` (an `i16` holds two products: `2·127·127 < 2^15`).
 ///
+/// Coordinate `j` reads nibble lane `j / m` through table `j mod m`.
+///
 /// # Panics
-/// If `codes` holds fewer than `padded_dim` coordinates, or `scales` and `lanes` do not fit
+/// If `codes` holds fewer than the `rows / m` lanes, or `scales` and `lanes` do not fit
 /// `weights.len()` heads.
 pub(super) fn accumulate_block_int(
     codes: &[u8],
-    padded_dim: usize,
-    table: &[i8; 16],
+    rows: usize,
+    tables: &ValueTables,
     weights: &[[u8; BLOCK]],
     scales: &[f32],
     lanes: &mut [f32],
 ) {
     let heads = weights.len();
-    assert!(codes.len() >= padded_dim * LANE_BYTES && scales.len() == heads);
-    assert!(lanes.len() >= heads * padded_dim * 4);
-    // SAFETY: NEON is always present on aarch64; `table` and each half of a weight row are
-    // 16 bytes, each code load reads coordinate `j < padded_dim` (asserted above), and each
-    // lane load and store the four partials of (head, j) inside `lanes` (asserted above).
+    let per = tables.per;
+    assert!(codes.len() >= rows.div_ceil(per) * LANE_BYTES && scales.len() == heads);
+    assert!(lanes.len() >= heads * rows * 4);
+    // SAFETY: NEON is always present on aarch64; each table and each half of a weight row are
+    // 16 bytes, each code load reads lane `j / m < rows / m` (asserted above), and each lane
+    // load and store the four partials of (head, j) inside `lanes` (asserted above).
     unsafe {
-        let lut = vld1q_s8(table.as_ptr());
         let nibble = vdupq_n_u8(0x0F);
-        for j in 0..padded_dim {
-            let c = vld1q_u8(codes.as_ptr().add(j * LANE_BYTES));
+        for j in 0..rows {
+            let lut = vld1q_s8(tables.tables[j % per].as_ptr());
+            let c = vld1q_u8(codes.as_ptr().add((j / per) * LANE_BYTES));
             let low = vqtbl1q_s8(lut, vandq_u8(c, nibble));
             let high = vqtbl1q_s8(lut, vshrq_n_u8::<4>(c));
             for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
@@ -92,7 +96,7 @@ pub(super) fn accumulate_block_int(
                 );
                 let second = vaddq_s16(vmull_high_s8(u_low, low), vmull_high_s8(u_high, high));
                 let partials = vpaddq_s32(vpaddlq_s16(first), vpaddlq_s16(second));
-                let at = lanes.as_mut_ptr().add((h * padded_dim + j) * 4);
+                let at = lanes.as_mut_ptr().add((h * rows + j) * 4);
                 let scaled = vmulq_f32(vdupq_n_f32(scale), vcvtq_f32_s32(partials));
                 vst1q_f32(at, vaddq_f32(vld1q_f32(at), scaled));
             }

@@ -18,6 +18,7 @@
 //! order in the cache").
 
 use super::layout::LANE_BYTES;
+use super::values_int::ValueTables;
 use super::{BLOCK, ScoreTable, sums_tile};
 use crate::attention::simd::Isa;
 
@@ -113,6 +114,21 @@ fn score_run_body(
     }
 }
 
+/// Where one coded part of a record lies in a fast-scan block: the whole record, or one
+/// equal-bit group of a basis record (its words, so its nibble lanes, follow the previous
+/// group's).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunPart {
+    /// Nibble lanes of a block (8 per record word).
+    pub block_lanes: usize,
+    /// The part's first lane.
+    pub first_lane: usize,
+    /// The part's lanes (8 per word of the part).
+    pub lanes: usize,
+    /// The part's coordinates (`≤ lanes · m`).
+    pub dim: usize,
+}
+
 /// Reusable buffers of [`accumulate_run`].
 #[derive(Default)]
 pub(crate) struct RunScratch {
@@ -120,7 +136,7 @@ pub(crate) struct RunScratch {
     bytes: Vec<[u8; BLOCK]>,
     /// Each head's weight scale of one block.
     scales: Vec<f32>,
-    /// `[group, dim, 4]`: the run's scaled partial sums per head and coordinate.
+    /// `[group, rows, 4]`: the run's scaled partial sums per head and coordinate.
     lanes: Vec<f32>,
 }
 
@@ -133,8 +149,8 @@ pub(crate) fn accumulate_run(
     codes: &[u8],
     lead: usize,
     n: usize,
-    dim: usize,
-    table: (&[i8; 16], f32),
+    part: RunPart,
+    tables: &ValueTables,
     weights: (&[f32], usize, usize),
     norms: (&[f32], usize),
     scratch: &mut RunScratch,
@@ -145,13 +161,13 @@ pub(crate) fn accumulate_run(
         // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
         unsafe {
             accumulate_run_avx2(
-                isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+                isa, codes, lead, n, part, tables, weights, norms, scratch, out,
             )
         };
         return;
     }
     accumulate_run_body(
-        isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+        isa, codes, lead, n, part, tables, weights, norms, scratch, out,
     );
 }
 
@@ -167,15 +183,15 @@ unsafe fn accumulate_run_avx2(
     codes: &[u8],
     lead: usize,
     n: usize,
-    dim: usize,
-    table: (&[i8; 16], f32),
+    part: RunPart,
+    tables: &ValueTables,
     weights: (&[f32], usize, usize),
     norms: (&[f32], usize),
     scratch: &mut RunScratch,
     out: &mut [f32],
 ) {
     accumulate_run_body(
-        isa, codes, lead, n, dim, table, weights, norms, scratch, out,
+        isa, codes, lead, n, part, tables, weights, norms, scratch, out,
     );
 }
 
@@ -184,14 +200,17 @@ unsafe fn accumulate_run_avx2(
 /// in the rotated domain, summed in integers as [`attend_with`](super::attend_with)'s
 /// [`ValueSums::Int8`](super::ValueSums::Int8) sums them (the module `values_int`): per block
 /// and head 7-bit weights `round(w / s)`, `s` the block's largest weight over 127, times the
-/// centroids as bytes `e = round(c / γ)` (`table`, `gamma`), exact integer sums scaled by `s`
-/// into four lanes per coordinate, reduced once per run times `γ`. Slots outside the run weigh
+/// centroids as bytes `e = round(c / γ)` (`tables`), exact integer sums scaled by `s` into
+/// four lanes per coordinate, reduced once per run times `γ`. Slots outside the run weigh
 /// zero. Each coordinate is within `Σ_b (s_b/2)·Σ_t |e_t γ| + Σ_t w_t γ/2` of the exact sum
 /// (tested, `tests/fast_scan_cache.rs`).
 ///
+/// The part read is `part`: its lanes within each block's, and its dimension (`out` holds
+/// `group · dim` values).
+///
 /// # Panics
-/// If `codes` is not whole blocks of `dim` coordinates, `dim` is not a multiple of 4, or a
-/// slice is too short.
+/// If `codes` is not whole blocks of `part.block_lanes`, the part's lanes do not lie within
+/// them or do not hold its `dim` coordinates (`m` codes per nibble), or a slice is too short.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn accumulate_run_body(
@@ -199,15 +218,25 @@ fn accumulate_run_body(
     codes: &[u8],
     lead: usize,
     n: usize,
-    dim: usize,
-    (table, gamma): (&[i8; 16], f32),
+    part: RunPart,
+    tables: &ValueTables,
     (probabilities, row, group): (&[f32], usize, usize),
     (norms, stride): (&[f32], usize),
     scratch: &mut RunScratch,
     out: &mut [f32],
 ) {
-    let block_bytes = dim * LANE_BYTES;
-    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK && dim.is_multiple_of(4));
+    let RunPart {
+        block_lanes,
+        first_lane,
+        lanes: part_lanes,
+        dim,
+    } = part;
+    let block_bytes = block_lanes * LANE_BYTES;
+    // Coordinates `rows ≥ dim` of the part's lanes (padding past `dim` decodes as code 0 and
+    // is dropped below); the kernels take coordinates in pairs.
+    let rows = part_lanes * tables.per;
+    assert!(first_lane + part_lanes <= block_lanes && dim <= rows && rows.is_multiple_of(2));
+    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK);
     let RunScratch {
         bytes,
         scales,
@@ -216,7 +245,7 @@ fn accumulate_run_body(
     bytes.resize(group, [0; BLOCK]);
     scales.resize(group, 0.0);
     lanes.clear();
-    lanes.resize(group * dim * 4, 0.0);
+    lanes.resize(group * rows * 4, 0.0);
     let mut w = [0.0f32; BLOCK];
     for (b, block) in codes.chunks_exact(block_bytes).enumerate() {
         let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
@@ -230,10 +259,13 @@ fn accumulate_run_body(
             }
             scales[h] = super::values_int::weight_bytes(&w, &mut bytes[h]);
         }
-        super::attend::accumulate_int(isa, block, dim, table, bytes, scales, lanes);
+        let part_codes = &block[first_lane * LANE_BYTES..(first_lane + part_lanes) * LANE_BYTES];
+        super::attend::accumulate_int(isa, part_codes, rows, tables, bytes, scales, lanes);
     }
-    for (o, partials) in out.iter_mut().zip(lanes.chunks_exact(4)) {
-        *o += super::values_int::reduce(partials, gamma);
+    for (out, partials) in out.chunks_exact_mut(dim).zip(lanes.chunks_exact(rows * 4)) {
+        for (o, partials) in out.iter_mut().zip(partials.chunks_exact(4)) {
+            *o += super::values_int::reduce(partials, tables.gamma);
+        }
     }
 }
 

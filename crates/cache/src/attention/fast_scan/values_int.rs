@@ -30,7 +30,7 @@ const LEVELS: f32 = 127.0;
 
 /// `(e, γ)`: the centroids (up to 16) as signed bytes `round(c_k / γ)`, padded with zeros to
 /// 16 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
-pub(crate) fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
+fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
     let max = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
     let gamma = max / LEVELS;
     let mut e = [0i8; 16];
@@ -40,6 +40,40 @@ pub(crate) fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
         }
     }
     (e, gamma)
+}
+
+/// A value codebook as the integer sums read it: per position `i` of a nibble lane (`m` codes
+/// per nibble, [`codes_per_lane`](super::layout::codes_per_lane)), the 16 bytes
+/// `e[(n >> b·i) mod 2^b]` that nibble `n` decodes to, `e` the centroids as bytes
+/// `round(c_k / γ)`. Coordinate `j` reads lane `j / m` through table `j mod m`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ValueTables {
+    /// Tables `0..per`.
+    pub(super) tables: [[i8; 16]; 4],
+    /// Codes per nibble.
+    pub(super) per: usize,
+    /// The centroids' step `γ = max|c_k| / 127`.
+    pub(super) gamma: f32,
+}
+
+impl ValueTables {
+    /// The tables of `centroids` (`2^bits` of them, `bits` ≤ 4).
+    pub(crate) fn new(centroids: &[f32], bits: u8) -> Self {
+        let (e, gamma) = centroid_bytes(centroids);
+        let per = super::layout::codes_per_lane(bits);
+        let mut tables = [[0i8; 16]; 4];
+        if per == 1 {
+            tables[0] = e;
+        } else {
+            let mask = (1usize << bits) - 1;
+            for (i, table) in tables.iter_mut().enumerate().take(per) {
+                for (n, t) in table.iter_mut().enumerate() {
+                    *t = e[(n >> (usize::from(bits) * i)) & mask];
+                }
+            }
+        }
+        Self { tables, per, gamma }
+    }
 }
 
 /// `1.5·2^23`: added to `|x| < 2^22`, it rounds `x` to an integer (ties to even).
@@ -74,20 +108,23 @@ pub(super) fn weight_bytes(weights: &[f32; BLOCK], out: &mut [u8; BLOCK]) -> f32
     scale
 }
 
-/// The reference loop: for each coordinate `j < padded_dim` and head `h`, the four partial
-/// sums of the block times the head's scale, added to `lanes[(h·padded_dim + j)·4 + m]`.
+/// The reference loop: for each coordinate `j < rows` and head `h`, the four partial sums of
+/// the block times the head's scale, added to `lanes[(h·rows + j)·4 + m]`; coordinate `j`
+/// reads nibble lane `j / m` through `tables.tables[j mod m]` (`rows` is the lanes times `m`).
 ///
 /// `weights[h]` holds head `h`'s 32 weight bytes of this block and `scales[h]` its scale.
 pub(super) fn accumulate_block(
     codes: &[u8],
-    padded_dim: usize,
-    table: &[i8; 16],
+    rows: usize,
+    tables: &ValueTables,
     weights: &[[u8; BLOCK]],
     scales: &[f32],
     lanes: &mut [f32],
 ) {
-    for j in 0..padded_dim {
-        let lane = &codes[j * LANE_BYTES..(j + 1) * LANE_BYTES];
+    let per = tables.per;
+    for j in 0..rows {
+        let table = &tables.tables[j % per];
+        let lane = &codes[(j / per) * LANE_BYTES..(j / per + 1) * LANE_BYTES];
         for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
             let mut partial = [0i32; 4];
             for (i, &byte) in lane.iter().enumerate() {
@@ -95,7 +132,7 @@ pub(super) fn accumulate_block(
                 let high = i32::from(u[i + LANE_BYTES]) * i32::from(table[usize::from(byte >> 4)]);
                 partial[i / 4] += low + high;
             }
-            let at = (h * padded_dim + j) * 4;
+            let at = (h * rows + j) * 4;
             for (l, &p) in lanes[at..at + 4].iter_mut().zip(&partial) {
                 *l += scale * p as f32;
             }

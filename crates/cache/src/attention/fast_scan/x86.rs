@@ -7,7 +7,9 @@
 use std::arch::x86_64::*;
 
 use super::BLOCK;
+use super::attend::FloatTables;
 use super::layout::LANE_BYTES;
+use super::values_int::ValueTables;
 
 /// Steps a 16-bit lane may add before it is widened: 256 · 255 < 65 536.
 const FLUSH: usize = 256;
@@ -185,29 +187,37 @@ pub(super) unsafe fn sums_heads_avx512<const H: usize>(
 /// `+ w(first + 16 + i)·c[code]` — a multiplication then an addition, as the scalar loop does,
 /// so the same bits.
 ///
+/// Coordinate `j` reads nibble lane `j / m` through table `j mod m` of `centroids`.
+///
 /// # Safety
-/// AVX-512 F and BW must be available; `codes` must hold at least `d · 16` bytes, `weights`
-/// `heads · padded` values with `first + 32 ≤ padded`, and `lanes` `heads · d · 16` values.
+/// AVX-512 F and BW must be available; `codes` must hold at least the `⌈d / m⌉` lanes of
+/// 16 bytes, `weights` `heads · padded` values with `first + 32 ≤ padded`, and `lanes`
+/// `heads · d · 16` values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx2")]
 pub(super) unsafe fn accumulate_block_avx512(
     codes: &[u8],
     d: usize,
-    centroids: &[f32; 16],
+    centroids: &FloatTables,
     weights: &[f32],
     padded: usize,
     first: usize,
     heads: usize,
     lanes: &mut [f32],
 ) {
-    assert!(codes.len() >= d * LANE_BYTES && first + BLOCK <= padded);
+    let per = centroids.per;
+    assert!(codes.len() >= d.div_ceil(per) * LANE_BYTES && first + BLOCK <= padded);
     assert!(weights.len() >= heads * padded && lanes.len() >= heads * d * 16);
-    // SAFETY: `centroids` holds 16 f32 = 64 bytes.
-    let table = unsafe { _mm512_loadu_ps(centroids.as_ptr()) };
     let nibble = _mm_set1_epi8(0x0F);
     for j in 0..d {
-        // SAFETY: `j < d`, so bytes 16·j .. 16·j + 16 lie in `codes` (asserted above).
-        let c = unsafe { _mm_loadu_si128(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+        // SAFETY: each table holds 16 f32 = 64 bytes; `j / m < ⌈d / m⌉`, so bytes
+        // 16·(j / m) .. + 16 lie in `codes` (asserted above).
+        let (table, c) = unsafe {
+            (
+                _mm512_loadu_ps(centroids.tables[j % per].as_ptr()),
+                _mm_loadu_si128(codes.as_ptr().add((j / per) * LANE_BYTES).cast()),
+            )
+        };
         let lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(c, nibble)), table);
         let hi = _mm512_permutexvar_ps(
             _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(c, 4), nibble)),
@@ -249,33 +259,36 @@ fn lookup16(low: __m256, high: __m256, codes: __m128i) -> __m256 {
 /// then an addition, as the scalar loop does, so the same bits.
 ///
 /// # Safety
-/// AVX2 must be available; `codes` must hold at least `d · 16` bytes, `weights`
-/// `heads · padded` values with `first + 32 ≤ padded`, and `lanes` `heads · d · 16` values.
+/// AVX2 must be available; `codes` must hold at least the `⌈d / m⌉` lanes of 16 bytes,
+/// `weights` `heads · padded` values with `first + 32 ≤ padded`, and `lanes` `heads · d · 16`
+/// values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn accumulate_block_avx2(
     codes: &[u8],
     d: usize,
-    centroids: &[f32; 16],
+    centroids: &FloatTables,
     weights: &[f32],
     padded: usize,
     first: usize,
     heads: usize,
     lanes: &mut [f32],
 ) {
-    assert!(codes.len() >= d * LANE_BYTES && first + BLOCK <= padded);
+    let per = centroids.per;
+    assert!(codes.len() >= d.div_ceil(per) * LANE_BYTES && first + BLOCK <= padded);
     assert!(weights.len() >= heads * padded && lanes.len() >= heads * d * 16);
-    // SAFETY: `centroids` holds 16 f32: two loads of 8.
-    let (low, high) = unsafe {
-        (
-            _mm256_loadu_ps(centroids.as_ptr()),
-            _mm256_loadu_ps(centroids.as_ptr().add(8)),
-        )
-    };
     let nibble = _mm_set1_epi8(0x0F);
     for j in 0..d {
-        // SAFETY: `j < d`, so bytes 16·j .. 16·j + 16 lie in `codes` (asserted above).
-        let c = unsafe { _mm_loadu_si128(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+        let table = &centroids.tables[j % per];
+        // SAFETY: each table holds 16 f32, two loads of 8; `j / m < ⌈d / m⌉`, so bytes
+        // 16·(j / m) .. + 16 lie in `codes` (asserted above).
+        let (low, high, c) = unsafe {
+            (
+                _mm256_loadu_ps(table.as_ptr()),
+                _mm256_loadu_ps(table.as_ptr().add(8)),
+                _mm_loadu_si128(codes.as_ptr().add((j / per) * LANE_BYTES).cast()),
+            )
+        };
         let lo = _mm_and_si128(c, nibble);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(c), nibble);
         // Tokens 0–7, 8–15 (low nibbles of bytes 0–7, 8–15), 16–23, 24–31 (high nibbles).
@@ -304,28 +317,44 @@ pub(super) unsafe fn accumulate_block_avx2(
     }
 }
 
-/// The AVX2 form of `values_int::accumulate_block`: two coordinates per 32-byte load (one per
-/// 128-bit lane), `vpshufb` for the 32 tokens' centroid bytes, `vpmaddubsw` with the weight
-/// bytes and `vpmaddwd` by ones for the four partial sums per coordinate — the same integers —
-/// then the same multiplication by the head's scale and addition.
+/// The AVX2 form of `values_int::accumulate_block`: two coordinates per pass, one per 128-bit
+/// lane — with one code per nibble two nibble lanes in one 32-byte load, with several the
+/// one nibble lane that holds both in both halves, each half looking its coordinate's table
+/// up — `vpshufb` for the 32 tokens' centroid bytes, `vpmaddubsw` with the weight bytes and
+/// `vpmaddwd` by ones for the four partial sums per coordinate (the same integers), then the
+/// same multiplication by the head's scale and addition.
 ///
 /// # Safety
-/// AVX2 must be available; `codes` must hold `padded_dim · 16` bytes with `padded_dim` even,
-/// `weights` and `scales` one entry per head, and `lanes` `heads · padded_dim · 4` values.
+/// AVX2 must be available; `rows` must be even and `codes` hold its `rows / m` nibble lanes
+/// (16 bytes each), `weights` and `scales` one entry per head, and `lanes` `heads · rows · 4`
+/// values.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn accumulate_block_int_avx2(
     codes: &[u8],
-    padded_dim: usize,
-    table: &[i8; 16],
+    rows: usize,
+    tables: &ValueTables,
     weights: &[[u8; BLOCK]],
     scales: &[f32],
     lanes: &mut [f32],
 ) {
     let heads = weights.len();
-    assert!(padded_dim.is_multiple_of(2) && codes.len() >= padded_dim * LANE_BYTES);
-    assert!(scales.len() == heads && lanes.len() >= heads * padded_dim * 4);
-    // SAFETY: `table` holds 16 bytes, each weight row 32.
-    let lut = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast())) };
+    let per = tables.per;
+    assert!(rows.is_multiple_of(2) && codes.len() >= rows.div_ceil(per) * LANE_BYTES);
+    assert!(scales.len() == heads && lanes.len() >= heads * rows * 4);
+    // Per pair of coordinates `(j, j + 1)`, the tables of both halves: `[e | e]` with one code
+    // per nibble, else `[t_i | t_{i+1}]`, `i = j mod m`.
+    let table = |i: usize| {
+        // SAFETY: each table holds 16 bytes.
+        unsafe { _mm_loadu_si128(tables.tables[i].as_ptr().cast()) }
+    };
+    let luts = if per == 1 {
+        [_mm256_set_m128i(table(0), table(0)); 2]
+    } else {
+        [
+            _mm256_set_m128i(table(1), table(0)),
+            _mm256_set_m128i(table(3), table(2)),
+        ]
+    };
     let nibble = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     // Each head's weight bytes (tokens 0–15, then 16–31) in both lanes, and its scale.
@@ -346,9 +375,19 @@ pub(super) unsafe fn accumulate_block_int_avx2(
             };
         }
         let first = 4 * chunk;
-        for j in (0..padded_dim).step_by(2) {
-            // SAFETY: `j + 1 < padded_dim`, so bytes 16·j .. 16·j + 32 lie in `codes`.
-            let c = unsafe { _mm256_loadu_si256(codes.as_ptr().add(j * LANE_BYTES).cast()) };
+        for j in (0..rows).step_by(2) {
+            // SAFETY: `j + 1 < rows`, so with one code per nibble bytes 16·j .. 16·j + 32 lie
+            // in `codes`, and with several the 16 bytes of lane `j / m` (asserted above).
+            let c = unsafe {
+                if per == 1 {
+                    _mm256_loadu_si256(codes.as_ptr().add(j * LANE_BYTES).cast())
+                } else {
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        codes.as_ptr().add((j / per) * LANE_BYTES).cast(),
+                    ))
+                }
+            };
+            let lut = luts[(j % per) / 2];
             let low = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble));
             let high =
                 _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), nibble));
@@ -360,7 +399,7 @@ pub(super) unsafe fn accumulate_block_int_avx2(
                 // SAFETY: the partials of coordinates j, j + 1 of head `first + k < heads`
                 // are 8 floats inside `lanes` (asserted above).
                 unsafe {
-                    let lp = lanes.as_mut_ptr().add(((first + k) * padded_dim + j) * 4);
+                    let lp = lanes.as_mut_ptr().add(((first + k) * rows + j) * 4);
                     let acc = _mm256_add_ps(
                         _mm256_loadu_ps(lp),
                         _mm256_mul_ps(s, _mm256_cvtepi32_ps(sums)),
