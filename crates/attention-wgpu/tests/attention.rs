@@ -144,12 +144,13 @@ proptest! {
 /// write when it leaves: its window copy decoded, then encoded (`Stream::push`).
 fn body_record(stream: &tq_cache::stream::Stream, t: usize) -> Vec<u32> {
     if t < stream.body_tokens(stream.len()) {
+        // A copy: a fast-scan body (the recommended presets') gathers it from its block.
         return stream
             .body()
-            .record(stream.body_slot(t))
+            .record_copy(stream.body_slot(t))
             .unwrap()
             .0
-            .to_vec();
+            .into_owned();
     }
     let (window, copy, step) = stream.recent_copy(t).unwrap();
     let d = stream.layout().head_dim();
