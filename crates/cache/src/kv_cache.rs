@@ -284,7 +284,8 @@ impl KvCache {
 
     /// Bytes the cache allocates, from the layout formula: every allocated token slot costs
     /// [`bytes_per_token`](Self::bytes_per_token) (a stream with an 8-bit window has `W` code
-    /// slots fewer: its window's tokens have no codes), plus what is stored once
+    /// slots fewer: its window's tokens have no codes; a fast-scan body rounds its record
+    /// memory up to whole blocks of 32, [`TokenStore::record_slots`]), plus what is stored once
     /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams).
     /// Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
     pub fn formula_bytes(&self) -> usize {
@@ -295,7 +296,12 @@ impl KvCache {
                 .keys
                 .iter()
                 .chain(&self.values)
-                .map(|s| s.body().capacity() * s.codec().bytes_per_token())
+                .map(|s| {
+                    let body = s.body();
+                    let block_slack = body.record_slots() - body.capacity();
+                    body.capacity() * s.codec().bytes_per_token()
+                        + block_slack * 4 * body.record_words()
+                })
                 .sum::<usize>()
             + self.fixed_bytes()
     }

@@ -301,6 +301,33 @@ impl TokenStore {
         self.pages.last().map_or(0, |p| p.first_token + p.tokens)
     }
 
+    /// Record slots the buffers hold: the [`capacity`](Self::capacity), each buffer rounded
+    /// up to whole blocks of 32 records in the [`RecordOrder::FastScan`] order (a static
+    /// store's one buffer, or each page of a doubling one), from the pages.
+    ///
+    /// ```
+    /// use tq_cache::record_order::RecordOrder;
+    /// use tq_cache::token_store::{Growth, TokenStore};
+    /// let store = TokenStore::with_order(1, 1, Growth::Static { capacity: 40 }, RecordOrder::FastScan)?;
+    /// assert_eq!((store.capacity(), store.record_slots()), (40, 64));
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn record_slots(&self) -> usize {
+        if self.order == RecordOrder::Rows {
+            return self.capacity();
+        }
+        let mut slots = 0;
+        let mut buffer = (usize::MAX, 0usize);
+        for page in &self.pages {
+            if page.buffer != buffer.0 {
+                slots += buffer.1.next_multiple_of(FAST_SCAN_BLOCK);
+                buffer = (page.buffer, 0);
+            }
+            buffer.1 += page.tokens;
+        }
+        slots + buffer.1.next_multiple_of(FAST_SCAN_BLOCK)
+    }
+
     /// `u32` words per record.
     pub fn record_words(&self) -> usize {
         self.record_words

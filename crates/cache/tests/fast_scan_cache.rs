@@ -655,10 +655,9 @@ fn basis_bits_is_a_checked_list_of_widths() {
     assert_eq!(free.keys(0).body().order(), RecordOrder::Rows);
 }
 
-/// The shipped lever files and the two lower recommended presets put the streams they name in
-/// the fast-scan order, the same bytes as the allocation they reorder (a preset, or a lever
-/// in rows), and the setting survives a round trip through TOML (what a saved cache's
-/// allocation records).
+/// The shipped lever files put the streams they name in the fast-scan order, the same bytes
+/// as the allocation they reorder (a preset, or a lever in rows), and the setting survives a
+/// round trip through TOML (what a saved cache's allocation records).
 #[test]
 fn the_fast_scan_lever_files_order_what_they_say() {
     let lever = |file: &str| {
@@ -687,26 +686,33 @@ fn the_fast_scan_lever_files_order_what_they_say() {
         ),
         (
             "rec3.25-fast-scan-values.toml",
-            lever("rec3.25-rows.toml"),
+            Allocation::preset("rec3.25").unwrap(),
             rows,
             fast,
         ),
         (
             "rec2.5-fast-scan-values.toml",
-            lever("rec2.5-rows.toml"),
+            Allocation::preset("rec2.5").unwrap(),
             rows,
             fast,
         ),
-        // The presets, before their key basis is fitted: plain 3-bit keys keep rows, plain
-        // 2-bit keys take the order (fitted, both hold 4-, 2- and 1-bit groups in it:
-        // `a_nibble_basis_keeps_the_fast_scan_order`).
-        ("preset rec3.25", lever("rec3.25-rows.toml"), rows, fast),
-        ("preset rec2.5", lever("rec2.5-rows.toml"), fast, fast),
+        // Before their key basis is fitted: plain 3-bit keys keep rows, plain 2-bit keys take
+        // the order (fitted, both hold 4-, 2- and 1-bit groups in it:
+        // `the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order`).
+        (
+            "rec3.25-fast-scan.toml",
+            Allocation::preset("rec3.25").unwrap(),
+            rows,
+            fast,
+        ),
+        (
+            "rec2.5-fast-scan.toml",
+            Allocation::preset("rec2.5").unwrap(),
+            fast,
+            fast,
+        ),
     ] {
-        let lever = match file.strip_prefix("preset ") {
-            Some(name) => Allocation::preset(name).unwrap(),
-            None => lever(file),
-        };
+        let lever = lever(file);
         let text = lever.to_toml_string().unwrap();
         assert!(text.contains("record_order = \"fast-scan\""), "{text}");
         assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
@@ -1028,12 +1034,12 @@ fn nibble_basis_values_sum_the_integer_weights() {
     }
 }
 
-/// The recommended presets `rec3.25` and `rec2.5` fitted as on a model (the first batch with
-/// queries whose energy falls over the RoPE planes, so the plane basis gets groups of several
-/// widths): their keys hold 4-, 2- and 1-bit groups in the fast-scan order, the same records
-/// as their rows twins (`levers/*-nibbles.toml`), which hold them in rows.
+/// `levers/rec3.25-fast-scan.toml` and `levers/rec2.5-fast-scan.toml` fitted as on a model (the
+/// first batch with queries whose energy falls over the RoPE planes, so the plane basis gets
+/// groups of several widths): their keys hold 4-, 2- and 1-bit groups in the fast-scan order,
+/// the same records as their rows twins (`levers/*-nibbles.toml`), which hold them in rows.
 #[test]
-fn the_lower_recommended_presets_fit_nibble_bases_in_the_fast_scan_order() {
+fn the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order() {
     let (kv, q_heads, n) = (2usize, 6usize, 700usize);
     let layout = growing(kv, D);
     let keys = vectors(n, kv * D, 31);
@@ -1052,8 +1058,13 @@ fn the_lower_recommended_presets_fit_nibble_bases_in_the_fast_scan_order() {
             env!("CARGO_MANIFEST_DIR")
         );
         let twin = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let [mut fast, mut rows] = [Allocation::preset(name).unwrap(), twin]
-            .map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
+        let path = format!(
+            "{}/presets/levers/{name}-fast-scan.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let recipe = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let [mut fast, mut rows] =
+            [recipe, twin].map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
         for cache in [&mut fast, &mut rows] {
             cache
                 .append_with_queries(&keys, &values, &positions, &queries, q_heads)

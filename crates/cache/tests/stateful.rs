@@ -95,6 +95,7 @@ use tq_cache::allocation::Allocation;
 use tq_cache::attention::{AttentionKernel, AttentionShape, attend, attend_in_step};
 use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
 use tq_cache::persist::{from_bytes, to_bytes};
+use tq_cache::record_order::{FAST_SCAN_BLOCK as BLOCK, RecordOrder};
 use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::{Growth, MAX_PAGE_TOKENS};
 
@@ -818,9 +819,29 @@ impl Session {
                 Some(slots) => slots,
                 None => doubling_capacity(self.params.initial, tokens),
             };
+            // A fast-scan body (the lower recommended presets') holds whole blocks of 32
+            // records: a doubling store's pages start at a multiple of 32, a ring's record
+            // memory is rounded up to one.
+            let body_bytes = |s: &tq_cache::stream::Stream| {
+                let tokens = s.body_tokens(model.high_water);
+                let per_token = s.codec().bytes_per_token();
+                if s.body().order() == RecordOrder::Rows {
+                    return slots(tokens) * per_token;
+                }
+                match kv.layout().ring_slots() {
+                    Some(ring) => {
+                        ring * per_token
+                            + (ring.next_multiple_of(BLOCK) - ring) * 4 * s.codec().record_words()
+                    }
+                    None => {
+                        let initial = self.params.initial.max(1).next_multiple_of(BLOCK);
+                        doubling_capacity(initial, tokens) * per_token
+                    }
+                }
+            };
             let codes: usize = (0..KV)
                 .flat_map(|h| [kv.keys(h), kv.values(h)])
-                .map(|s| slots(s.body_tokens(model.high_water)) * s.codec().bytes_per_token())
+                .map(body_bytes)
                 .sum();
             assert_eq!(
                 kv.formula_bytes(),
