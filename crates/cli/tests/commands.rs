@@ -184,7 +184,8 @@ fn bench_scan_json_rows() {
             .unwrap_or_else(|| panic!("no {shape} {kernel} {bits:?} row"))
     };
     // d = 64: f16 2 bytes per coordinate; 4-bit records 8 words + an f32 norm; fast scan a
-    // nibble per coordinate + an f32 norm, whatever the width; 2-bit records 4 words + norm.
+    // nibble per 4-bit coordinate (per two 2-bit ones) + an f32 norm; 2-bit records 4 words +
+    // norm.
     assert_eq!(find("smollm2", "f16", None)["bytes_read"], 256 * 128);
     assert_eq!(find("smollm2", "coded", Some(4))["bytes_read"], 256 * 36);
     assert_eq!(
@@ -192,7 +193,7 @@ fn bench_scan_json_rows() {
         256 * 36
     );
     assert_eq!(find("smollm2", "coded", Some(2))["bytes_read"], 256 * 20);
-    assert_eq!(find("d128", "fast-scan", Some(2))["bytes_read"], 256 * 68);
+    assert_eq!(find("d128", "fast-scan", Some(2))["bytes_read"], 256 * 36);
     for row in rows {
         assert!(row["seconds"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["bandwidth_fraction"].as_f64().unwrap() > 0.0, "{row}");
