@@ -471,20 +471,13 @@ fn fast_scan_caches_are_bit_identical_across_thread_counts() {
 
 #[test]
 fn fast_scan_caches_hold_the_rows_records() {
-    let mut scratch = CodecScratch::new(D);
-    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
     for (name, fast, rows) in fast_caches(true) {
         for g in 0..2 {
             for (x, y) in [
                 (fast.keys(g), rows.keys(g)),
                 (fast.values(g), rows.values(g)),
             ] {
-                assert_eq!(x.first_stored(), y.first_stored());
-                for t in x.first_stored()..x.len() {
-                    x.decode(t, &mut scratch, &mut a).unwrap();
-                    y.decode(t, &mut scratch, &mut b).unwrap();
-                    assert_eq!(common::bits(&a), common::bits(&b), "{name}: token {t}");
-                }
+                assert_same_tokens(name, x, y);
             }
         }
     }
@@ -766,6 +759,29 @@ fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleare
 const NIBBLE_BASIS: &str = "key = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }\n\
     value = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }";
 
+/// `x` and `y` hold the same tokens from the same first one, decoded bit for bit.
+fn assert_same_tokens(what: &str, x: &tq_cache::stream::Stream, y: &tq_cache::stream::Stream) {
+    let mut scratch = CodecScratch::new(D);
+    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
+    assert_eq!(x.first_stored(), y.first_stored(), "{what}");
+    assert_eq!(x.len(), y.len(), "{what}");
+    for t in x.first_stored()..x.len() {
+        x.decode(t, &mut scratch, &mut a).unwrap();
+        y.decode(t, &mut scratch, &mut b).unwrap();
+        assert_eq!(common::bits(&a), common::bits(&b), "{what}: token {t}");
+    }
+}
+
+/// Every token's stored record and norm, gathered back from the body's blocks.
+fn stored_records(stream: &tq_cache::stream::Stream) -> Vec<(Vec<u32>, f32)> {
+    (0..stream.body().len())
+        .map(|t| {
+            let (words, scales) = stream.body().record_copy(t).unwrap();
+            (words.into_owned(), scales[0].to_f32())
+        })
+        .collect()
+}
+
 /// The fitted basis of `stream`, with at least two groups, all of 1, 2 or 4 bits.
 fn nibble_basis(stream: &tq_cache::stream::Stream) -> &tq_cache::basis::BasisCodec {
     let TokenCodec::Basis(codec) = stream.codec() else {
@@ -785,8 +801,6 @@ fn nibble_basis(stream: &tq_cache::stream::Stream) -> &tq_cache::basis::BasisCod
 fn a_nibble_basis_keeps_the_fast_scan_order() {
     let fast = cache(growing(2, D), NIBBLE_BASIS, true, 1300, 21);
     let rows = cache(growing(2, D), NIBBLE_BASIS, false, 1300, 21);
-    let mut scratch = CodecScratch::new(D);
-    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
     for g in 0..2 {
         for (x, y) in [
             (fast.keys(g), rows.keys(g)),
@@ -795,11 +809,7 @@ fn a_nibble_basis_keeps_the_fast_scan_order() {
             nibble_basis(x);
             assert_eq!(x.body().order(), RecordOrder::FastScan);
             assert_eq!(y.body().order(), RecordOrder::Rows);
-            for t in 0..x.len() {
-                x.decode(t, &mut scratch, &mut a).unwrap();
-                y.decode(t, &mut scratch, &mut b).unwrap();
-                assert_eq!(common::bits(&a), common::bits(&b), "token {t}");
-            }
+            assert_same_tokens("nibble basis", x, y);
         }
     }
     let positions = [0u32, 255, 700, 1299];
@@ -863,12 +873,7 @@ fn nibble_basis_keys_score_with_one_table_over_the_groups() {
     for g in 0..kv {
         let keys = cache.keys(g);
         let codec = nibble_basis(keys);
-        let records: Vec<(Vec<u32>, f32)> = (0..tokens)
-            .map(|t| {
-                let (words, scales) = keys.body().record_copy(t).unwrap();
-                (words.into_owned(), scales[0].to_f32())
-            })
-            .collect();
+        let records = stored_records(keys);
         let values: Vec<Vec<f32>> = (0..tokens)
             .map(|t| {
                 cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
@@ -978,12 +983,7 @@ fn nibble_basis_values_sum_the_integer_weights() {
     for g in 0..kv {
         let values = fast.values(g);
         let codec = nibble_basis(values);
-        let records: Vec<(Vec<u32>, f32)> = (0..tokens)
-            .map(|t| {
-                let (words, scales) = values.body().record_copy(t).unwrap();
-                (words.into_owned(), scales[0].to_f32())
-            })
-            .collect();
+        let records = stored_records(values);
         for (i, &p) in positions.iter().enumerate() {
             let visible = &records[..=p as usize];
             let mut components = vec![0.0f32; codec.rank()];
@@ -1050,8 +1050,6 @@ fn the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order() {
         .map(|(i, q)| q * 16f32.powf(-(((i % D) / 2) as f32) / (D / 2) as f32))
         .collect();
     let positions: Vec<u32> = (0..n as u32).collect();
-    let mut scratch = CodecScratch::new(D);
-    let (mut a, mut b) = (vec![0.0f32; D], vec![0.0f32; D]);
     for name in ["rec3.25", "rec2.5"] {
         let path = format!(
             "{}/presets/levers/{name}-nibbles.toml",
@@ -1078,11 +1076,8 @@ fn the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order() {
             ] {
                 assert_eq!(x.body().order(), RecordOrder::FastScan, "{name}");
                 assert_eq!(y.body().order(), RecordOrder::Rows, "{name}");
-                for t in 0..n {
-                    x.decode(t, &mut scratch, &mut a).unwrap();
-                    y.decode(t, &mut scratch, &mut b).unwrap();
-                    assert_eq!(common::bits(&a), common::bits(&b), "{name}: token {t}");
-                }
+                assert_eq!(x.len(), n, "{name}");
+                assert_same_tokens(name, x, y);
             }
         }
     }
