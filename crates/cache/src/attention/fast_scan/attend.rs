@@ -280,18 +280,7 @@ pub(super) struct FloatTables {
 
 impl FloatTables {
     fn new(centroids: &[f32], bits: u8) -> Self {
-        let per = super::layout::codes_per_lane(bits);
-        let mut tables = [[0.0f32; 16]; 4];
-        if per == 1 {
-            tables[0][..centroids.len()].copy_from_slice(centroids);
-        } else {
-            let mask = (1usize << bits) - 1;
-            for (i, table) in tables.iter_mut().enumerate().take(per) {
-                for (n, t) in table.iter_mut().enumerate() {
-                    *t = centroids[(n >> (usize::from(bits) * i)) & mask];
-                }
-            }
-        }
+        let (tables, per) = super::layout::lane_tables(centroids, bits);
         Self { tables, per }
     }
 }

@@ -21,6 +21,25 @@ pub(crate) const fn lanes_for(dim: usize, bits: u8) -> usize {
     dim.div_ceil(codes_per_lane(bits)).next_multiple_of(4)
 }
 
+/// Per position `i` of a nibble lane (`m` codes per nibble), the 16 entries
+/// `codebook[(n >> b·i) mod 2^b]` that nibble `n` decodes to — with one code per nibble the
+/// codebook itself, padded with defaults — and `m`: what the value sums look a lane up with.
+pub(super) fn lane_tables<T: Copy + Default>(codebook: &[T], bits: u8) -> ([[T; 16]; 4], usize) {
+    let per = codes_per_lane(bits);
+    let mut tables = [[T::default(); 16]; 4];
+    if per == 1 {
+        tables[0][..codebook.len()].copy_from_slice(codebook);
+    } else {
+        let mask = (1usize << bits) - 1;
+        for (i, table) in tables.iter_mut().enumerate().take(per) {
+            for (n, t) in table.iter_mut().enumerate() {
+                *t = codebook[(n >> (usize::from(bits) * i)) & mask];
+            }
+        }
+    }
+    (tables, per)
+}
+
 /// Compressed vectors (keys or values) in the fast-scan layout.
 ///
 /// Block `k` holds tokens `32k .. 32k + 32` in **nibble lanes**: lane `l` holds, for each

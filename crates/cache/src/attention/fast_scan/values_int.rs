@@ -60,18 +60,7 @@ impl ValueTables {
     /// The tables of `centroids` (`2^bits` of them, `bits` ≤ 4).
     pub(crate) fn new(centroids: &[f32], bits: u8) -> Self {
         let (e, gamma) = centroid_bytes(centroids);
-        let per = super::layout::codes_per_lane(bits);
-        let mut tables = [[0i8; 16]; 4];
-        if per == 1 {
-            tables[0] = e;
-        } else {
-            let mask = (1usize << bits) - 1;
-            for (i, table) in tables.iter_mut().enumerate().take(per) {
-                for (n, t) in table.iter_mut().enumerate() {
-                    *t = e[(n >> (usize::from(bits) * i)) & mask];
-                }
-            }
-        }
+        let (tables, per) = super::layout::lane_tables(&e[..centroids.len().min(16)], bits);
         Self { tables, per, gamma }
     }
 }
