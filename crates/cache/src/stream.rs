@@ -43,7 +43,7 @@ use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
-use crate::record_order::RecordOrder;
+use crate::record_order::{FAST_SCAN_BLOCK, RecordOrder};
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
 
@@ -213,9 +213,6 @@ pub struct Stream {
     /// memory: a fast-scan body takes whole records).
     staged: (Vec<u32>, Vec<f16>),
     body: TokenStore,
-    /// The body's growth as the layout gives it (a fast-scan store rounds its first page up to
-    /// a block; a body rebuilt in rows must not keep that).
-    body_growth: Growth,
     sinks: TokenStore,
     recent: TokenStore,
     sink_tokens: usize,
@@ -557,6 +554,15 @@ impl Stream {
             },
             (None, growth) => growth,
         };
+        // A stream that asks for the fast-scan order grows pages of whole blocks in either
+        // order, so a clear that takes its codec back to rows (and the next calibration back
+        // to fast-scan) keeps the pages it grew.
+        let body_growth = match (layout.order, body_growth) {
+            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
+                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
+            },
+            (_, growth) => growth,
+        };
         let store_of = |codec: &TokenCodec, capacity: usize| {
             TokenStore::new(
                 codec.record_words(),
@@ -582,7 +588,6 @@ impl Stream {
         Ok(Self {
             layout,
             body,
-            body_growth,
             staged: (
                 vec![0; codec.record_words()],
                 vec![f16::ZERO; codec.scales_per_token()],
@@ -1174,18 +1179,14 @@ impl Stream {
         Ok(())
     }
 
-    /// Rebuilds an empty body in the order its codec takes ([`body_order`]) when the codec
-    /// changed with a calibration (a basis codec's records are rows, the plain codec's may not
-    /// be). A body that holds tokens is left as it is.
+    /// Puts an empty body in the order its codec takes ([`body_order`]) when the codec
+    /// changed with a calibration or a clear (a fitted basis of nibble groups may take the
+    /// fast-scan order where the plain codec does not), keeping its pages
+    /// ([`TokenStore::reorder`]). A body that holds tokens is left as it is.
     fn match_body_order(&mut self) -> Result<(), CacheError> {
         let order = body_order(self.layout.order, &self.codec);
         if order != self.body.order() && self.body.is_empty() {
-            self.body = TokenStore::with_order(
-                self.body.record_words(),
-                self.body.scales_per_token(),
-                self.body_growth,
-                order,
-            )?;
+            self.body.reorder(order)?;
         }
         Ok(())
     }

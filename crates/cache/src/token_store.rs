@@ -196,6 +196,71 @@ impl TokenStore {
         Ok(store)
     }
 
+    /// Changes an empty store's record order, keeping its pages: each buffer is allocated
+    /// again, zeroed, for the same tokens in `order` (whole blocks of 32 records in
+    /// [`RecordOrder::FastScan`]). A cleared stream whose codec changes order with its
+    /// calibration keeps the memory it grew this way, as a stream that keeps its order does.
+    ///
+    /// A doubling store's later pages double the last one whatever the order, so they start
+    /// at a block only if its first page holds whole blocks: a store that may move to the
+    /// fast-scan order should be built with an initial page of a multiple of 32 tokens.
+    ///
+    /// Fails with [`CacheError::InvalidConfig`] when the store holds tokens, and with
+    /// [`CacheError::StorageTooLarge`] when the memory cannot be had; on error nothing
+    /// changes.
+    ///
+    /// ```
+    /// use tq_cache::record_order::RecordOrder;
+    /// use tq_cache::token_store::{Growth, TokenStore};
+    /// let mut store = TokenStore::new(2, 1, Growth::Doubling { initial: 32 })?;
+    /// for _ in 0..40 {
+    ///     store.push_record(&[7, 7], &[half::f16::ONE])?;
+    /// }
+    /// store.truncate(0);
+    /// store.reorder(RecordOrder::FastScan)?;
+    /// assert_eq!((store.order(), store.capacity()), (RecordOrder::FastScan, 32 + 64));
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn reorder(&mut self, order: RecordOrder) -> Result<(), CacheError> {
+        if !self.is_empty() {
+            return Err(CacheError::InvalidConfig(
+                "only an empty token store changes its record order".into(),
+            ));
+        }
+        if order == self.order {
+            return Ok(());
+        }
+        let mut tokens = vec![0usize; self.buffers.len()];
+        for page in &self.pages {
+            tokens[page.buffer] = tokens[page.buffer].max(page.offset + page.tokens);
+        }
+        let mut reordered = Self {
+            buffers: Vec::with_capacity(tokens.len()),
+            pages: Vec::new(),
+            ..Self::with_order(
+                self.record_words,
+                self.scales_per_token,
+                Growth::Doubling { initial: 1 },
+                order,
+            )?
+        };
+        for &n in &tokens {
+            reordered.check_fits(n)?;
+        }
+        for &n in &tokens {
+            reordered.add_buffer(n);
+        }
+        self.order = order;
+        self.growth = match (order, self.growth) {
+            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
+                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
+            },
+            (_, growth) => growth,
+        };
+        self.buffers = reordered.buffers;
+        Ok(())
+    }
+
     /// Whether `tokens` records can be allocated: their word and scale counts fit `usize`
     /// and the allocator grants that many bytes. The probe allocation is returned at once;
     /// [`add_buffer`](Self::add_buffer) then allocates zeroed memory, which the system maps

@@ -648,9 +648,10 @@ fn basis_bits_is_a_checked_list_of_widths() {
     assert_eq!(free.keys(0).body().order(), RecordOrder::Rows);
 }
 
-/// The shipped lever files put the streams they name in the fast-scan order, the same bytes
-/// as the allocation they reorder (a preset, or a lever in rows), and the setting survives a
-/// round trip through TOML (what a saved cache's allocation records).
+/// The shipped lever files and the two lower recommended presets put the streams they name in
+/// the fast-scan order, the same bytes as the allocation they reorder (a preset, or a lever
+/// in rows), and the setting survives a round trip through TOML (what a saved cache's
+/// allocation records).
 #[test]
 fn the_fast_scan_lever_files_order_what_they_say() {
     let lever = |file: &str| {
@@ -679,33 +680,26 @@ fn the_fast_scan_lever_files_order_what_they_say() {
         ),
         (
             "rec3.25-fast-scan-values.toml",
-            Allocation::preset("rec3.25").unwrap(),
+            lever("rec3.25-rows.toml"),
             rows,
             fast,
         ),
         (
             "rec2.5-fast-scan-values.toml",
-            Allocation::preset("rec2.5").unwrap(),
+            lever("rec2.5-rows.toml"),
             rows,
             fast,
         ),
-        // Before their key basis is fitted: plain 3-bit keys keep rows, plain 2-bit keys take
-        // the order (fitted, both hold 4-, 2- and 1-bit groups in it:
-        // `the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order`).
-        (
-            "rec3.25-fast-scan.toml",
-            Allocation::preset("rec3.25").unwrap(),
-            rows,
-            fast,
-        ),
-        (
-            "rec2.5-fast-scan.toml",
-            Allocation::preset("rec2.5").unwrap(),
-            fast,
-            fast,
-        ),
+        // The presets, before their key basis is fitted: plain 3-bit keys keep rows, plain
+        // 2-bit keys take the order (fitted, both hold 4-, 2- and 1-bit groups in it:
+        // `a_nibble_basis_keeps_the_fast_scan_order`).
+        ("preset rec3.25", lever("rec3.25-rows.toml"), rows, fast),
+        ("preset rec2.5", lever("rec2.5-rows.toml"), fast, fast),
     ] {
-        let lever = lever(file);
+        let lever = match file.strip_prefix("preset ") {
+            Some(name) => Allocation::preset(name).unwrap(),
+            None => lever(file),
+        };
         let text = lever.to_toml_string().unwrap();
         assert!(text.contains("record_order = \"fast-scan\""), "{text}");
         assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
@@ -721,8 +715,9 @@ fn the_fast_scan_lever_files_order_what_they_say() {
 
 /// A basis stream asks for the fast-scan order before its first batch, when its codec is the
 /// plain one; once the basis is fitted its records are parts of several widths and the body
-/// is rows again — the same cache, bit for bit, as one that never asked. Cleared, it returns
-/// to the plain codec's order, and refilled it gives what a fresh cache gives.
+/// is rows again — the same records, bit for bit, as one that never asked. Cleared, it returns
+/// to the plain codec's order keeping its pages, and refilled it gives what a fresh cache
+/// gives.
 #[test]
 fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleared() {
     let body = "key = { codec = \"mse\", bits = 4, basis = \"pca\", ORDER }\n\
@@ -739,10 +734,17 @@ fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleare
         );
         assert_eq!(fast.keys(g).body().order(), RecordOrder::Rows);
         assert_eq!(fast.values(g).body().order(), RecordOrder::FastScan);
-        assert_eq!(fast.keys(g).body(), rows.keys(g).body());
+        // The same records; the pages differ, a stream that asks for the fast-scan order
+        // growing pages of whole blocks in either order.
+        assert_eq!(stored_records(fast.keys(g)), stored_records(rows.keys(g)));
     }
+    let grown = fast.keys(0).body().capacity();
+    let bytes = fast.keys(0).body().allocated_bytes();
     fast.clear();
     assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan);
+    // Cleared, it keeps the pages it grew in the other order.
+    assert_eq!(fast.keys(0).body().capacity(), grown);
+    assert_eq!(fast.keys(0).body().allocated_bytes(), bytes);
     common::fill(&mut fast, 0, 700, 14);
     let mut again = fresh();
     common::fill(&mut again, 0, 700, 14);
@@ -1034,12 +1036,12 @@ fn nibble_basis_values_sum_the_integer_weights() {
     }
 }
 
-/// `levers/rec3.25-fast-scan.toml` and `levers/rec2.5-fast-scan.toml` fitted as on a model (the
-/// first batch with queries whose energy falls over the RoPE planes, so the plane basis gets
-/// groups of several widths): their keys hold 4-, 2- and 1-bit groups in the fast-scan order,
-/// the same records as their rows twins (`levers/*-nibbles.toml`), which hold them in rows.
+/// The recommended presets `rec3.25` and `rec2.5` fitted as on a model (the first batch with
+/// queries whose energy falls over the RoPE planes, so the plane basis gets groups of several
+/// widths): their keys hold 4-, 2- and 1-bit groups in the fast-scan order, the same records
+/// as their rows twins (`levers/*-nibbles.toml`), which hold them in rows.
 #[test]
-fn the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order() {
+fn the_lower_recommended_presets_fit_nibble_bases_in_the_fast_scan_order() {
     let (kv, q_heads, n) = (2usize, 6usize, 700usize);
     let layout = growing(kv, D);
     let keys = vectors(n, kv * D, 31);
@@ -1056,13 +1058,8 @@ fn the_nibble_recipes_fit_nibble_bases_in_the_fast_scan_order() {
             env!("CARGO_MANIFEST_DIR")
         );
         let twin = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let path = format!(
-            "{}/presets/levers/{name}-fast-scan.toml",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let recipe = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let [mut fast, mut rows] =
-            [recipe, twin].map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
+        let [mut fast, mut rows] = [Allocation::preset(name).unwrap(), twin]
+            .map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
         for cache in [&mut fast, &mut rows] {
             cache
                 .append_with_queries(&keys, &values, &positions, &queries, q_heads)

@@ -820,21 +820,26 @@ impl Session {
                 None => doubling_capacity(self.params.initial, tokens),
             };
             // A fast-scan body (the lower recommended presets') holds whole blocks of 32
-            // records: a doubling store's pages start at a multiple of 32, a ring's record
-            // memory is rounded up to one.
+            // records: a ring's record memory is rounded up to one. A stream that asks for the
+            // order grows doubling pages of whole blocks whichever order its codec takes (the
+            // plain codec's rows after a clear, fast-scan after the next calibration), and
+            // keeps them across the change.
             let body_bytes = |s: &tq_cache::stream::Stream| {
                 let tokens = s.body_tokens(model.high_water);
                 let per_token = s.codec().bytes_per_token();
-                if s.body().order() == RecordOrder::Rows {
-                    return slots(tokens) * per_token;
-                }
                 match kv.layout().ring_slots() {
-                    Some(ring) => {
+                    Some(ring) if s.body().order() == RecordOrder::FastScan => {
                         ring * per_token
                             + (ring.next_multiple_of(BLOCK) - ring) * 4 * s.codec().record_words()
                     }
+                    Some(ring) => ring * per_token,
                     None => {
-                        let initial = self.params.initial.max(1).next_multiple_of(BLOCK);
+                        let initial = match s.layout().order {
+                            RecordOrder::FastScan => {
+                                self.params.initial.max(1).next_multiple_of(BLOCK)
+                            }
+                            RecordOrder::Rows => self.params.initial,
+                        };
                         doubling_capacity(initial, tokens) * per_token
                     }
                 }

@@ -274,3 +274,78 @@ fn page_of(growth: Growth, t: usize) -> (usize, usize) {
     let page = starts.len() - 1;
     (page, t - starts[page])
 }
+
+/// The bytes a store's buffers hold by the formula: rows hold `capacity` records, a fast-scan
+/// store `record_slots` (each buffer rounded up to whole blocks), beside `capacity` scales.
+fn formula_bytes(store: &TokenStore) -> usize {
+    4 * store.record_words() * store.record_slots()
+        + 2 * store.scales_per_token() * store.capacity()
+}
+
+/// An emptied store changes order keeping its pages: the same capacity, the memory of those
+/// pages in the new order, no page added when it fills to that capacity again, and every
+/// record reads back as written; a store holding tokens refuses and stays as it was, and the
+/// same order changes nothing.
+#[test]
+fn an_empty_store_changes_order_keeping_its_pages() {
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 64,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[0x72; 32]),
+    );
+    let order = prop_oneof![Just(RecordOrder::Rows), Just(RecordOrder::FastScan)];
+    runner
+        .run(
+            &(
+                1usize..6,
+                0usize..3,
+                growth_strategy(),
+                order.clone(),
+                order,
+            ),
+            |(words, scales, (growth, n), from, to)| {
+                let mut store = TokenStore::with_order(words, scales, growth, from).unwrap();
+                for t in 0..n {
+                    let (w, s) = record_of(t, words, scales);
+                    store.push_record(&w, &s).unwrap();
+                }
+                if n > 0 {
+                    let before = store.clone();
+                    let refused = store.reorder(to);
+                    prop_assert!(
+                        matches!(refused, Err(CacheError::InvalidConfig(_))),
+                        "{:?}",
+                        refused
+                    );
+                    prop_assert_eq!(&store, &before);
+                }
+                store.truncate(0);
+                let capacity = store.capacity();
+                let bytes = store.allocated_bytes();
+                let same = store.clone();
+                store.reorder(to).unwrap();
+                prop_assert_eq!(store.order(), to);
+                prop_assert_eq!(store.capacity(), capacity);
+                prop_assert_eq!(store.allocated_bytes(), formula_bytes(&store));
+                if from == to {
+                    prop_assert_eq!(&store, &same);
+                    prop_assert_eq!(store.allocated_bytes(), bytes);
+                }
+                for t in 0..capacity {
+                    let (w, s) = record_of(t + 1, words, scales);
+                    store.push_record(&w, &s).unwrap();
+                }
+                prop_assert_eq!(store.capacity(), capacity, "no page added");
+                for t in 0..capacity {
+                    let (w, s) = record_of(t + 1, words, scales);
+                    let (got_w, got_s) = store.record_copy(t).unwrap();
+                    prop_assert_eq!(&*got_w, &w[..], "token {}", t);
+                    prop_assert_eq!(got_s, &s[..]);
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}
