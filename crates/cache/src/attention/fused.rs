@@ -616,6 +616,24 @@ struct BlockScratch {
     fast: fast_scan::RunScratch,
 }
 
+/// Tokens `run` of the head-major `[group, len]` weights `scores` written token-major into
+/// the same tokens of `out` (`[len, group]`), and returned.
+fn token_major<'o>(
+    scores: &[f32],
+    len: usize,
+    group: usize,
+    run: std::ops::Range<usize>,
+    out: &'o mut [f32],
+) -> &'o [f32] {
+    let out = &mut out[run.start * group..run.end * group];
+    for (h, row) in scores.chunks_exact(len).enumerate() {
+        for (p, &s) in out.iter_mut().skip(h).step_by(group).zip(&row[run.clone()]) {
+            *p = s;
+        }
+    }
+    out
+}
+
 /// The 8-bit copies `codes` (one step per record in `steps`) as an f32 plain run in the window
 /// codec's rotated coordinates, `s·c_j` (exact in f32), written into `words`.
 fn q8_as_f32<'w>(codes: &[u32], steps: &[f16], d: usize, words: &'w mut Vec<u32>) -> PlainRun<'w> {
@@ -964,13 +982,14 @@ fn run_block_with(
         acc.values.clear();
         acc.signs.clear();
     }
-    // Token-major probabilities `[len, group]`: the value kernels' weight layout.
+    // Token-major probabilities `[len, group]`, the weight layout of every value kernel but the
+    // fast-scan one: written run by run for the runs that read them (`token_major`), since a
+    // strided copy (and a zeroing) of the whole block cost a fast-scan step about a tenth of
+    // its instructions.
     reserve_for(probabilities, group * len.max(MAX_BLOCK_TOKENS));
-    let probabilities = zeroed(probabilities, len * group);
-    for (h, row) in scores.chunks_exact(len).enumerate() {
-        for (p, &s) in probabilities.iter_mut().skip(h).step_by(group).zip(row) {
-            *p = s;
-        }
+    // Not zeroed: each run writes its tokens before reading them.
+    if probabilities.len() < len * group {
+        probabilities.resize(len * group, 0.0);
     }
     code_weights.clear();
     sign_weights.clear();
@@ -984,7 +1003,6 @@ fn run_block_with(
         |t, words, halves, n, record| {
             let i = t - start;
             let record_words = words.len() / n;
-            let weights = &probabilities[i * group..(i + n) * group];
             if let Record::FastScan { codes, lead } = record {
                 // Coded parts of whole nibbles sharing one norm: `head_plan` refuses any other
                 // fast-scan body.
@@ -1015,6 +1033,7 @@ fn run_block_with(
                 }
                 return;
             }
+            let weights = token_major(exp_scores, len, group, i..i + n, probabilities);
             if let Record::Q8 = record {
                 let run = q8_as_f32(words, halves, d, window_words);
                 simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));

@@ -105,9 +105,18 @@ fn score_run_body(
             for (g, table) in group.iter().enumerate() {
                 let h = 4 * tile + g;
                 let out = &mut out[h * row + k0..h * row + k0 + hi - lo];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let norm = norms[(k0 + i) * stride];
-                    *o = norm * table.dequantize(sums[g][lo + i]);
+                let sums = &sums[g][lo..hi];
+                // One scale per token (the usual case) reads the norms as a slice, which
+                // compiles to vector instructions; the strided loop stays scalar.
+                if stride == 1 {
+                    let norms = &norms[k0..k0 + hi - lo];
+                    for ((o, &norm), &sum) in out.iter_mut().zip(norms).zip(sums) {
+                        *o = norm * table.dequantize(sum);
+                    }
+                } else {
+                    for (i, (o, &sum)) in out.iter_mut().zip(sums).enumerate() {
+                        *o = norms[(k0 + i) * stride] * table.dequantize(sum);
+                    }
                 }
             }
         }
@@ -251,11 +260,21 @@ fn accumulate_run_body(
         let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
             break;
         };
-        for h in 0..group {
+        if hi - lo < BLOCK {
             w.fill(0.0);
+        }
+        for h in 0..group {
             let p = &probabilities[h * row + k0..h * row + k0 + hi - lo];
-            for ((w, &p), k) in w[lo..hi].iter_mut().zip(p).zip(k0..) {
-                *w = p * norms[k * stride];
+            // As in `score_run_body`: a slice of norms where there is one per token.
+            if stride == 1 {
+                let norms = &norms[k0..k0 + hi - lo];
+                for ((w, &p), &norm) in w[lo..hi].iter_mut().zip(p).zip(norms) {
+                    *w = p * norm;
+                }
+            } else {
+                for ((w, &p), k) in w[lo..hi].iter_mut().zip(p).zip(k0..) {
+                    *w = p * norms[k * stride];
+                }
             }
             scales[h] = super::values_int::weight_bytes(&w, &mut bytes[h]);
         }
