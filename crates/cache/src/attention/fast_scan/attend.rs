@@ -151,7 +151,7 @@ pub fn attend_with(
         let tables = ValueTables::new(value_centroids, values.bits());
         let rows = values.lanes() * tables.per;
         s.lanes.clear();
-        s.lanes.resize(heads * rows * 4, 0.0);
+        s.lanes.resize(heads * rows, 0.0);
         s.weight_bytes.resize(values.blocks() * heads, [0; BLOCK]);
         s.block_scales.resize(values.blocks() * heads, 0.0);
         weights::softmax_weight_bytes(
@@ -173,15 +173,9 @@ pub fn attend_with(
                 &mut s.lanes,
             );
         }
-        return rotate_back(
-            value_codec,
-            &s.lanes,
-            rows,
-            4,
-            &mut s.reduced,
-            out,
-            |partials| values_int::reduce(partials, tables.gamma),
-        );
+        return rotate_back(value_codec, &s.lanes, rows, 1, &mut s.reduced, out, |sum| {
+            values_int::reduce(sum[0], tables.gamma)
+        });
     }
     // Weights p_t · ‖v_t‖ / Σ p, zero on the padding of the last block.
     s.weights.clear();
@@ -253,7 +247,7 @@ pub(super) fn accumulate_int(
     if super::avx2_kernels(isa) {
         // SAFETY: AVX2 was detected just above; `rows` is the block's lanes (a multiple of 4)
         // times the codes per lane, `codes` a whole block, one weight row and scale per head,
-        // `lanes` `heads · rows · 4`.
+        // `lanes` `heads · rows`.
         unsafe {
             super::x86::accumulate_block_int_avx2(codes, rows, tables, weights, scales, lanes)
         };

@@ -53,11 +53,11 @@ pub(super) fn sums(entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
     }
 }
 
-/// The NEON form of `values_int::accumulate_block`: the same integer partials (exact), then
-/// the same multiplication and addition per partial, so the same bits. Per coordinate, `tbl`
+/// The NEON form of `values_int::accumulate_block`: the same integer sums (exact), then the
+/// same multiplication and addition per coordinate, so the same bits. Per coordinate, `tbl`
 /// looks up the 32 tokens' centroid bytes, `smull` multiplies them by the weight bytes
-/// (7-bit, so a signed byte), and pairwise additions form partial `m` over tokens
-/// `4m..4m+4` and `16+4m..16+4m+4` (an `i16` holds two products: `2·127·127 < 2^15`).
+/// (7-bit, so a signed byte), and pairwise additions reduce them to the block's sum (an `i16`
+/// holds two products: `2·127·127 < 2^15`).
 ///
 /// Coordinate `j` reads nibble lane `j / m` through table `j mod m`.
 ///
@@ -75,10 +75,9 @@ pub(super) fn accumulate_block_int(
     let heads = weights.len();
     let per = tables.per;
     assert!(codes.len() >= rows.div_ceil(per) * LANE_BYTES && scales.len() == heads);
-    assert!(lanes.len() >= heads * rows * 4);
+    assert!(lanes.len() >= heads * rows);
     // SAFETY: NEON is always present on aarch64; each table and each half of a weight row are
-    // 16 bytes, each code load reads lane `j / m < rows / m` (asserted above), and each lane
-    // load and store the four partials of (head, j) inside `lanes` (asserted above).
+    // 16 bytes and each code load reads lane `j / m < rows / m` (asserted above).
     unsafe {
         let nibble = vdupq_n_u8(0x0F);
         for j in 0..rows {
@@ -89,16 +88,13 @@ pub(super) fn accumulate_block_int(
             for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
                 let u_low = vreinterpretq_s8_u8(vld1q_u8(u.as_ptr()));
                 let u_high = vreinterpretq_s8_u8(vld1q_u8(u.as_ptr().add(LANE_BYTES)));
-                // Lane k: token k + token 16 + k (tokens 0–7), then tokens 8–15.
                 let first = vaddq_s16(
                     vmull_s8(vget_low_s8(u_low), vget_low_s8(low)),
                     vmull_s8(vget_low_s8(u_high), vget_low_s8(high)),
                 );
                 let second = vaddq_s16(vmull_high_s8(u_low, low), vmull_high_s8(u_high, high));
-                let partials = vpaddq_s32(vpaddlq_s16(first), vpaddlq_s16(second));
-                let at = lanes.as_mut_ptr().add((h * rows + j) * 4);
-                let scaled = vmulq_f32(vdupq_n_f32(scale), vcvtq_f32_s32(partials));
-                vst1q_f32(at, vaddq_f32(vld1q_f32(at), scaled));
+                let sum = vaddvq_s32(vaddq_s32(vpaddlq_s16(first), vpaddlq_s16(second)));
+                lanes[h * rows + j] += scale * sum as f32;
             }
         }
     }

@@ -145,12 +145,12 @@ pub(crate) struct RunScratch {
     bytes: Vec<[u8; BLOCK]>,
     /// Each head's weight scale of one block.
     scales: Vec<f32>,
-    /// `[group, rows, 4]`: the run's scaled partial sums per head and coordinate.
+    /// `[group, rows]`: the run's scaled sums per head and coordinate.
     lanes: Vec<f32>,
 }
 
 /// Dispatch of [`accumulate_run_body`]: compiled for AVX2 where the CPU has it, so each
-/// block's weights, their bytes and the partial sums' scaling run eight lanes at a time (plain
+/// block's weights, their bytes and the sums' scaling run eight lanes at a time (plain
 /// float operations, so the same bits).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn accumulate_run(
@@ -175,7 +175,7 @@ pub(crate) fn accumulate_run(
         };
         return;
     }
-    accumulate_run_body(
+    accumulate_run_body::<false>(
         isa, codes, lead, n, part, tables, weights, norms, scratch, out,
     );
 }
@@ -199,7 +199,7 @@ unsafe fn accumulate_run_avx2(
     scratch: &mut RunScratch,
     out: &mut [f32],
 ) {
-    accumulate_run_body(
+    accumulate_run_body::<true>(
         isa, codes, lead, n, part, tables, weights, norms, scratch, out,
     );
 }
@@ -210,7 +210,7 @@ unsafe fn accumulate_run_avx2(
 /// [`ValueSums::Int8`](super::ValueSums::Int8) sums them (the module `values_int`): per block
 /// and head 7-bit weights `round(w / s)`, `s` the block's largest weight over 127, times the
 /// centroids as bytes `e = round(c / γ)` (`tables`), exact integer sums scaled by `s` into
-/// four lanes per coordinate, reduced once per run times `γ`. Slots outside the run weigh
+/// one running sum per coordinate, times `γ` once per run. Slots outside the run weigh
 /// zero. Each coordinate is within `Σ_b (s_b/2)·Σ_t |e_t γ| + Σ_t w_t γ/2` of the exact sum
 /// (tested, `tests/fast_scan_cache.rs`).
 ///
@@ -222,7 +222,7 @@ unsafe fn accumulate_run_avx2(
 /// them or do not hold its `dim` coordinates (`m` codes per nibble), or a slice is too short.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn accumulate_run_body(
+fn accumulate_run_body<const AVX2: bool>(
     isa: Isa,
     codes: &[u8],
     lead: usize,
@@ -254,7 +254,7 @@ fn accumulate_run_body(
     bytes.resize(group, [0; BLOCK]);
     scales.resize(group, 0.0);
     lanes.clear();
-    lanes.resize(group * rows * 4, 0.0);
+    lanes.resize(group * rows, 0.0);
     let mut w = [0.0f32; BLOCK];
     for (b, block) in codes.chunks_exact(block_bytes).enumerate() {
         let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
@@ -265,6 +265,18 @@ fn accumulate_run_body(
         }
         for h in 0..group {
             let p = &probabilities[h * row + k0..h * row + k0 + hi - lo];
+            #[cfg(target_arch = "x86_64")]
+            if let (true, 1, Ok(p), Some(Ok(norms))) = (
+                AVX2,
+                stride,
+                <&[f32; BLOCK]>::try_from(p),
+                norms.get(k0..k0 + BLOCK).map(<&[f32; BLOCK]>::try_from),
+            ) {
+                // SAFETY: `AVX2` is set only in `accumulate_run_avx2`, which runs where AVX2
+                // was detected.
+                scales[h] = unsafe { super::x86::block_weight_bytes_avx2(p, norms, &mut bytes[h]) };
+                continue;
+            }
             // As in `score_run_body`: a slice of norms where there is one per token.
             if stride == 1 {
                 let norms = &norms[k0..k0 + hi - lo];
@@ -281,9 +293,9 @@ fn accumulate_run_body(
         let part_codes = &block[first_lane * LANE_BYTES..(first_lane + part_lanes) * LANE_BYTES];
         super::attend::accumulate_int(isa, part_codes, rows, tables, bytes, scales, lanes);
     }
-    for (out, partials) in out.chunks_exact_mut(dim).zip(lanes.chunks_exact(rows * 4)) {
-        for (o, partials) in out.iter_mut().zip(partials.chunks_exact(4)) {
-            *o += super::values_int::reduce(partials, tables.gamma);
+    for (out, sums) in out.chunks_exact_mut(dim).zip(lanes.chunks_exact(rows)) {
+        for (o, &sum) in out.iter_mut().zip(sums) {
+            *o += super::values_int::reduce(sum, tables.gamma);
         }
     }
 }

@@ -6,11 +6,12 @@
 //! contribution to rotated coordinate `j` is then an exact integer, `Σ_t u_t·e[code(t, j)]`
 //! (`|·| ≤ 32·127·127 < 2^24`), computed as `vpmaddubsw` computes it: one byte shuffle looks
 //! up 32 tokens' centroids, one multiply-add pairs them with the weights (a pair's sum stays
-//! within `2·127·127 < 2^15`, so nothing saturates), one more widens to four 32-bit partial
-//! sums per coordinate — partial `m` over tokens `4m..4m+4` and `16+4m..16+4m+4`. Each partial
-//! is then scaled by `s_hb` (a multiplication, then an addition to its running f32 sum, in
-//! block order), and the output coordinate is `γ·((P_0 + P_1) + (P_2 + P_3))`. The integers
-//! are exact and the float steps fixed, so every instruction set gives the same bits.
+//! within `2·127·127 < 2^15`, so nothing saturates), one more widens to 32 bits, and additions
+//! of integers reduce them to the block's whole sum per coordinate (at most `2^24` in
+//! magnitude: exact in f32). That sum is then scaled by `s_hb` (a multiplication, then an
+//! addition to the coordinate's running f32 sum, in block order), and the output coordinate is
+//! `γ` times the running sum. The integers are exact and the float steps fixed, so every
+//! instruction set gives the same bits.
 //!
 //! **Error.** Against the exact `Σ_t w_t·c[code]`: rounding a weight moves it by at most
 //! `s_hb/2`, a centroid by at most `γ/2`, so coordinate `j` of a head moves by at most
@@ -18,15 +19,16 @@
 //! with the value codec's own error in `tests/fast_scan.rs`: 0.6–1.2% of it at b = 2, up to 9%
 //! at b = 4, where rounding the centroids to bytes (`γ/√12` per coordinate) dominates.
 //!
-//! **Speed.** Per block, two coordinates and a head take two `vpmaddubsw`, two `vpmaddwd`, an
-//! integer add and three float operations, against 32 multiplications and additions per
-//! coordinate and head in the f32 lanes (`tq bench scan --attention`, docs/results.md).
+//! **Speed.** Per block, eight coordinates and a head take eight `vpmaddubsw`, eight
+//! `vpmaddwd`, four integer adds and three horizontal ones, a permutation and four vector
+//! float operations, against 32 multiplications and additions per coordinate and head in the
+//! f32 lanes (`tq bench scan --attention`, docs/results.md).
 
 use super::BLOCK;
 use super::layout::LANE_BYTES;
 
 /// The largest magnitude of a quantized weight or centroid.
-const LEVELS: f32 = 127.0;
+pub(super) const LEVELS: f32 = 127.0;
 
 /// `(e, γ)`: the centroids (up to 16) as signed bytes `round(c_k / γ)`, padded with zeros to
 /// 16 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
@@ -66,7 +68,7 @@ impl ValueTables {
 }
 
 /// `1.5·2^23`: added to `|x| < 2^22`, it rounds `x` to an integer (ties to even).
-const ROUND: f32 = 12_582_912.0;
+pub(super) const ROUND: f32 = 12_582_912.0;
 
 /// `x` rounded to the nearest integer, ties to even, for `|x| < 2^22`: one addition and one
 /// subtraction of [`ROUND`] (a library `round` costs more).
@@ -97,9 +99,9 @@ pub(super) fn weight_bytes(weights: &[f32; BLOCK], out: &mut [u8; BLOCK]) -> f32
     scale
 }
 
-/// The reference loop: for each coordinate `j < rows` and head `h`, the four partial sums of
-/// the block times the head's scale, added to `lanes[(h·rows + j)·4 + m]`; coordinate `j`
-/// reads nibble lane `j / m` through `tables.tables[j mod m]` (`rows` is the lanes times `m`).
+/// The reference loop: for each coordinate `j < rows` and head `h`, the block's integer sum
+/// times the head's scale, added to `lanes[h·rows + j]`; coordinate `j` reads nibble lane
+/// `j / m` through `tables.tables[j mod m]` (`rows` is the lanes times `m`).
 ///
 /// `weights[h]` holds head `h`'s 32 weight bytes of this block and `scales[h]` its scale.
 pub(super) fn accumulate_block(
@@ -115,24 +117,21 @@ pub(super) fn accumulate_block(
         let table = &tables.tables[j % per];
         let lane = &codes[(j / per) * LANE_BYTES..(j / per + 1) * LANE_BYTES];
         for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
-            let mut partial = [0i32; 4];
+            let mut sum = 0i32;
             for (i, &byte) in lane.iter().enumerate() {
                 let low = i32::from(u[i]) * i32::from(table[usize::from(byte & 0x0F)]);
                 let high = i32::from(u[i + LANE_BYTES]) * i32::from(table[usize::from(byte >> 4)]);
-                partial[i / 4] += low + high;
+                sum += low + high;
             }
-            let at = (h * rows + j) * 4;
-            for (l, &p) in lanes[at..at + 4].iter_mut().zip(&partial) {
-                *l += scale * p as f32;
-            }
+            lanes[h * rows + j] += scale * sum as f32;
         }
     }
 }
 
-/// A coordinate's output from its four partial sums: `γ·((P_0 + P_1) + (P_2 + P_3))`.
+/// A coordinate's output from its running sum: `γ·P`.
 #[inline]
-pub(super) fn reduce(partials: &[f32], gamma: f32) -> f32 {
-    gamma * ((partials[0] + partials[1]) + (partials[2] + partials[3]))
+pub(super) fn reduce(sum: f32, gamma: f32) -> f32 {
+    gamma * sum
 }
 
 #[cfg(test)]

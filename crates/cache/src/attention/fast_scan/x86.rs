@@ -317,16 +317,18 @@ pub(super) unsafe fn accumulate_block_avx2(
     }
 }
 
-/// The AVX2 form of `values_int::accumulate_block`: two coordinates per pass, one per 128-bit
-/// lane — with one code per nibble two nibble lanes in one 32-byte load, with several the
-/// one nibble lane that holds both in both halves, each half looking its coordinate's table
-/// up — `vpshufb` for the 32 tokens' centroid bytes, `vpmaddubsw` with the weight bytes and
-/// `vpmaddwd` by ones for the four partial sums per coordinate (the same integers), then the
-/// same multiplication by the head's scale and addition.
+/// The AVX2 form of `values_int::accumulate_block`: the centroid bytes of two coordinates
+/// per register, one per 128-bit lane — with one code per nibble two nibble lanes in one
+/// 32-byte load, with several the one nibble lane that holds both in both halves, each half
+/// looking its coordinate's table up — `vpshufb` for the 32 tokens' centroid bytes,
+/// `vpmaddubsw` with the weight bytes and `vpmaddwd` by ones for four partial sums per
+/// coordinate, then, eight coordinates at a time, horizontal additions to each coordinate's
+/// block sum (the same integers), a permutation back to coordinate order, and the same
+/// multiplication by the head's scale and addition.
 ///
 /// # Safety
 /// AVX2 must be available; `rows` must be even and `codes` hold its `rows / m` nibble lanes
-/// (16 bytes each), `weights` and `scales` one entry per head, and `lanes` `heads · rows · 4`
+/// (16 bytes each), `weights` and `scales` one entry per head, and `lanes` `heads · rows`
 /// values.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn accumulate_block_int_avx2(
@@ -338,9 +340,34 @@ pub(super) unsafe fn accumulate_block_int_avx2(
     lanes: &mut [f32],
 ) {
     let heads = weights.len();
-    let per = tables.per;
-    assert!(rows.is_multiple_of(2) && codes.len() >= rows.div_ceil(per) * LANE_BYTES);
-    assert!(scales.len() == heads && lanes.len() >= heads * rows * 4);
+    assert!(rows.is_multiple_of(2) && codes.len() >= rows.div_ceil(tables.per) * LANE_BYTES);
+    assert!(scales.len() == heads && lanes.len() >= heads * rows);
+    // SAFETY (all three): AVX2 is available and the slices fit (the caller's contract and
+    // the assertions above).
+    match tables.per {
+        1 => unsafe { block_int_avx2::<1>(codes, rows, tables, weights, scales, lanes) },
+        2 => unsafe { block_int_avx2::<2>(codes, rows, tables, weights, scales, lanes) },
+        _ => unsafe { block_int_avx2::<4>(codes, rows, tables, weights, scales, lanes) },
+    }
+}
+
+/// [`accumulate_block_int_avx2`] for `PER` codes per nibble (`tables.per`), a constant so
+/// that a coordinate's lane and table are a shift and a mask.
+///
+/// # Safety
+/// As [`accumulate_block_int_avx2`], whose assertions it relies on.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_int_avx2<const PER: usize>(
+    codes: &[u8],
+    rows: usize,
+    tables: &ValueTables,
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    let per = PER;
+    debug_assert_eq!(per, tables.per);
     // Per pair of coordinates `(j, j + 1)`, the tables of both halves: `[e | e]` with one code
     // per nibble, else `[t_i | t_{i+1}]`, `i = j mod m`.
     let table = |i: usize| {
@@ -357,6 +384,35 @@ pub(super) unsafe fn accumulate_block_int_avx2(
     };
     let nibble = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    // The centroid bytes of coordinates `j` (low half) and `j + 1` (high half), tokens 0–15
+    // and 16–31.
+    let centroids = |j: usize| {
+        // SAFETY: `j + 1 < rows`, so with one code per nibble bytes 16·j .. 16·j + 32 lie in
+        // `codes`, and with several the 16 bytes of lane `j / m` (asserted above).
+        let c = unsafe {
+            if per == 1 {
+                _mm256_loadu_si256(codes.as_ptr().add(j * LANE_BYTES).cast())
+            } else {
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    codes.as_ptr().add((j / per) * LANE_BYTES).cast(),
+                ))
+            }
+        };
+        let lut = luts[(j % per) / 2];
+        (
+            _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble)),
+            _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), nibble)),
+        )
+    };
+    // Four partial sums of each coordinate of a pair (exact: `32·127·127 < 2^24`).
+    let partials = |(low, high): (__m256i, __m256i), u_low: __m256i, u_high: __m256i| {
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u_low, low), ones),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u_high, high), ones),
+        )
+    };
+    // Two rounds of horizontal additions leave `[j, j+2, j+4, j+6 | j+1, j+3, j+5, j+7]`.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     // Each head's weight bytes (tokens 0–15, then 16–31) in both lanes, and its scale.
     let mut per_head = [(
         _mm256_setzero_si256(),
@@ -375,31 +431,24 @@ pub(super) unsafe fn accumulate_block_int_avx2(
             };
         }
         let first = 4 * chunk;
-        for j in (0..rows).step_by(2) {
-            // SAFETY: `j + 1 < rows`, so with one code per nibble bytes 16·j .. 16·j + 32 lie
-            // in `codes`, and with several the 16 bytes of lane `j / m` (asserted above).
-            let c = unsafe {
-                if per == 1 {
-                    _mm256_loadu_si256(codes.as_ptr().add(j * LANE_BYTES).cast())
-                } else {
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                        codes.as_ptr().add((j / per) * LANE_BYTES).cast(),
-                    ))
-                }
-            };
-            let lut = luts[(j % per) / 2];
-            let low = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nibble));
-            let high =
-                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(c), nibble));
+        let mut j = 0;
+        while j + 8 <= rows {
+            let c = [
+                centroids(j),
+                centroids(j + 2),
+                centroids(j + 4),
+                centroids(j + 6),
+            ];
             for (k, &(u_low, u_high, s)) in per_head.iter().enumerate().take(ws.len()) {
-                let sums = _mm256_add_epi32(
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(u_low, low), ones),
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(u_high, high), ones),
+                let p = c.map(|c| partials(c, u_low, u_high));
+                let sums = _mm256_permutevar8x32_epi32(
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])),
+                    order,
                 );
-                // SAFETY: the partials of coordinates j, j + 1 of head `first + k < heads`
-                // are 8 floats inside `lanes` (asserted above).
+                // SAFETY: coordinates j .. j + 8 of head `first + k < heads` are 8 floats
+                // inside `lanes` (asserted above).
                 unsafe {
-                    let lp = lanes.as_mut_ptr().add(((first + k) * rows + j) * 4);
+                    let lp = lanes.as_mut_ptr().add((first + k) * rows + j);
                     let acc = _mm256_add_ps(
                         _mm256_loadu_ps(lp),
                         _mm256_mul_ps(s, _mm256_cvtepi32_ps(sums)),
@@ -407,6 +456,70 @@ pub(super) unsafe fn accumulate_block_int_avx2(
                     _mm256_storeu_ps(lp, acc);
                 }
             }
+            j += 8;
+        }
+        while j < rows {
+            let c = centroids(j);
+            for (k, (&(u_low, u_high, _), &scale)) in per_head.iter().zip(ss).enumerate() {
+                let p = partials(c, u_low, u_high);
+                let p = _mm256_hadd_epi32(p, p);
+                let p = _mm256_hadd_epi32(p, p);
+                let at = (first + k) * rows + j;
+                lanes[at] += scale * _mm256_extract_epi32::<0>(p) as f32;
+                lanes[at + 1] += scale * _mm256_extract_epi32::<4>(p) as f32;
+            }
+            j += 2;
         }
     }
+}
+
+/// `values_int::weight_bytes` of the weights `p_t · norm_t` of one whole block (32 tokens,
+/// one norm per token): the same products, largest weight, scale, quotients and roundings,
+/// eight lanes at a time, then packed to bytes in token order.
+///
+/// # Safety
+/// AVX2 must be available.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn block_weight_bytes_avx2(
+    p: &[f32; BLOCK],
+    norms: &[f32; BLOCK],
+    out: &mut [u8; BLOCK],
+) -> f32 {
+    use super::values_int::{LEVELS, ROUND};
+    // SAFETY: each array holds 32 floats, read 8 at a time.
+    let w: [__m256; 4] = std::array::from_fn(|i| unsafe {
+        _mm256_mul_ps(
+            _mm256_loadu_ps(p.as_ptr().add(8 * i)),
+            _mm256_loadu_ps(norms.as_ptr().add(8 * i)),
+        )
+    });
+    // `max` is exact, so any order gives the scalar fold's largest weight (floored at 0).
+    let m = _mm256_max_ps(_mm256_max_ps(w[0], w[1]), _mm256_max_ps(w[2], w[3]));
+    let m = _mm256_max_ps(m, _mm256_permute2f128_ps::<1>(m, m));
+    let m = _mm256_max_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
+    let m = _mm256_max_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m));
+    let scale = _mm256_cvtss_f32(m).max(0.0) / LEVELS;
+    if scale <= 0.0 || scale.is_nan() {
+        out.fill(0);
+        return scale;
+    }
+    let (step, top, round) = (
+        _mm256_set1_ps(scale),
+        _mm256_set1_ps(LEVELS),
+        _mm256_set1_ps(ROUND),
+    );
+    let q: [__m256i; 4] = std::array::from_fn(|i| {
+        let shifted = _mm256_add_ps(_mm256_min_ps(_mm256_div_ps(w[i], step), top), round);
+        _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_castps_si256(round))
+    });
+    // Within each 128-bit lane the packs interleave four tokens of each vector; the
+    // permutation puts the groups of four back in token order.
+    let bytes = _mm256_packus_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `out` holds 32 bytes.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), bytes) };
+    scale
 }

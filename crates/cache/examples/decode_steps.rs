@@ -1,0 +1,95 @@
+//! Decode steps over one layer's cache, for counting instructions: this VM's timings drift by
+//! up to 20% between runs, a count of executed instructions does not.
+//!
+//! It fills one cache of SmolLM2's attention shape (3 KV heads, 9 query heads, d = 64) with
+//! `TOKENS` Gaussian tokens as `tq bench attention` does (one batch with queries whose energy
+//! falls 256× over the RoPE planes, so plane bases get fitted), runs `STEPS` decode steps of
+//! the fused kernel on the best instruction set, and prints a hash of the last output's bits
+//! (a change that should keep the output can be checked by it). A step's instructions are the
+//! difference between two runs, `STEPS` and 0, under callgrind:
+//!
+//! ```sh
+//! cargo build --release -p tq-cache --example decode_steps
+//! for n in 0 30; do
+//!   RAYON_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file=cg.$n \
+//!     target/release/examples/decode_steps rec3.25 8192 $n
+//! done   # (I refs of the second − the first) / 30
+//! ```
+//!
+//! `CONFIG` is `f16`, a preset name or an allocation TOML file.
+use tq_cache::CodecSpec;
+use tq_cache::allocation::Allocation;
+use tq_cache::attention::AttentionShape;
+use tq_cache::attention::simd::{Isa, fused_attention_on};
+use tq_cache::basis::RopePairs;
+use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
+use tq_cache::token_store::Growth;
+
+const KV_HEADS: usize = 3;
+const Q_HEADS: usize = 9;
+const D: usize = 64;
+
+/// A standard normal sample from a xorshift stream (Box–Muller): enough for test data, and no
+/// dependency beyond the cache crate's own.
+fn gaussian(state: &mut u64) -> f32 {
+    let mut uniform = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        ((*state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let (a, b) = (uniform(), uniform());
+    ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, config, tokens, steps] = args.as_slice() else {
+        return Err("usage: decode_steps CONFIG TOKENS STEPS".into());
+    };
+    let (tokens, steps): (usize, usize) = (tokens.parse()?, steps.parse()?);
+    if tokens == 0 {
+        return Err("TOKENS must be at least 1".into());
+    }
+    let layout = KvLayout {
+        kv_heads: KV_HEADS,
+        head_dim: D,
+        kind: KvKind::Growing {
+            growth: Growth::Static { capacity: tokens },
+        },
+        max_rewind: 0,
+        rope_pairs: RopePairs::Adjacent,
+    };
+    let mut cache = match config.as_str() {
+        "f16" => KvCache::uniform(layout, CodecSpec::F16 { dim: D }, CodecSpec::F16 { dim: D })?,
+        other => KvCache::with_allocation(layout, &Allocation::load(other)?, 0, 1)?,
+    };
+    let mut state = 0x1234_5678_9abc_def1u64;
+    let queries: Vec<f32> = (0..64 * Q_HEADS * D)
+        .map(|i| {
+            let plane = (i % D) / 2;
+            16f32.powf(-(plane as f32) / (D / 2) as f32) * gaussian(&mut state)
+        })
+        .collect();
+    let width = KV_HEADS * D;
+    let keys: Vec<f32> = (0..tokens * width).map(|_| gaussian(&mut state)).collect();
+    let values: Vec<f32> = (0..tokens * width).map(|_| gaussian(&mut state)).collect();
+    let positions: Vec<u32> = (0..tokens as u32).collect();
+    cache.append_with_queries(&keys, &values, &positions, &queries, Q_HEADS)?;
+    let query: Vec<f32> = (0..Q_HEADS * D).map(|_| gaussian(&mut state)).collect();
+    let mut out = vec![0.0f32; Q_HEADS * D];
+    let shape = AttentionShape {
+        q_heads: Q_HEADS,
+        scale: 1.0 / (D as f32).sqrt(),
+    };
+    let isa = *Isa::available().last().ok_or("no instruction set")?;
+    for _ in 0..steps {
+        fused_attention_on(isa, &cache, &query, &[tokens as u32 - 1], shape, &mut out)?;
+    }
+    // FNV-1a over the output's bits.
+    let hash = out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
+    });
+    println!("{} {hash:016x}", isa.name());
+    Ok(())
+}
