@@ -49,7 +49,7 @@ pub(crate) fn score_run(
         unsafe { score_run_avx2(isa, tables, codes, lead, n, norms, out, row) };
         return;
     }
-    score_run_body(isa, tables, codes, lead, n, norms, out, row);
+    score_run_body::<false>(isa, tables, codes, lead, n, norms, out, row);
 }
 
 /// [`score_run_body`] compiled for AVX2.
@@ -69,7 +69,7 @@ unsafe fn score_run_avx2(
     out: &mut [f32],
     row: usize,
 ) {
-    score_run_body(isa, tables, codes, lead, n, norms, out, row);
+    score_run_body::<true>(isa, tables, codes, lead, n, norms, out, row);
 }
 
 /// `out[h·row + k] = norm_k · (δ_h · sum_h(k) + o_h)` for the `n` tokens `k` of the run whose
@@ -80,7 +80,7 @@ unsafe fn score_run_avx2(
 /// If `codes` is not whole blocks of the tables' width, or `out` / `norms` are too short.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn score_run_body(
+fn score_run_body<const AVX2: bool>(
     isa: Isa,
     tables: &[ScoreTable],
     codes: &[u8],
@@ -108,6 +108,19 @@ fn score_run_body(
                 let sums = &sums[g][lo..hi];
                 // One scale per token (the usual case) reads the norms as a slice, which
                 // compiles to vector instructions; the strided loop stays scalar.
+                #[cfg(target_arch = "x86_64")]
+                if let (true, 1, Ok(out), Ok(sums), Some(Ok(norms))) = (
+                    AVX2,
+                    stride,
+                    <&mut [f32; BLOCK]>::try_from(&mut *out),
+                    <&[u32; BLOCK]>::try_from(sums),
+                    norms.get(k0..k0 + BLOCK).map(<&[f32; BLOCK]>::try_from),
+                ) {
+                    // SAFETY: `AVX2` is set only in `score_run_avx2`, which runs where AVX2
+                    // was detected.
+                    unsafe { super::x86::dequantize_block_avx2(table, sums, norms, out) };
+                    continue;
+                }
                 if stride == 1 {
                     let norms = &norms[k0..k0 + hi - lo];
                     for ((o, &norm), &sum) in out.iter_mut().zip(norms).zip(sums) {

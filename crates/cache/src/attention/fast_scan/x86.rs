@@ -523,3 +523,29 @@ pub(super) unsafe fn block_weight_bytes_avx2(
     unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), bytes) };
     scale
 }
+
+/// A whole block's scores `norm_t · table.dequantize(sum_t)`: the same conversion,
+/// multiplication by the step, addition of the offset and multiplication by the norm (no
+/// fused multiply-add), eight tokens at a time.
+///
+/// # Safety
+/// AVX2 must be available.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dequantize_block_avx2(
+    table: &super::ScoreTable,
+    sums: &[u32; BLOCK],
+    norms: &[f32; BLOCK],
+    out: &mut [f32; BLOCK],
+) {
+    let (step, offset) = (_mm256_set1_ps(table.step()), _mm256_set1_ps(table.offset()));
+    for i in (0..BLOCK).step_by(8) {
+        // SAFETY: `i + 8 ≤ 32`, the length of every array; a sum is below 2^31
+        // (`ScoreTable::dequantize`), so the signed conversion is the value's.
+        unsafe {
+            let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(i).cast()));
+            let score = _mm256_add_ps(_mm256_mul_ps(step, sum), offset);
+            let norm = _mm256_loadu_ps(norms.as_ptr().add(i));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(norm, score));
+        }
+    }
+}
