@@ -635,36 +635,24 @@ fn token_major<'o>(
 }
 
 /// The 8-bit copies `codes` (one step per record in `steps`) as an f32 plain run in the window
-/// codec's rotated coordinates, `s·c_j` (exact in f32), written into `words`.
-fn q8_as_f32<'w>(codes: &[u32], steps: &[f16], d: usize, words: &'w mut Vec<u32>) -> PlainRun<'w> {
-    let record_words = codes.len() / steps.len();
-    words.clear();
-    words.resize(steps.len() * d, 0);
-    for ((record, step), out) in codes
-        .chunks_exact(record_words)
-        .zip(steps)
-        .zip(words.chunks_exact_mut(d))
-    {
-        // Four codes per word, written four at a time: a loop of fixed-width steps that the
-        // compiler vectorizes (the per-byte iterator chain this replaces did not, and was a
-        // third of a growing window's decode step at 16K tokens). The partial last word stays
-        // apart: one `chunks_mut(4)` loop over both measured 1.15× slower.
-        let step = step.to_f32();
-        let mut quads = out.chunks_exact_mut(4);
-        for (quad, word) in (&mut quads).zip(record) {
-            for (o, c) in quad.iter_mut().zip(word.to_le_bytes()) {
-                *o = (f32::from(c as i8) * step).to_bits();
-            }
-        }
-        let tail = quads.into_remainder();
-        if let Some(word) = record.get(d / 4) {
-            for (o, c) in tail.iter_mut().zip(word.to_le_bytes()) {
-                *o = (f32::from(c as i8) * step).to_bits();
-            }
-        }
+/// codec's rotated coordinates, `s·c_j` (exact in f32), written into `words`
+/// ([`simd::q8_to_f32_bits`]: eight codes an instruction on AVX2). The buffer only grows: every
+/// value the run holds is written, so it is not zeroed first (zeroing it was as costly as the
+/// conversion).
+fn q8_as_f32<'w>(
+    isa: Isa,
+    codes: &[u32],
+    steps: &[f16],
+    d: usize,
+    words: &'w mut Vec<u32>,
+) -> PlainRun<'w> {
+    let len = steps.len() * d;
+    if words.len() < len {
+        words.resize(len, 0);
     }
+    simd::q8_to_f32_bits(isa, codes, steps, d, &mut words[..len]);
     PlainRun {
-        words,
+        words: &words[..len],
         record_words: d,
         offset: 0,
         kind: PlainKind::F32,
@@ -905,7 +893,7 @@ fn run_block_with(
             if let Record::Q8 = record {
                 // (Πq)·(s·c) per head: the copies as f32 in their rotated coordinates, through
                 // the plain kernel.
-                let run = q8_as_f32(words, halves, d, window_words);
+                let run = q8_as_f32(isa, words, halves, d, window_words);
                 simd::score_plain(isa, &run, &prepared.window, out, len);
                 return;
             }
@@ -1035,7 +1023,7 @@ fn run_block_with(
             }
             let weights = token_major(exp_scores, len, group, i..i + n, probabilities);
             if let Record::Q8 = record {
-                let run = q8_as_f32(words, halves, d, window_words);
+                let run = q8_as_f32(isa, words, halves, d, window_words);
                 simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));
                 return;
             }
@@ -1376,18 +1364,21 @@ mod tests {
             let steps: Vec<f16> = (0..records)
                 .map(|r| f16::from_f32(0.001 + r as f32 * 0.37))
                 .collect();
-            let mut words = Vec::new();
-            let run = q8_as_f32(&codes, &steps, d, &mut words);
-            assert_eq!(run.words.len(), records * d);
-            for r in 0..records {
-                let record = &codes[r * words_per..(r + 1) * words_per];
-                for j in 0..d {
-                    let want = f32::from(Q8Window::code(record, j)) * steps[r].to_f32();
-                    assert_eq!(
-                        run.words[r * d + j],
-                        want.to_bits(),
-                        "d {d}, record {r}, code {j}"
-                    );
+            for isa in Isa::available() {
+                // A reused buffer holds stale values: each must be overwritten.
+                let mut words = vec![0xDEAD_BEEF; 3 * records * d + 5];
+                let run = q8_as_f32(isa, &codes, &steps, d, &mut words);
+                assert_eq!(run.words.len(), records * d);
+                for r in 0..records {
+                    let record = &codes[r * words_per..(r + 1) * words_per];
+                    for j in 0..d {
+                        let want = f32::from(Q8Window::code(record, j)) * steps[r].to_f32();
+                        assert_eq!(
+                            run.words[r * d + j],
+                            want.to_bits(),
+                            "{isa:?}: d {d}, record {r}, code {j}"
+                        );
+                    }
                 }
             }
         }

@@ -139,6 +139,35 @@ pub fn f16_to_f32(halves: &[f16], out: &mut [f32]) {
     }
 }
 
+/// An 8-bit window copy as f32 bit patterns: `out[j] = (s · c_j).to_bits()`, `c_j` the signed
+/// byte `j` of `record` (little-endian words) — exact products.
+#[inline]
+pub fn q8_to_f32_bits(record: &[u32], step: f32, out: &mut [u32]) {
+    q8_to_f32_bits_from(record, step, out, 0);
+}
+
+/// [`q8_to_f32_bits`] for codes `from..` only (a vector path's tail): four at a time, a loop
+/// of fixed-width steps the compiler vectorizes, then the partial last word.
+#[inline]
+pub fn q8_to_f32_bits_from(record: &[u32], step: f32, out: &mut [u32], from: usize) {
+    debug_assert!(from.is_multiple_of(4));
+    let out = &mut out[from..];
+    let record = &record[from / 4..];
+    let whole = out.len() / 4;
+    let mut quads = out.chunks_exact_mut(4);
+    for (quad, word) in (&mut quads).zip(record) {
+        for (o, c) in quad.iter_mut().zip(word.to_le_bytes()) {
+            *o = (f32::from(c as i8) * step).to_bits();
+        }
+    }
+    let tail = quads.into_remainder();
+    if let Some(word) = record.get(whole) {
+        for (o, c) in tail.iter_mut().zip(word.to_le_bytes()) {
+            *o = (f32::from(c as i8) * step).to_bits();
+        }
+    }
+}
+
 /// The largest value (`-∞` for an empty slice).
 #[inline]
 pub fn max(values: &[f32]) -> f32 {

@@ -444,6 +444,35 @@ pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
     }
 }
 
+/// 8-bit window copies as f32 bit patterns: record `r` (`codes.len() / steps.len()` words,
+/// its signed byte codes little-endian) becomes `out[r·d + j] = (s_r · c_j).to_bits()` for
+/// `j < d`, `s_r = steps[r]`. The products are exact in f32 (8 bits times an f16's 11), so
+/// every path gives the same bits.
+///
+/// # Panics
+/// If a record holds fewer than `d` codes or `out` is not `steps.len() · d` long.
+pub fn q8_to_f32_bits(isa: Isa, codes: &[u32], steps: &[f16], d: usize, out: &mut [u32]) {
+    let record_words = codes.len().checked_div(steps.len()).unwrap_or(0);
+    assert!(record_words * 4 >= d, "a q8 record holds its codes");
+    assert_eq!(out.len(), steps.len() * d);
+    let records = codes.chunks_exact(record_words.max(1)).zip(steps);
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => {
+            for ((record, step), out) in records.zip(out.chunks_exact_mut(d)) {
+                // SAFETY: `usable` returned an x86 vector ISA, so the CPU has AVX2; each
+                // record holds its `d` codes (asserted above).
+                unsafe { x86::q8_to_f32_bits(record, step.to_f32(), out) };
+            }
+        }
+        _ => {
+            for ((record, step), out) in records.zip(out.chunks_exact_mut(d)) {
+                primitives::q8_to_f32_bits(record, step.to_f32(), out);
+            }
+        }
+    }
+}
+
 /// The largest value (`-∞` for an empty slice). Exact, so every path returns the same bits.
 pub fn max(isa: Isa, values: &[f32]) -> f32 {
     match isa.usable() {

@@ -496,6 +496,30 @@ pub(super) unsafe fn accumulate_signs(alpha: f32, signs: &[u32], acc: &mut [f32]
     }
 }
 
+/// `primitives::q8_to_f32_bits` eight codes at a time: sign-extend, convert, multiply (the
+/// same exact products).
+///
+/// # Safety
+/// AVX2 must be available and `record` hold `out.len()` codes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_to_f32_bits(record: &[u32], step: f32, out: &mut [u32]) {
+    let full = out.len() / 8 * 8;
+    let s = _mm256_set1_ps(step);
+    let bytes = record.as_ptr().cast::<u8>();
+    let mut k = 0;
+    while k < full {
+        // SAFETY: bytes k .. k + 8 are codes of the record and out[k .. k + 8] exists
+        // (`k + 8 ≤ full ≤ out.len() ≤ 4·record.len()`, the caller's contract).
+        unsafe {
+            let codes = _mm_loadl_epi64(bytes.add(k).cast());
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s);
+            _mm256_storeu_ps(out.as_mut_ptr().add(k).cast(), v);
+        }
+        k += 8;
+    }
+    super::super::primitives::q8_to_f32_bits_from(record, step, out, full);
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn max(values: &[f32]) -> f32 {
     let n = values.len();
