@@ -469,6 +469,30 @@ fn fast_scan_caches_are_bit_identical_across_thread_counts() {
     }
 }
 
+/// Fast-scan bodies attend to the same bits on every instruction set: integer scores with the
+/// same float steps, the same `exp` (`exp_poly` on every path, summed in the same lanes),
+/// integer value sums with the same float steps. Windows and sinks are read by the plain f32
+/// kernels, whose vector paths use fused multiply-adds: caches with them are outside this.
+#[test]
+fn fast_scan_caches_are_bit_identical_across_instruction_sets() {
+    for (name, cache, _) in fast_caches(true) {
+        if name.contains("windows") {
+            continue;
+        }
+        let positions = [0u32, 255, 256, 700, 1299];
+        let scalar = run(Isa::Scalar, &cache, 6, &positions, 8);
+        for isa in Isa::available() {
+            let got = run(isa, &cache, 6, &positions, 8);
+            assert!(
+                got.iter()
+                    .zip(&scalar)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: {isa:?} differs from the scalar path"
+            );
+        }
+    }
+}
+
 #[test]
 fn fast_scan_caches_hold_the_rows_records() {
     for (name, fast, rows) in fast_caches(true) {

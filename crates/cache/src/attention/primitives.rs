@@ -31,8 +31,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `y += alpha·x`.
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    // One rounding per element, as the vector paths' fused multiply-adds.
     for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
+        *yi = alpha.mul_add(*xi, *yi);
     }
 }
 
@@ -174,13 +175,14 @@ pub fn max(values: &[f32]) -> f32 {
     values.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
-/// Replaces every value `x` by `exp(x − shift)` (`f32::exp`) and returns their sum over eight
-/// fixed lanes.
+/// Replaces every value `x` by `exp(x − shift)` ([`exp_poly`], the vector paths' algorithm,
+/// so every instruction set gives the same bits) and returns their sum over eight fixed
+/// lanes: value `i` goes to lane `i mod 8`, in order.
 #[inline]
 pub fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
     let mut lanes = [0.0f32; 8];
     for (i, v) in values.iter_mut().enumerate() {
-        *v = (*v - shift).exp();
+        *v = exp_poly(*v - shift);
         lanes[i % 8] += *v;
     }
     ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))

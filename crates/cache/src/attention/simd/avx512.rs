@@ -1361,26 +1361,26 @@ unsafe fn exp16(x: __m512) -> __m512 {
 pub(super) unsafe fn exp_shifted_sum(values: &mut [f32], shift: f32) -> f32 {
     let n = values.len();
     let full = n / 16 * 16;
-    // SAFETY: every access covers 16 floats below `full ≤ n`.
-    let lo = unsafe {
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: every access covers 16 floats below `full ≤ n`; `lanes` holds 8 floats.
+    unsafe {
         let p = values.as_mut_ptr();
         let s = _mm512_set1_ps(shift);
-        let mut acc = _mm512_setzero_ps();
+        // Eight lanes, the low half of each 16 added before the high half: value `i` goes to
+        // lane `i mod 8` in order, as on every other path, so the sum is the same bits.
+        let mut acc = _mm256_setzero_ps();
         let mut k = 0;
         while k < full {
             let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(k)), s));
             _mm512_storeu_ps(p.add(k), e);
-            acc = _mm512_add_ps(acc, e);
+            acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+            acc = _mm256_add_ps(
+                acc,
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+            );
             k += 16;
         }
-        let mut halves = [0.0f32; 16];
-        _mm512_storeu_ps(halves.as_mut_ptr(), acc);
-        halves
-    };
-    // Lanes `l` and `l + 8` both feed the reference's lane `l % 8`: fold them first.
-    let mut lanes = [0.0f32; 8];
-    for (l, v) in lanes.iter_mut().enumerate() {
-        *v = lo[l] + lo[l + 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     }
     for (i, v) in values.iter_mut().enumerate().skip(full) {
         *v = exp_poly(*v - shift);

@@ -333,7 +333,8 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// `y += alpha·x` over the common length.
+/// `y += alpha·x` over the common length, each element with one rounding (a fused
+/// multiply-add on every path), so every instruction set gives the same bits.
 pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     let (x, y) = (&x[..n], &mut y[..n]);

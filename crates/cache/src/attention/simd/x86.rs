@@ -364,7 +364,7 @@ pub(super) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         }
     }
     for i in full..n {
-        y[i] += alpha * x[i];
+        y[i] = alpha.mul_add(x[i], y[i]);
     }
 }
 
