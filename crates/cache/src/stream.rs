@@ -43,7 +43,7 @@ use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
-use crate::record_order::{FAST_SCAN_BLOCK, RecordOrder};
+use crate::record_order::RecordOrder;
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
 
@@ -554,15 +554,6 @@ impl Stream {
             },
             (None, growth) => growth,
         };
-        // A stream that asks for the fast-scan order grows pages of whole blocks in either
-        // order, so a clear that takes its codec back to rows (and the next calibration back
-        // to fast-scan) keeps the pages it grew.
-        let body_growth = match (layout.order, body_growth) {
-            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
-                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
-            },
-            (_, growth) => growth,
-        };
         let store_of = |codec: &TokenCodec, capacity: usize| {
             TokenStore::new(
                 codec.record_words(),
@@ -579,12 +570,25 @@ impl Stream {
         } else {
             Vec::new()
         };
-        let body = TokenStore::with_order(
-            codec.record_words(),
-            codec.scales_per_token(),
-            body_growth,
-            body_order(layout.order, &codec),
-        )?;
+        // A stream that asks for the fast-scan order holds its records in whole blocks of 32
+        // whichever order its codec takes (the plain codec's rows until a fit of nibble
+        // groups, and again after a clear): its memory, and the formula that counts it, do not
+        // depend on the fit, and a change of order keeps its pages.
+        let body_order = body_order(layout.order, &codec);
+        let body = match layout.order {
+            RecordOrder::FastScan => TokenStore::in_blocks(
+                codec.record_words(),
+                codec.scales_per_token(),
+                body_growth,
+                body_order,
+            )?,
+            RecordOrder::Rows => TokenStore::with_order(
+                codec.record_words(),
+                codec.scales_per_token(),
+                body_growth,
+                body_order,
+            )?,
+        };
         Ok(Self {
             layout,
             body,

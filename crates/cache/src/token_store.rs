@@ -116,6 +116,9 @@ pub struct TokenStore {
     record_words: usize,
     scales_per_token: usize,
     order: RecordOrder,
+    /// Records allocated in whole blocks of 32 in either order ([`in_blocks`](Self::in_blocks)),
+    /// always in the fast-scan order.
+    whole_blocks: bool,
     growth: Growth,
     buffers: Vec<Buffer>,
     pages: Vec<Page>,
@@ -161,8 +164,42 @@ impl TokenStore {
         growth: Growth,
         order: RecordOrder,
     ) -> Result<Self, CacheError> {
-        let growth = match (order, growth) {
-            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
+        Self::build(record_words, scales_per_token, growth, order, false)
+    }
+
+    /// An empty store of records in `order` whose memory is whole blocks of 32 records in
+    /// either order, as a fast-scan store's is: its bytes stay the same when it changes order
+    /// ([`reorder`](Self::reorder)), which a stream that may change order with its codec needs
+    /// for a memory formula that does not depend on the codec it was fitted with.
+    ///
+    /// ```
+    /// use tq_cache::record_order::RecordOrder;
+    /// use tq_cache::token_store::{Growth, TokenStore};
+    /// let rows = TokenStore::in_blocks(1, 1, Growth::Static { capacity: 40 }, RecordOrder::Rows)?;
+    /// let mut fast = rows.clone();
+    /// fast.reorder(RecordOrder::FastScan)?;
+    /// assert_eq!((rows.record_slots(), rows.allocated_bytes()), (64, fast.allocated_bytes()));
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn in_blocks(
+        record_words: usize,
+        scales_per_token: usize,
+        growth: Growth,
+        order: RecordOrder,
+    ) -> Result<Self, CacheError> {
+        Self::build(record_words, scales_per_token, growth, order, true)
+    }
+
+    fn build(
+        record_words: usize,
+        scales_per_token: usize,
+        growth: Growth,
+        order: RecordOrder,
+        whole_blocks: bool,
+    ) -> Result<Self, CacheError> {
+        let whole_blocks = whole_blocks || order == RecordOrder::FastScan;
+        let growth = match (whole_blocks, growth) {
+            (true, Growth::Doubling { initial }) => Growth::Doubling {
                 initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
             },
             _ => growth,
@@ -170,6 +207,7 @@ impl TokenStore {
         let mut store = Self {
             record_words,
             scales_per_token,
+            whole_blocks,
             order,
             growth,
             buffers: Vec::new(),
@@ -201,9 +239,9 @@ impl TokenStore {
     /// [`RecordOrder::FastScan`]). A cleared stream whose codec changes order with its
     /// calibration keeps the memory it grew this way, as a stream that keeps its order does.
     ///
-    /// A doubling store's later pages double the last one whatever the order, so they start
-    /// at a block only if its first page holds whole blocks: a store that may move to the
-    /// fast-scan order should be built with an initial page of a multiple of 32 tokens.
+    /// A store built [`in_blocks`](Self::in_blocks) (or in the fast-scan order) keeps the same
+    /// bytes either way; another one allocates whole blocks from its first change to the
+    /// fast-scan order on.
     ///
     /// Fails with [`CacheError::InvalidConfig`] when the store holds tokens, and with
     /// [`CacheError::StorageTooLarge`] when the memory cannot be had; on error nothing
@@ -234,14 +272,16 @@ impl TokenStore {
         for page in &self.pages {
             tokens[page.buffer] = tokens[page.buffer].max(page.offset + page.tokens);
         }
+        let whole_blocks = self.whole_blocks || order == RecordOrder::FastScan;
         let mut reordered = Self {
             buffers: Vec::with_capacity(tokens.len()),
             pages: Vec::new(),
-            ..Self::with_order(
+            ..Self::build(
                 self.record_words,
                 self.scales_per_token,
                 Growth::Doubling { initial: 1 },
                 order,
+                whole_blocks,
             )?
         };
         for &n in &tokens {
@@ -251,8 +291,9 @@ impl TokenStore {
             reordered.add_buffer(n);
         }
         self.order = order;
-        self.growth = match (order, self.growth) {
-            (RecordOrder::FastScan, Growth::Doubling { initial }) => Growth::Doubling {
+        self.whole_blocks = whole_blocks;
+        self.growth = match (whole_blocks, self.growth) {
+            (true, Growth::Doubling { initial }) => Growth::Doubling {
                 initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
             },
             (_, growth) => growth,
@@ -275,12 +316,13 @@ impl TokenStore {
                 .saturating_mul(4)
                 .saturating_add(self.scales_per_token.saturating_mul(2)),
         };
-        // A fast-scan buffer holds whole blocks.
-        let blocks = match self.order {
-            RecordOrder::Rows => tokens,
-            RecordOrder::FastScan => tokens
+        // A fast-scan buffer holds whole blocks (and a rows buffer of a store in blocks).
+        let blocks = if self.whole_blocks {
+            tokens
                 .checked_next_multiple_of(FAST_SCAN_BLOCK)
-                .ok_or_else(too_large)?,
+                .ok_or_else(too_large)?
+        } else {
+            tokens
         };
         let words = blocks
             .checked_mul(self.record_words)
@@ -300,8 +342,13 @@ impl TokenStore {
     /// Allocates a zeroed buffer of `tokens` records (whole blocks of them in the fast-scan
     /// order); returns its index.
     fn add_buffer(&mut self, tokens: usize) -> usize {
+        let slots = if self.whole_blocks {
+            tokens.next_multiple_of(FAST_SCAN_BLOCK)
+        } else {
+            tokens
+        };
         let (words, codes) = match self.order {
-            RecordOrder::Rows => (vec![0; tokens * self.record_words], Vec::new()),
+            RecordOrder::Rows => (vec![0; slots * self.record_words], Vec::new()),
             RecordOrder::FastScan => (
                 Vec::new(),
                 vec![
@@ -367,8 +414,9 @@ impl TokenStore {
     }
 
     /// Record slots the buffers hold: the [`capacity`](Self::capacity), each buffer rounded
-    /// up to whole blocks of 32 records in the [`RecordOrder::FastScan`] order (a static
-    /// store's one buffer, or each page of a doubling one), from the pages.
+    /// up to whole blocks of 32 records in the [`RecordOrder::FastScan`] order or in a store
+    /// [`in_blocks`](Self::in_blocks) (a static store's one buffer, or each page of a doubling
+    /// one), from the pages.
     ///
     /// ```
     /// use tq_cache::record_order::RecordOrder;
@@ -378,7 +426,7 @@ impl TokenStore {
     /// # Ok::<(), tq_cache::CacheError>(())
     /// ```
     pub fn record_slots(&self) -> usize {
-        if self.order == RecordOrder::Rows {
+        if !self.whole_blocks {
             return self.capacity();
         }
         let mut slots = 0;

@@ -819,26 +819,25 @@ impl Session {
                 Some(slots) => slots,
                 None => doubling_capacity(self.params.initial, tokens),
             };
-            // A fast-scan body (the lower recommended presets') holds whole blocks of 32
-            // records: a ring's record memory is rounded up to one. A stream that asks for the
-            // order grows doubling pages of whole blocks whichever order its codec takes (the
-            // plain codec's rows after a clear, fast-scan after the next calibration), and
-            // keeps them across the change.
+            // A stream that asks for the fast-scan order (the lower recommended presets')
+            // holds its records in whole blocks of 32 whichever order its codec takes (the
+            // plain codec's rows after a clear, fast-scan after the next fit): a ring's record
+            // memory is rounded up to one, doubling pages start at a multiple of 32.
             let body_bytes = |s: &tq_cache::stream::Stream| {
                 let tokens = s.body_tokens(model.high_water);
                 let per_token = s.codec().bytes_per_token();
+                let blocks = s.layout().order == RecordOrder::FastScan;
                 match kv.layout().ring_slots() {
-                    Some(ring) if s.body().order() == RecordOrder::FastScan => {
+                    Some(ring) if blocks => {
                         ring * per_token
                             + (ring.next_multiple_of(BLOCK) - ring) * 4 * s.codec().record_words()
                     }
                     Some(ring) => ring * per_token,
                     None => {
-                        let initial = match s.layout().order {
-                            RecordOrder::FastScan => {
-                                self.params.initial.max(1).next_multiple_of(BLOCK)
-                            }
-                            RecordOrder::Rows => self.params.initial,
+                        let initial = if blocks {
+                            self.params.initial.max(1).next_multiple_of(BLOCK)
+                        } else {
+                            self.params.initial
                         };
                         doubling_capacity(initial, tokens) * per_token
                     }

@@ -4,6 +4,7 @@
 
 use tq_cache::TokenCodec;
 use tq_cache::allocation::{Allocation, AllocationError, LayerKind, ModelShape, StreamKind};
+use tq_cache::record_order::{FAST_SCAN_BLOCK, RecordOrder};
 
 /// Why a run was refused before it started.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +101,38 @@ pub fn cache_bytes_for_layers(
     rings: &[Option<usize>],
     tokens: usize,
 ) -> Result<u64, AllocationError> {
+    layer_bytes(allocation, shape, rings, tokens).map(|(bytes, _)| bytes)
+}
+
+/// The bytes of [`cache_bytes_for_layers`] that hold no token: a stream that asks for the
+/// fast-scan order allocates its records in whole blocks of 32 (`TokenStore::in_blocks`), so
+/// a store sized to a context that is not a multiple of 32 has up to 31 empty record slots.
+/// The all-in bits per value (`eval::perplexity::all_in_bits_per_value`) count what the cache
+/// stores, without them.
+///
+/// ```
+/// use tq_cache::allocation::{Allocation, ModelShape};
+/// use tq_models::limits::block_slack_bytes_for_layers;
+/// let shape = ModelShape { num_layers: 1, num_kv_heads: 1, head_dim: 64 };
+/// let rows = Allocation::preset("rec4.25").unwrap();
+/// assert_eq!(block_slack_bytes_for_layers(&rows, &shape, &[None], 1000).unwrap(), 0);
+/// ```
+pub fn block_slack_bytes_for_layers(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    rings: &[Option<usize>],
+    tokens: usize,
+) -> Result<u64, AllocationError> {
+    layer_bytes(allocation, shape, rings, tokens).map(|(_, slack)| slack)
+}
+
+/// `(bytes, slack)`: [`cache_bytes_for_layers`] and [`block_slack_bytes_for_layers`].
+fn layer_bytes(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    rings: &[Option<usize>],
+    tokens: usize,
+) -> Result<(u64, u64), AllocationError> {
     if rings.len() != shape.num_layers {
         return Err(AllocationError::Shape(format!(
             "{} ring sizes for a {}-layer model",
@@ -114,7 +147,7 @@ pub fn cache_bytes_for_layers(
     };
     let fp = bytes_of(allocation.fp_codec(shape.head_dim));
     let recent = bytes_of(allocation.recent_codec(shape.head_dim));
-    let mut bytes = 0u64;
+    let (mut bytes, mut slack_bytes) = (0u64, 0u64);
     for (layer, ring) in rings.iter().enumerate() {
         // A ring keeps no full-precision sink or recent copies: its window is what attention
         // sees, and a sink would have left the window.
@@ -150,11 +183,22 @@ pub fn cache_bytes_for_layers(
                     + r.metadata_bytes_per_head() as u64
                     + sinks as u64 * fp
                     + window as u64 * recent;
+                // A stream that asks for the fast-scan order holds its records in whole blocks
+                // of 32 whatever order its fitted codec takes (`TokenStore::in_blocks`): the
+                // slack's record bytes (its scales are not rounded).
+                if r.record_order == RecordOrder::FastScan {
+                    let record_bytes = match r.plan.build_single() {
+                        Some(Ok(codec)) => 4 * codec.record_words(),
+                        _ => r.plan.bytes_per_token(),
+                    };
+                    let slack = coded.next_multiple_of(FAST_SCAN_BLOCK) - coded;
+                    slack_bytes += (slack * record_bytes) as u64;
+                }
             }
         }
         bytes += 4 * held as u64;
     }
-    Ok(bytes)
+    Ok((bytes + slack_bytes, slack_bytes))
 }
 
 /// Refuses a cache of `allocation` for `tokens` tokens whose [`cache_bytes_for`] exceeds
