@@ -125,6 +125,17 @@ pub struct TokenStore {
     len: usize,
 }
 
+/// `growth` for a store of whole blocks: a doubling store's first page rounded up to a
+/// multiple of 32 tokens, so every page (each its own buffer) is whole blocks.
+fn block_growth(growth: Growth) -> Growth {
+    match growth {
+        Growth::Doubling { initial } => Growth::Doubling {
+            initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
+        },
+        growth => growth,
+    }
+}
+
 impl TokenStore {
     /// An empty store of records in [`RecordOrder::Rows`]; [`Growth::Static`] allocates all
     /// its pages now.
@@ -198,11 +209,10 @@ impl TokenStore {
         whole_blocks: bool,
     ) -> Result<Self, CacheError> {
         let whole_blocks = whole_blocks || order == RecordOrder::FastScan;
-        let growth = match (whole_blocks, growth) {
-            (true, Growth::Doubling { initial }) => Growth::Doubling {
-                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
-            },
-            _ => growth,
+        let growth = if whole_blocks {
+            block_growth(growth)
+        } else {
+            growth
         };
         let mut store = Self {
             record_words,
@@ -292,12 +302,9 @@ impl TokenStore {
         }
         self.order = order;
         self.whole_blocks = whole_blocks;
-        self.growth = match (whole_blocks, self.growth) {
-            (true, Growth::Doubling { initial }) => Growth::Doubling {
-                initial: initial.max(1).next_multiple_of(FAST_SCAN_BLOCK),
-            },
-            (_, growth) => growth,
-        };
+        if whole_blocks {
+            self.growth = block_growth(self.growth);
+        }
         self.buffers = reordered.buffers;
         Ok(())
     }

@@ -479,6 +479,16 @@ struct CombineScratch {
 }
 
 /// `buffer` as `len` zeros, reusing its capacity.
+/// The first `len` values of `buffer`, grown (with zeros) if shorter but never cleared: for a
+/// buffer whose every value a step reads it writes first, where zeroing it was a cost of its
+/// own.
+fn grown<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buffer.len() < len {
+        buffer.resize(len, T::default());
+    }
+    &mut buffer[..len]
+}
+
 fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buffer.clear();
     buffer.resize(len, 0.0);
@@ -646,13 +656,10 @@ fn q8_as_f32<'w>(
     d: usize,
     words: &'w mut Vec<u32>,
 ) -> PlainRun<'w> {
-    let len = steps.len() * d;
-    if words.len() < len {
-        words.resize(len, 0);
-    }
-    simd::q8_to_f32_bits(isa, codes, steps, d, &mut words[..len]);
+    let words = grown(words, steps.len() * d);
+    simd::q8_to_f32_bits(isa, codes, steps, d, words);
     PlainRun {
-        words: &words[..len],
+        words,
         record_words: d,
         offset: 0,
         kind: PlainKind::F32,
@@ -976,9 +983,7 @@ fn run_block_with(
     // its instructions.
     reserve_for(probabilities, group * len.max(MAX_BLOCK_TOKENS));
     // Not zeroed: each run writes its tokens before reading them.
-    if probabilities.len() < len * group {
-        probabilities.resize(len * group, 0.0);
-    }
+    let probabilities = grown(probabilities, len * group);
     code_weights.clear();
     sign_weights.clear();
     window_values.clear();

@@ -30,6 +30,21 @@ fn block_slots(b: usize, lead: usize, n: usize) -> Option<(usize, usize, usize)>
     (first < n).then(|| (lo, BLOCK.min(lo + n - first), first))
 }
 
+/// The norms of a whole block, one per token, where the AVX2 block kernels take it (compiled
+/// for AVX2, all 32 slots of the block in the run); `None` sends the block to the loops.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn whole_block_norms<const AVX2: bool>(
+    norms: &[f32],
+    stride: usize,
+    (lo, hi, k0): (usize, usize, usize),
+) -> Option<&[f32; BLOCK]> {
+    if !AVX2 || stride != 1 || hi - lo != BLOCK {
+        return None;
+    }
+    norms.get(k0..k0 + BLOCK)?.try_into().ok()
+}
+
 /// Dispatch of [`score_run_body`]: compiled for AVX2 where the CPU has it, so the scores'
 /// float steps run eight lanes at a time (the same operations, so the same bits).
 #[allow(clippy::too_many_arguments)]
@@ -100,27 +115,27 @@ fn score_run_body<const AVX2: bool>(
         let Some((lo, hi, k0)) = block_slots(b, lead, n) else {
             break;
         };
+        #[cfg(target_arch = "x86_64")]
+        let block_norms = whole_block_norms::<AVX2>(norms, stride, (lo, hi, k0));
         for (tile, group) in tables.chunks(4).enumerate() {
             sums_tile(isa, group, block, &mut sums[..group.len()]);
             for (g, table) in group.iter().enumerate() {
                 let h = 4 * tile + g;
                 let out = &mut out[h * row + k0..h * row + k0 + hi - lo];
                 let sums = &sums[g][lo..hi];
-                // One scale per token (the usual case) reads the norms as a slice, which
-                // compiles to vector instructions; the strided loop stays scalar.
                 #[cfg(target_arch = "x86_64")]
-                if let (true, 1, Ok(out), Ok(sums), Some(Ok(norms))) = (
-                    AVX2,
-                    stride,
+                if let (Some(norms), Ok(out), Ok(sums)) = (
+                    block_norms,
                     <&mut [f32; BLOCK]>::try_from(&mut *out),
                     <&[u32; BLOCK]>::try_from(sums),
-                    norms.get(k0..k0 + BLOCK).map(<&[f32; BLOCK]>::try_from),
                 ) {
                     // SAFETY: `AVX2` is set only in `score_run_avx2`, which runs where AVX2
                     // was detected.
                     unsafe { super::x86::dequantize_block_avx2(table, sums, norms, out) };
                     continue;
                 }
+                // One scale per token (the usual case) reads the norms as a slice, which
+                // compiles to vector instructions; the strided loop stays scalar.
                 if stride == 1 {
                     let norms = &norms[k0..k0 + hi - lo];
                     for ((o, &norm), &sum) in out.iter_mut().zip(norms).zip(sums) {
@@ -276,15 +291,12 @@ fn accumulate_run_body<const AVX2: bool>(
         if hi - lo < BLOCK {
             w.fill(0.0);
         }
+        #[cfg(target_arch = "x86_64")]
+        let block_norms = whole_block_norms::<AVX2>(norms, stride, (lo, hi, k0));
         for h in 0..group {
             let p = &probabilities[h * row + k0..h * row + k0 + hi - lo];
             #[cfg(target_arch = "x86_64")]
-            if let (true, 1, Ok(p), Some(Ok(norms))) = (
-                AVX2,
-                stride,
-                <&[f32; BLOCK]>::try_from(p),
-                norms.get(k0..k0 + BLOCK).map(<&[f32; BLOCK]>::try_from),
-            ) {
+            if let (Some(norms), Ok(p)) = (block_norms, <&[f32; BLOCK]>::try_from(p)) {
                 // SAFETY: `AVX2` is set only in `accumulate_run_avx2`, which runs where AVX2
                 // was detected.
                 scales[h] = unsafe { super::x86::block_weight_bytes_avx2(p, norms, &mut bytes[h]) };
