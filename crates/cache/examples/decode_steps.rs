@@ -16,7 +16,8 @@
 //! done   # (I refs of the second − the first) / 30
 //! ```
 //!
-//! `CONFIG` is `f16`, a preset name or an allocation TOML file.
+//! `CONFIG` is `f16`, a preset name or an allocation TOML file. The steps' mean wall time goes
+//! to stderr: compare binaries by it only in interleaved runs on a quiet machine.
 use tq_cache::CodecSpec;
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionShape;
@@ -83,13 +84,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         scale: 1.0 / (D as f32).sqrt(),
     };
     let isa = *Isa::available().last().ok_or("no instruction set")?;
+    let start = std::time::Instant::now();
     for _ in 0..steps {
         fused_attention_on(isa, &cache, &query, &[tokens as u32 - 1], shape, &mut out)?;
     }
+    let elapsed = start.elapsed();
     // FNV-1a over the output's bits.
     let hash = out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
         (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
     });
     println!("{} {hash:016x}", isa.name());
+    if steps > 0 {
+        // On stderr, so the hash line stays comparable between runs.
+        eprintln!("{:.1} us per step", elapsed.as_secs_f64() * 1e6 / steps as f64);
+    }
     Ok(())
 }

@@ -916,9 +916,9 @@ fn run_block_with(
                 return;
             }
             scales.load(isa, halves, n);
-            // Up to two coded parts (a plain or two-tier record) are scored together in one pass;
-            // the groups of a basis record one after another.
-            let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; 2] = [None, None];
+            // The coded parts (of a plain, two-tier or basis record) are scored together, after
+            // any plain part, in one call: vector paths take them in one pass over the tokens.
+            let mut coded: [Option<(CodedRun<'_>, &KeyQueries)>; MAX_PARTS] = [None; MAX_PARTS];
             let mut count = 0;
             for (part, pp) in plan.key_parts.iter().zip(&prepared.parts) {
                 match &part.body {
@@ -934,22 +934,18 @@ fn run_block_with(
                     }
                     Body::Codes { .. } => {
                         if let Some(run) = part.coded_run(words, record_words, scales) {
-                            if plan.key_parts.len() > 2 {
-                                simd::score_coded_parts(isa, &[run], &[&pp.keys], out, len);
-                            } else {
-                                coded[count] = Some((run, &pp.keys));
-                                count += 1;
-                            }
+                            coded[count] = Some((run, &pp.keys));
+                            count += 1;
                         }
                     }
                 }
             }
-            match coded {
-                [Some((r0, k0)), Some((r1, k1))] => {
-                    simd::score_coded_parts(isa, &[r0, r1], &[k0, k1], out, len);
-                }
-                [Some((r0, k0)), None] => simd::score_coded_parts(isa, &[r0], &[k0], out, len),
-                _ => simd::score_coded_parts(isa, &[], &[], out, len),
+            if let Some((first, first_keys)) = coded[0] {
+                let runs: [CodedRun<'_>; MAX_PARTS] =
+                    std::array::from_fn(|k| coded[k].map_or(first, |(run, _)| run));
+                let keys: [&KeyQueries; MAX_PARTS] =
+                    std::array::from_fn(|k| coded[k].map_or(first_keys, |(_, keys)| keys));
+                simd::score_coded_parts(isa, &runs[..count], &keys[..count], out, len);
             }
         },
     );

@@ -753,9 +753,12 @@ pub fn score_coded(
     }
 }
 
-/// Adds the scores of runs that are parts of the same records (the tiers of a two-tier record):
-/// `out[h·stride + i] += Σ_parts score_part(h, i)`, each part scored as by [`score_coded`]
-/// against its own prepared queries. Vector paths may score all parts in one pass.
+/// Adds the scores of runs that are parts of the same records (the tiers of a two-tier record,
+/// the groups of a basis record): `out[h·stride + i] += Σ_parts score_part(h, i)`, each part
+/// scored as by [`score_coded`] against its own prepared queries. Vector paths score all parts
+/// in one pass over the tokens: AVX2 with the bits of a pass per part (each part's score
+/// reduced on its own and added in part order), AVX-512 the two parts of a two-tier record
+/// with one reduction per token.
 ///
 /// # Panics
 /// If the runs do not share their words and record size, if `queries` does not hold one entry
@@ -807,9 +810,17 @@ pub fn score_coded_parts(
         "score_coded_parts: out too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa.usable() == Isa::Avx512 && avx512::parts_supported(runs) {
+    // AVX-512 fuses the tiers of a two-tier record (one reduction per token, its own bits);
+    // the groups of a basis record keep a pass per part there.
+    if isa.usable() == Isa::Avx512 && runs.len() <= 2 && avx512::parts_supported(runs) {
         // SAFETY: `usable` returned Avx512; every length and the shared records were checked.
         unsafe { avx512::score_parts(runs, queries, out, stride) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.usable() == Isa::Avx2 && runs.len() <= x86::MAX_PARTS {
+        // SAFETY: `usable` returned Avx2; every length and the shared records were checked.
+        unsafe { x86::score_parts(runs, queries, out, stride) };
         return;
     }
     for (run, q) in runs.iter().zip(queries) {

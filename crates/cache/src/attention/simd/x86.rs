@@ -15,7 +15,11 @@
 //!
 //! Scores keep one accumulator per head (consecutive tokens are independent, so the
 //! out-of-order core overlaps their chains); the QJL sign term comes from the sign tables of
-//! [`KeyQueries`] (or `±1` vectors and multiply-adds without them). Values accumulate two to
+//! [`KeyQueries`] (or `±1` vectors and multiply-adds without them). Every part of a record (a
+//! tier, a basis group) is scored eight tokens at a time into registers, and the eight tokens'
+//! scores of every part go to the output together, transposed to one 8-float add per head and
+//! part: the per-token bookkeeping of a pass per part and its scattered score writes were most
+//! of a two-tier step's instructions (callgrind, `examples/decode_steps.rs`). Values accumulate two to
 //! four chunks per pass over a run's tokens, sub-blocked so the records stay in L1.
 
 use core::arch::x86_64::*;
@@ -609,29 +613,113 @@ pub(super) unsafe fn score_coded(
     out: &mut [f32],
     stride: usize,
 ) {
-    let (d, m) = (run.dim, run.sketch_dim);
-    let per_tile = sign_table_len(m);
-    for (t, (first, size)) in tiles(queries.heads()).enumerate() {
-        let q = &queries.queries[first * d..(first + size) * d];
-        let w = if m > 0 {
-            &queries.sketch[first * m..(first + size) * m]
-        } else {
-            &[][..]
+    // SAFETY: forwarded contract; one run is trivially the parts of its own records.
+    unsafe { score_parts(std::slice::from_ref(run), &[queries], out, stride) }
+}
+
+/// The most parts [`score_parts`] takes (a plane basis has at most one group per code width,
+/// 1 to 8 bits).
+pub(super) const MAX_PARTS: usize = 8;
+
+/// One part of a tile's records (a tier or a basis group) with the tile's query rows `[H, d]`,
+/// sketch rows `[H, m]` and sign tables (empty without).
+#[derive(Clone, Copy)]
+struct Part<'a> {
+    run: &'a CodedRun<'a>,
+    q: &'a [f32],
+    w: &'a [f32],
+    tables: &'a [f32],
+}
+
+/// Adds the scores of runs that are parts of the same records (one run, the tiers of a two-tier
+/// record, the groups of a basis record), eight tokens at a time: every part's scores of the
+/// eight, then their sum into `out`, part after part. A token's score of each part is computed
+/// as a pass per part computes it and added in the same order, so the bits are those of a pass
+/// per part; what this saves is the per-token bookkeeping and the score writes of every pass
+/// but one (`out` is read and written once per eight tokens and head).
+///
+/// # Safety
+/// AVX2/FMA/F16C; `runs` (at most [`MAX_PARTS`]) passed the dispatcher's checks, share their
+/// records, and `queries[k]` matches `runs[k]`; `out` holds `(heads − 1)·stride + n` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn score_parts(
+    runs: &[CodedRun<'_>],
+    queries: &[&KeyQueries],
+    out: &mut [f32],
+    stride: usize,
+) {
+    debug_assert!(!runs.is_empty() && runs.len() <= MAX_PARTS);
+    let n = runs[0].len();
+    for (t, (first, size)) in tiles(queries[0].heads()).enumerate() {
+        let part = |k: usize| {
+            let (run, q) = (&runs[k], queries[k]);
+            let (d, m) = (run.dim, run.sketch_dim);
+            let per_tile = sign_table_len(m);
+            Part {
+                run,
+                q: &q.queries[first * d..(first + size) * d],
+                w: if m > 0 {
+                    &q.sketch[first * m..(first + size) * m]
+                } else {
+                    &[][..]
+                },
+                tables: if m > 0 && q.has_sign_tables() {
+                    &q.tables[t * per_tile..(t + 1) * per_tile]
+                } else {
+                    &[][..]
+                },
+            }
         };
-        let tables = if m > 0 && queries.has_sign_tables() {
-            &queries.tables[t * per_tile..(t + 1) * per_tile]
-        } else {
-            &[][..]
-        };
+        let mut parts = [part(0); MAX_PARTS];
+        for (k, slot) in parts.iter_mut().enumerate().take(runs.len()).skip(1) {
+            *slot = part(k);
+        }
         let o = &mut out[first * stride..];
+        let parts = &parts[..runs.len()];
         // SAFETY: forwarded contract; the tile's slices hold `size` rows.
         unsafe {
-            by_bits_heads!(
-                run.bits,
-                size,
-                score_coded_tile(run, q, w, tables, o, stride)
-            )
+            match size {
+                1 => score_parts_tile::<1>(parts, n, o, stride),
+                2 => score_parts_tile::<2>(parts, n, o, stride),
+                3 => score_parts_tile::<3>(parts, n, o, stride),
+                _ => score_parts_tile::<4>(parts, n, o, stride),
+            }
         }
+    }
+}
+
+/// [`score_parts`] on one tile of `H` heads.
+///
+/// # Safety
+/// As [`score_parts`]; every part's rows hold `H` heads, and `out` `(H − 1)·stride + n` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_parts_tile<const H: usize>(
+    parts: &[Part<'_>],
+    n: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let mut batches = [[_mm_setzero_ps(); 8]; MAX_PARTS];
+    let op = out.as_mut_ptr();
+    for first in (0..n).step_by(8) {
+        let len = (n - first).min(8);
+        for (part, batch) in parts.iter().zip(&mut batches) {
+            // SAFETY: forwarded contract; tokens `first..first + len` are records of the run.
+            unsafe {
+                match part.run.bits {
+                    1 => part_batch::<1, H>(part, first, len, batch),
+                    2 => part_batch::<2, H>(part, first, len, batch),
+                    3 => part_batch::<3, H>(part, first, len, batch),
+                    4 => part_batch::<4, H>(part, first, len, batch),
+                    5 => part_batch::<5, H>(part, first, len, batch),
+                    6 => part_batch::<6, H>(part, first, len, batch),
+                    7 => part_batch::<7, H>(part, first, len, batch),
+                    _ => part_batch::<8, H>(part, first, len, batch),
+                }
+            }
+        }
+        // SAFETY: `first + len ≤ n`, so the writes stay inside `out` (caller contract).
+        unsafe { flush_scores::<H>(&batches[..parts.len()], len, op.add(first), stride) };
     }
 }
 
@@ -645,105 +733,237 @@ const fn value_sets(heads: usize) -> usize {
     }
 }
 
+/// One part's scores of tokens `first..first + len` (`len ≤ 8`) against the tile's `H` heads,
+/// `batch[t]` for token `first + t` with the heads in its lanes: `norm·Σ_j q_hj·c[code_j]` plus
+/// the sign term, in the order of a pass per part.
+///
+/// # Safety
+/// AVX2/FMA/F16C; the part's run passed the dispatcher's checks, its `bits` is `B`, its rows
+/// hold `H` heads, and `first + len ≤ n`.
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn score_coded_tile<const B: u32, const H: usize>(
-    run: &CodedRun<'_>,
-    q: &[f32],
-    w: &[f32],
-    tables: &[f32],
-    out: &mut [f32],
-    stride: usize,
+unsafe fn part_batch<const B: u32, const H: usize>(
+    part: &Part<'_>,
+    first: usize,
+    len: usize,
+    batch: &mut [__m128; 8],
 ) {
+    let (d, m) = (part.run.dim, part.run.sketch_dim);
+    let use_tables = !part.tables.is_empty();
+    // Codes past the last whole chunk, and sign terms without tables, take `token_extras`.
+    let extras = 8 * (d / 8) < d || (m > 0 && !use_tables);
+    // SAFETY: forwarded contract.
+    unsafe {
+        match (extras, m > 0) {
+            (true, _) => part_tokens::<B, H, true, true>(part, first, len, batch),
+            (false, true) => part_tokens::<B, H, false, true>(part, first, len, batch),
+            (false, false) => part_tokens::<B, H, false, false>(part, first, len, batch),
+        }
+    }
+}
+
+/// The token loop of [`part_batch`], with `token_extras` (`EXTRAS`) and sign-table terms
+/// (`SIGNS`) compiled in only where a part has them: a loop that never calls out keeps its
+/// tables and pointers in registers.
+///
+/// # Safety
+/// As [`part_batch`]; `EXTRAS` is set when the part has codes past its last whole chunk or
+/// signs without tables, `SIGNS` when it has signs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn part_tokens<const B: u32, const H: usize, const EXTRAS: bool, const SIGNS: bool>(
+    part: &Part<'_>,
+    first: usize,
+    len: usize,
+    batch: &mut [__m128; 8],
+) {
+    let run = part.run;
     let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
     let bytes = 4 * (rw - run.code_offset);
     let full = d / 8;
     let fast = fast_chunks(full, B, bytes);
-    let sign_chunks = m / 8;
-    let sign_words = sign_chunks / 4;
+    let use_tables = !part.tables.is_empty();
     let sign_bytes = m.div_ceil(8);
-    let use_tables = !tables.is_empty();
-    let scale_stride = run.scale_stride;
-    let b = B as usize;
-    // SAFETY: score writes go to `out[h·stride + i]` with `h < H ≤ heads` and `i < n`, inside
-    // `out` (checked by the dispatcher: `(heads − 1)·stride + n ≤ out.len()`); record `i` is
-    // `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`; code
-    // reads stay inside the record (fast chunks by `fast_chunks`, the others byte by byte below
-    // `bytes`, and `B·j ≤ 4·code words`); sign reads take words `sign_offset + j/4 < rw` for
-    // `j < m/8` (bytes `< ceil(m/8)` with tables); query loads read 8 floats of row `h < H`
-    // below `d` (or `m`), the tile holding `H` rows of each; table loads read entry
-    // `[k][byte]` (4 floats) of `tables`, which holds `ceil(m/8)·256` entries.
+    // SAFETY: record `i < n` is `words[i·rw..(i+1)·rw]` and its codes start at `code_offset`;
+    // code reads stay inside the record (fast chunks by `fast_chunks`, the others through
+    // `read_padded` below `bytes`); query loads read 8 floats of row `h < H` below `d`, the
+    // part's rows holding `H`; scale reads take `scales[i·scale_stride (+1)]`, which
+    // `CodedRun::check` made cover every record; sign-table reads as in `sign_table_sum`
+    // (`ceil(m/8)` bytes of the sign words, inside the record).
     unsafe {
         let lut = lut::<B>(run.centroids);
-        let shifts = sign_shifts();
-        let (qp, wp) = (q.as_ptr(), w.as_ptr());
-        let op = out.as_mut_ptr();
-        for (i, record) in run.words.chunks_exact(rw).enumerate() {
-            let codes = &record[run.code_offset..];
-            let rec = codes.as_ptr() as *const u8;
-            // One accumulator per head: consecutive tokens are independent, so the out-of-order
-            // core overlaps their multiply-add chains.
+        let qp = part.q.as_ptr();
+        let base = run.words.as_ptr() as *const u8;
+        let scales = run.scales.as_ptr();
+        for (t, slot) in batch.iter_mut().enumerate().take(len) {
+            let i = first + t;
+            let rec = base.add(4 * i * rw);
+            let codes = rec.add(4 * run.code_offset);
+            // One accumulator per head: consecutive tokens are independent, so the
+            // out-of-order core overlaps their multiply-add chains.
             let mut a = [_mm256_setzero_ps(); 4];
             for j in 0..fast {
-                let c = chunk::<B>(&lut, rec, j);
+                let c = chunk::<B>(&lut, codes, j);
                 for (h, acc) in a.iter_mut().enumerate().take(H) {
                     *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), c, *acc);
                 }
             }
             for j in fast..full {
-                let c = chunk_padded::<B>(&lut, rec, bytes, j);
+                let c = chunk_padded::<B>(&lut, codes, bytes, j);
                 for (h, acc) in a.iter_mut().enumerate().take(H) {
                     *acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(h * d + 8 * j)), c, *acc);
                 }
             }
-            let norm = run.scales[i * scale_stride];
+            let norm = *scales.add(i * run.scale_stride);
             let mut scores = _mm_mul_ps(_mm_set1_ps(norm), hsum4(&a));
-            if m > 0 && use_tables {
-                let signs = record.as_ptr().add(run.sign_offset) as *const u8;
-                let sum = sign_table_sum(tables, signs, sign_bytes);
-                let gamma = run.scales[i * scale_stride + 1];
+            if SIGNS && use_tables {
+                let sum = sign_table_sum(part.tables, rec.add(4 * run.sign_offset), sign_bytes);
+                let gamma = *scales.add(i * run.scale_stride + 1);
                 scores = _mm_fmadd_ps(_mm_set1_ps(gamma), sum, scores);
-            } else if m > 0 {
-                let sp = record.as_ptr().add(run.sign_offset);
-                let mut s = [_mm256_setzero_ps(); 4];
-                for g in 0..sign_words {
-                    let word = _mm256_set1_epi32(*sp.add(g) as i32);
-                    for (k, &shift) in shifts.iter().enumerate() {
-                        let z = sign_vector(word, shift);
-                        let j = 4 * g + k;
-                        for (h, acc) in s.iter_mut().enumerate().take(H) {
-                            *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
-                        }
-                    }
-                }
-                for j in 4 * sign_words..sign_chunks {
-                    let z = sign_vector(_mm256_set1_epi32(*sp.add(j / 4) as i32), shifts[j % 4]);
+            }
+            if EXTRAS {
+                scores = token_extras::<B, H>(run, (part.q, part.w, use_tables), i, scores);
+            }
+            *slot = scores;
+        }
+    }
+}
+
+/// What [`part_batch`]'s token loop leaves out, added to token `i`'s `scores` in the
+/// general order: sign terms without tables (`±1` vectors and multiply-adds), then per head the
+/// codes past the last whole chunk (`+ norm·tail`) and, without tables, the signs past the last
+/// whole byte (`+ γ·tail`).
+///
+/// # Safety
+/// AVX2/FMA/F16C; `i` is a record of `run`, `q` (`w`) hold the tile's `H` query (sketch) rows.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn token_extras<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    (q, w, use_tables): (&[f32], &[f32], bool),
+    i: usize,
+    mut scores: __m128,
+) -> __m128 {
+    let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
+    let full = d / 8;
+    let sign_chunks = m / 8;
+    let sign_words = sign_chunks / 4;
+    let record = &run.words[i * rw..(i + 1) * rw];
+    let codes = &record[run.code_offset..];
+    let norm = run.scales[i * run.scale_stride];
+    if m > 0 && !use_tables {
+        // SAFETY: sign reads take words `sign_offset + j/4 < rw` for `j < m/8`; sketch loads
+        // read 8 floats of row `h < H` below `m`, the tile holding `H` rows.
+        unsafe {
+            let shifts = sign_shifts();
+            let wp = w.as_ptr();
+            let sp = record.as_ptr().add(run.sign_offset);
+            let mut s = [_mm256_setzero_ps(); 4];
+            for g in 0..sign_words {
+                let word = _mm256_set1_epi32(*sp.add(g) as i32);
+                for (k, &shift) in shifts.iter().enumerate() {
+                    let z = sign_vector(word, shift);
+                    let j = 4 * g + k;
                     for (h, acc) in s.iter_mut().enumerate().take(H) {
                         *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
                     }
                 }
-                let gamma = run.scales[i * scale_stride + 1];
-                scores = _mm_fmadd_ps(_mm_set1_ps(gamma), hsum4(&s), scores);
             }
-            let mut t = [0.0f32; 4];
-            _mm_storeu_ps(t.as_mut_ptr(), scores);
-            for (h, &score) in t.iter().enumerate().take(H) {
-                let mut v = score;
-                if 8 * full < d {
-                    let mut tail = 0.0f32;
-                    for j in 8 * full..d {
-                        tail += q[h * d + j] * run.centroids[code_at(codes, b, j)];
-                    }
-                    v += norm * tail;
+            for j in 4 * sign_words..sign_chunks {
+                let z = sign_vector(_mm256_set1_epi32(*sp.add(j / 4) as i32), shifts[j % 4]);
+                for (h, acc) in s.iter_mut().enumerate().take(H) {
+                    *acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(h * m + 8 * j)), z, *acc);
                 }
-                if 8 * sign_chunks < m && !use_tables {
-                    let signs = &record[run.sign_offset..];
-                    let mut tail = 0.0f32;
-                    for j in 8 * sign_chunks..m {
-                        tail += w[h * m + j] * sign_at(signs, j);
-                    }
-                    v += run.scales[i * scale_stride + 1] * tail;
+            }
+            let gamma = run.scales[i * run.scale_stride + 1];
+            scores = _mm_fmadd_ps(_mm_set1_ps(gamma), hsum4(&s), scores);
+        }
+    }
+    let mut t = [0.0f32; 4];
+    // SAFETY: `t` holds four floats.
+    unsafe { _mm_storeu_ps(t.as_mut_ptr(), scores) };
+    for (h, v) in t.iter_mut().enumerate().take(H) {
+        if 8 * full < d {
+            let mut tail = 0.0f32;
+            for j in 8 * full..d {
+                tail += q[h * d + j] * run.centroids[code_at(codes, B as usize, j)];
+            }
+            *v += norm * tail;
+        }
+        if 8 * sign_chunks < m && !use_tables {
+            let signs = &record[run.sign_offset..];
+            let mut tail = 0.0f32;
+            for j in 8 * sign_chunks..m {
+                tail += w[h * m + j] * sign_at(signs, j);
+            }
+            *v += run.scales[i * run.scale_stride + 1] * tail;
+        }
+    }
+    // SAFETY: `t` holds four floats.
+    unsafe { _mm_loadu_ps(t.as_ptr()) }
+}
+
+/// Adds the parts' scores of `len ≤ 8` tokens (`batches[p][t]`: part `p`'s scores of token `t`,
+/// heads in lanes) to `out[h·stride + t]` for the tile's `H` heads, part after part: a whole
+/// batch as 8-float adds per head (each part's batch transposed in registers), a partial one
+/// float by float. Each float gets the same additions in the same order either way.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `out` points to `(H − 1)·stride + len` writable floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn flush_scores<const H: usize>(
+    batches: &[[__m128; 8]],
+    len: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    // SAFETY: caller contract.
+    unsafe {
+        if len == 8 {
+            // Part `p`'s scores, head `h` in row `h`, token `t` in lane `t`.
+            let transposed = |batch: &[__m128; 8]| {
+                // Rows `[tokens k | tokens k + 4]`, transposed lane-wise into heads.
+                let y: [__m256; 4] =
+                    std::array::from_fn(|k| _mm256_set_m128(batch[k + 4], batch[k]));
+                let t0 = _mm256_unpacklo_ps(y[0], y[1]);
+                let t1 = _mm256_unpacklo_ps(y[2], y[3]);
+                let t2 = _mm256_unpackhi_ps(y[0], y[1]);
+                let t3 = _mm256_unpackhi_ps(y[2], y[3]);
+                [
+                    _mm256_shuffle_ps::<0x44>(t0, t1),
+                    _mm256_shuffle_ps::<0xEE>(t0, t1),
+                    _mm256_shuffle_ps::<0x44>(t2, t3),
+                    _mm256_shuffle_ps::<0xEE>(t2, t3),
+                ]
+            };
+            let mut sums: [__m256; 4] = std::array::from_fn(|h| {
+                if h < H {
+                    _mm256_loadu_ps(out.add(h * stride))
+                } else {
+                    _mm256_setzero_ps()
                 }
-                *op.add(h * stride + i) += v;
+            });
+            for batch in batches {
+                let heads = transposed(batch);
+                for h in 0..H {
+                    sums[h] = _mm256_add_ps(sums[h], heads[h]);
+                }
+            }
+            for (h, &v) in sums.iter().enumerate().take(H) {
+                _mm256_storeu_ps(out.add(h * stride), v);
+            }
+        } else {
+            for t in 0..len {
+                for h in 0..H {
+                    let mut x = *out.add(h * stride + t);
+                    for batch in batches {
+                        let mut lanes = [0.0f32; 4];
+                        _mm_storeu_ps(lanes.as_mut_ptr(), batch[t]);
+                        x += lanes[h];
+                    }
+                    *out.add(h * stride + t) = x;
+                }
             }
         }
     }
