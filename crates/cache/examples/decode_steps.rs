@@ -96,7 +96,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{} {hash:016x}", isa.name());
     if steps > 0 {
         // On stderr, so the hash line stays comparable between runs.
-        eprintln!("{:.1} us per step", elapsed.as_secs_f64() * 1e6 / steps as f64);
+        eprintln!(
+            "{:.1} us per step",
+            elapsed.as_secs_f64() * 1e6 / steps as f64
+        );
     }
     Ok(())
 }

@@ -186,30 +186,9 @@ impl Merged {
             ));
         };
         let kind = codec.value;
-        if let Some(c) = self.center
-            && c.origin.section == Section::Outliers
-        {
-            return Err(AllocationError::field(
-                c.origin.path("center"),
-                FieldProblem::WholeStreamOnly,
-            ));
-        }
-        if let Some(b) = self.basis
-            && b.origin.section == Section::Outliers
-        {
-            return Err(AllocationError::field(
-                b.origin.path("basis"),
-                FieldProblem::WholeStreamOnly,
-            ));
-        }
-        if let Some(b) = self.basis_bits
-            && b.origin.section == Section::Outliers
-        {
-            return Err(AllocationError::field(
-                b.origin.path("basis_bits"),
-                FieldProblem::WholeStreamOnly,
-            ));
-        }
+        whole_stream_only(self.center.map(|c| c.origin), "center")?;
+        whole_stream_only(self.basis.map(|b| b.origin), "basis")?;
+        whole_stream_only(self.basis_bits.map(|b| b.origin), "basis_bits")?;
         if let Some(b) = self.basis_bits
             && kind != CodecKind::Mse
         {
@@ -218,25 +197,13 @@ impl Merged {
                 FieldProblem::NotApplicable { codec: kind },
             ));
         }
-        if let Some(o) = self.record_order
-            && o.origin.section == Section::Outliers
-        {
-            return Err(AllocationError::field(
-                o.origin.path("record_order"),
-                FieldProblem::WholeStreamOnly,
-            ));
-        }
+        whole_stream_only(self.record_order.map(|o| o.origin), "record_order")?;
         if let Some(w) = self.window {
             let field = match w.value.tokens {
                 Some(_) => "recent_fp_tokens",
                 None => "recent_fraction",
             };
-            if w.origin.section == Section::Outliers {
-                return Err(AllocationError::field(
-                    w.origin.path(field),
-                    FieldProblem::WholeStreamOnly,
-                ));
-            }
+            whole_stream_only(Some(w.origin), field)?;
             if let Some(f) = w.value.fraction {
                 check_window_fraction(f, &w.origin.path("recent_fraction"))?;
             }
@@ -383,5 +350,18 @@ pub(crate) fn check_window_fraction(fraction: f64, path: &str) -> Result<(), All
             path,
             FieldProblem::BadWindowFraction { value: fraction },
         ))
+    }
+}
+
+/// A setting of the whole stream (centering, basis, record order, window) given in
+/// `[outliers]`, which configures one tier: the field's path with
+/// [`FieldProblem::WholeStreamOnly`].
+fn whole_stream_only(origin: Option<Origin>, field: &str) -> Result<(), AllocationError> {
+    match origin {
+        Some(o) if o.section == Section::Outliers => Err(AllocationError::field(
+            o.path(field),
+            FieldProblem::WholeStreamOnly,
+        )),
+        _ => Ok(()),
     }
 }
