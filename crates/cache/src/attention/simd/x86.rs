@@ -19,8 +19,8 @@
 //! tier, a basis group) is scored eight tokens at a time into registers, and the eight tokens'
 //! scores of every part go to the output together, transposed to one 8-float add per head and
 //! part: the per-token bookkeeping of a pass per part and its scattered score writes were most
-//! of a two-tier step's instructions (callgrind, `examples/decode_steps.rs`). Values accumulate two to
-//! four chunks per pass over a run's tokens, sub-blocked so the records stay in L1.
+//! of a two-tier step's instructions (callgrind, `examples/decode_steps.rs`). Values accumulate
+//! two to four chunks per pass over a run's tokens, sub-blocked so the records stay in L1.
 
 use core::arch::x86_64::*;
 
