@@ -699,8 +699,12 @@ unsafe fn score_parts_tile<const H: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let mut batches = [[_mm_setzero_ps(); 8]; MAX_PARTS];
     let op = out.as_mut_ptr();
+    // SAFETY: forwarded contract.
+    if unsafe { score_flat_layouts::<H>(parts, n, op, stride) } {
+        return;
+    }
+    let mut batches = [[_mm_setzero_ps(); 8]; MAX_PARTS];
     for first in (0..n).step_by(8) {
         let len = (n - first).min(8);
         for (part, batch) in parts.iter().zip(&mut batches) {
@@ -720,6 +724,150 @@ unsafe fn score_parts_tile<const H: usize>(
         }
         // SAFETY: `first + len ≤ n`, so the writes stay inside `out` (caller contract).
         unsafe { flush_scores::<H>(&batches[..parts.len()], len, op.add(first), stride) };
+    }
+}
+
+/// Whether [`score_parts_tile`] may take [`score_flat`]: always, but tests switch it off to hold
+/// the flat loops to the general loop's bits.
+#[cfg(not(test))]
+#[inline]
+fn flat_loop_enabled() -> bool {
+    true
+}
+
+#[cfg(test)]
+static FLAT_LOOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+#[cfg(test)]
+fn flat_loop_enabled() -> bool {
+    FLAT_LOOP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Runs [`score_flat`] if the parts have one of the presets' layouts — one part of 2, 3 or
+/// 4 bits at d = 64 or 128, or the two tiers of `tq3.5` / `tq2.5` (25% of the channels at
+/// 4 / 3 bits, the rest at 3 / 2) at d = 64, 128 or 256 — with no signs and every chunk read
+/// directly; `false` if not.
+///
+/// # Safety
+/// As [`score_parts_tile`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_flat_layouts<const H: usize>(
+    parts: &[Part<'_>],
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+) -> bool {
+    let flat = |p: &Part<'_>| {
+        let r = p.run;
+        let full = r.dim / 8;
+        r.sketch_dim == 0
+            && r.dim.is_multiple_of(8)
+            && r.bits <= 4
+            && fast_chunks(
+                full,
+                u32::from(r.bits),
+                4 * (r.record_words - r.code_offset),
+            ) == full
+    };
+    if !flat_loop_enabled() || !parts.iter().all(flat) {
+        return false;
+    }
+    let layout = |p: &Part<'_>| (p.run.bits, p.run.dim / 8);
+    // SAFETY: forwarded contract; the match fixes every part's width and chunk count, and
+    // `flat` checked that each chunk reads directly inside the record.
+    unsafe {
+        match parts {
+            [a] => match layout(a) {
+                (4, 8) => score_flat::<4, 8, 0, 0, H>(parts, n, out, stride),
+                (4, 16) => score_flat::<4, 16, 0, 0, H>(parts, n, out, stride),
+                (3, 8) => score_flat::<3, 8, 0, 0, H>(parts, n, out, stride),
+                (3, 16) => score_flat::<3, 16, 0, 0, H>(parts, n, out, stride),
+                (2, 8) => score_flat::<2, 8, 0, 0, H>(parts, n, out, stride),
+                (2, 16) => score_flat::<2, 16, 0, 0, H>(parts, n, out, stride),
+                _ => return false,
+            },
+            [a, b] => match (layout(a), layout(b)) {
+                ((4, 2), (3, 6)) => score_flat::<4, 2, 3, 6, H>(parts, n, out, stride),
+                ((4, 4), (3, 12)) => score_flat::<4, 4, 3, 12, H>(parts, n, out, stride),
+                ((4, 8), (3, 24)) => score_flat::<4, 8, 3, 24, H>(parts, n, out, stride),
+                ((3, 2), (2, 6)) => score_flat::<3, 2, 2, 6, H>(parts, n, out, stride),
+                ((3, 4), (2, 12)) => score_flat::<3, 4, 2, 12, H>(parts, n, out, stride),
+                ((3, 8), (2, 24)) => score_flat::<3, 8, 2, 24, H>(parts, n, out, stride),
+                _ => return false,
+            },
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// [`score_parts_tile`] for one part of `C0` chunks of `B0`-bit codes, or two (`C1` > 0 chunks
+/// of `B1` bits), without signs, every chunk read directly: one token loop with the chunk
+/// loops unrolled and no per-part bookkeeping. The same multiply-adds, horizontal sums and
+/// additions as [`part_batch`] and [`flush_scores`], so the same bits.
+///
+/// # Safety
+/// As [`score_parts_tile`]; `parts` holds one part (`C1` = 0) or two, part `k` with `B_k`-bit
+/// codes of `8·C_k` coordinates, no signs, and every chunk's read inside the record.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_flat<
+    const B0: u32,
+    const C0: usize,
+    const B1: u32,
+    const C1: usize,
+    const H: usize,
+>(
+    parts: &[Part<'_>],
+    n: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let (p0, p1) = (&parts[0], &parts[parts.len() - 1]);
+    let rw = p0.run.record_words;
+    let count = if C1 > 0 { 2 } else { 1 };
+    // SAFETY: record `i < n` spans `4·rw` bytes from `4·i·rw`; part `k`'s chunk `j < C_k`
+    // reads `read_width` bytes at `code_offset + B_k·j` inside it (caller contract); query loads
+    // read 8 floats of row `h < H` below `8·C_k`; scale reads take `scales[i·scale_stride]`,
+    // which `CodedRun::check` made cover every record; `flush_scores` writes inside `out`.
+    unsafe {
+        let base = p0.run.words.as_ptr() as *const u8;
+        let lut0 = lut::<B0>(p0.run.centroids);
+        let lut1 = lut::<B1>(p1.run.centroids);
+        let (q0, q1) = (p0.q.as_ptr(), p1.q.as_ptr());
+        let (off0, off1) = (4 * p0.run.code_offset, 4 * p1.run.code_offset);
+        let (s0, s1) = (p0.run.scales.as_ptr(), p1.run.scales.as_ptr());
+        let (t0, t1) = (p0.run.scale_stride, p1.run.scale_stride);
+        let mut batches = [[_mm_setzero_ps(); 8]; 2];
+        for first in (0..n).step_by(8) {
+            let len = (n - first).min(8);
+            let [b0, b1] = &mut batches;
+            for (t, (x0, x1)) in b0.iter_mut().zip(b1.iter_mut()).enumerate().take(len) {
+                let i = first + t;
+                let rec = base.add(4 * i * rw);
+                let mut a = [_mm256_setzero_ps(); 4];
+                for j in 0..C0 {
+                    let c = chunk::<B0>(&lut0, rec.add(off0), j);
+                    for (h, acc) in a.iter_mut().enumerate().take(H) {
+                        *acc =
+                            _mm256_fmadd_ps(_mm256_loadu_ps(q0.add(h * 8 * C0 + 8 * j)), c, *acc);
+                    }
+                }
+                *x0 = _mm_mul_ps(_mm_set1_ps(*s0.add(i * t0)), hsum4(&a));
+                if C1 > 0 {
+                    let mut a = [_mm256_setzero_ps(); 4];
+                    for j in 0..C1 {
+                        let c = chunk::<B1>(&lut1, rec.add(off1), j);
+                        for (h, acc) in a.iter_mut().enumerate().take(H) {
+                            let q = _mm256_loadu_ps(q1.add(h * 8 * C1 + 8 * j));
+                            *acc = _mm256_fmadd_ps(q, c, *acc);
+                        }
+                    }
+                    *x1 = _mm_mul_ps(_mm_set1_ps(*s1.add(i * t1)), hsum4(&a));
+                }
+            }
+            flush_scores::<H>(&batches[..count], len, out.add(first), stride);
+        }
     }
 }
 
@@ -1367,6 +1515,116 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
                 let weight = weights[i * heads + first + h];
                 for j in 8 * full..d {
                     acc[(first + h) * d + j] += weight * plain_at::<F16>(&record[run.offset..], j);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{CodedRun, Isa, KeyQueries};
+    use super::{FLAT_LOOP, score_parts};
+    use std::sync::atomic::Ordering;
+
+    fn floats(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The unrolled loops of the presets' layouts give the general loop's bits, for every
+    /// layout `score_flat_layouts` takes, 1–9 heads (tiles of 1–4) and token counts around the
+    /// batches of eight. Mutations of a chunk offset, a part's scale or the flush order fail it.
+    #[test]
+    fn flat_layouts_match_the_general_loop() {
+        if !Isa::Avx2.is_available() {
+            return;
+        }
+        let layouts: [&[(u8, usize)]; 12] = [
+            &[(4, 64)],
+            &[(4, 128)],
+            &[(3, 64)],
+            &[(3, 128)],
+            &[(2, 64)],
+            &[(2, 128)],
+            &[(4, 16), (3, 48)],
+            &[(4, 32), (3, 96)],
+            &[(4, 64), (3, 192)],
+            &[(3, 16), (2, 48)],
+            &[(3, 32), (2, 96)],
+            &[(3, 64), (2, 192)],
+        ];
+        for (l, parts) in layouts.iter().enumerate() {
+            for heads in [1usize, 3, 5, 9] {
+                for n in [1usize, 7, 8, 9, 33] {
+                    let seed = (l * 1000 + heads * 100 + n) as u64;
+                    let mut offsets = Vec::new();
+                    let mut record_words = 0;
+                    for &(b, d) in parts.iter() {
+                        offsets.push(record_words);
+                        record_words += (d * b as usize).div_ceil(32);
+                    }
+                    let words: Vec<u32> = floats(n * record_words, seed)
+                        .iter()
+                        .map(|x| x.to_bits().rotate_left(9))
+                        .collect();
+                    let scales: Vec<f32> = floats(n * parts.len(), seed ^ 1)
+                        .iter()
+                        .map(|v| 1.5 + v)
+                        .collect();
+                    let centroids: Vec<Vec<f32>> = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(b, _))| floats(1 << b, seed ^ (2 + k as u64)))
+                        .collect();
+                    let runs: Vec<CodedRun<'_>> = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(b, d))| CodedRun {
+                            words: &words,
+                            record_words,
+                            code_offset: offsets[k],
+                            bits: b,
+                            dim: d,
+                            centroids: &centroids[k],
+                            sign_offset: record_words,
+                            sketch_dim: 0,
+                            scales: &scales[k..],
+                            scale_stride: parts.len(),
+                        })
+                        .collect();
+                    let keys: Vec<KeyQueries> = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(_, d))| {
+                            let q = floats(heads * d, seed ^ (8 + k as u64));
+                            KeyQueries::new(Isa::Avx2, q, Vec::new(), d, 0, false)
+                        })
+                        .collect();
+                    let refs: Vec<&KeyQueries> = keys.iter().collect();
+                    let stride = n + 1;
+                    let out0 = floats(heads * stride, seed ^ 16);
+                    let run = |flat: bool| {
+                        FLAT_LOOP.store(flat, Ordering::Relaxed);
+                        let mut out = out0.clone();
+                        // SAFETY: AVX2 is available; the runs share their records, each
+                        // query set matches its run, and `out` holds `heads` rows of `stride`.
+                        unsafe { score_parts(&runs, &refs, &mut out, stride) };
+                        FLAT_LOOP.store(true, Ordering::Relaxed);
+                        out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(
+                        run(true),
+                        run(false),
+                        "{parts:?}, {heads} heads, {n} tokens"
+                    );
                 }
             }
         }
