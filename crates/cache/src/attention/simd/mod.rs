@@ -810,12 +810,27 @@ pub fn score_coded_parts(
         "score_coded_parts: out too short"
     );
     #[cfg(target_arch = "x86_64")]
-    // AVX-512 fuses the tiers of a two-tier record (one reduction per token, its own bits);
-    // the groups of a basis record keep a pass per part there.
-    if isa.usable() == Isa::Avx512 && runs.len() <= 2 && avx512::parts_supported(runs) {
-        // SAFETY: `usable` returned Avx512; every length and the shared records were checked.
-        unsafe { avx512::score_parts(runs, queries, out, stride) };
-        return;
+    if isa.usable() == Isa::Avx512 {
+        // AVX-512 fuses the tiers of a two-tier record (one reduction per token, its own
+        // bits); the groups of a basis record go one by one, each as a one-part record.
+        if runs.len() <= 2 && avx512::parts_supported(runs) {
+            // SAFETY: `usable` returned Avx512; every length and the shared records were
+            // checked.
+            unsafe { avx512::score_parts(runs, queries, out, stride) };
+            return;
+        }
+        if runs.len() > 2 {
+            for (run, q) in runs.iter().zip(queries) {
+                let one = std::slice::from_ref(run);
+                if avx512::parts_supported(one) {
+                    // SAFETY: as above, for one of the checked runs.
+                    unsafe { avx512::score_parts(one, std::slice::from_ref(q), out, stride) };
+                } else {
+                    score_coded(isa, run, q, out, stride);
+                }
+            }
+            return;
+        }
     }
     #[cfg(target_arch = "x86_64")]
     if isa.usable() == Isa::Avx2 && runs.len() <= x86::MAX_PARTS {
