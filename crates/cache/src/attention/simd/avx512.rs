@@ -656,7 +656,7 @@ unsafe fn score_parts_tile<const H: usize>(
         let flat = |s: &Segment<'_>| {
             s.tail == 0 && s.bytes >= 8 && (s.sketch_dim == 0 || !s.tables.is_empty())
         };
-        if flat_loop_enabled() && segments.iter().all(flat) {
+        if FLAT_LOOP.enabled() && segments.iter().all(flat) {
             let args = (segments, base, record_bytes, n, op, stride);
             let done = if segments.iter().any(|s| s.sketch_dim > 0) {
                 score_flat_layouts::<H, true>(args)
@@ -678,21 +678,8 @@ unsafe fn score_parts_tile<const H: usize>(
     }
 }
 
-/// Whether [`score_parts_tile`] may take [`score_flat`]: always, but tests switch it off to
-/// hold the flat loop to the general loop's bits.
-#[cfg(not(test))]
-#[inline]
-fn flat_loop_enabled() -> bool {
-    true
-}
-
-#[cfg(test)]
-static FLAT_LOOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-#[cfg(test)]
-fn flat_loop_enabled() -> bool {
-    FLAT_LOOP.load(std::sync::atomic::Ordering::Relaxed)
-}
+/// Whether [`score_parts_tile`] may take [`score_flat`] (tests switch it off).
+static FLAT_LOOP: super::FlatSwitch = super::FlatSwitch::new();
 
 /// Runs [`score_flat`] if the segments have one of the presets' layouts at d = 64 and 128 (a
 /// two-tier record of 25% and 75% of the channels, or one part); `false` if not.
@@ -1415,7 +1402,6 @@ pub(super) unsafe fn max(values: &[f32]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
 
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
@@ -1479,7 +1465,7 @@ mod tests {
             };
             let queries = normal(2 * 8 * d, c as u64 + 200);
             let run = |flat: bool| {
-                FLAT_LOOP.store(flat, Ordering::Relaxed);
+                FLAT_LOOP.set(flat);
                 let mut out = vec![0.0f32; queries.len()];
                 let result = fused_attention_on(
                     Isa::Avx512,
@@ -1489,7 +1475,7 @@ mod tests {
                     shape,
                     &mut out,
                 );
-                FLAT_LOOP.store(true, Ordering::Relaxed);
+                FLAT_LOOP.set(true);
                 result.unwrap();
                 out
             };

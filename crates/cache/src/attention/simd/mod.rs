@@ -633,6 +633,41 @@ impl KeyQueries {
     }
 }
 
+/// Whether a kernel may take its unrolled loops for the presets' record layouts: always, but
+/// tests switch it off to hold those loops to the general loop's bits (each kernel has its
+/// own switch, so tests of one do not change another's path).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct FlatSwitch {
+    #[cfg(test)]
+    on: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl FlatSwitch {
+    /// A switch that is on.
+    pub(crate) const fn new() -> Self {
+        Self {
+            #[cfg(test)]
+            on: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Whether the unrolled loops may run.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        #[cfg(test)]
+        return self.on.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(test))]
+        true
+    }
+
+    /// Turns the unrolled loops on or off.
+    #[cfg(test)]
+    pub(crate) fn set(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Tiles of at most four heads, balanced: `heads` split into `ceil(heads/4)` near-equal parts,
 /// as `(first head, heads)`. Every path tiles the same way.
 pub(crate) fn tiles(heads: usize) -> impl Iterator<Item = (usize, usize)> {

@@ -727,21 +727,8 @@ unsafe fn score_parts_tile<const H: usize>(
     }
 }
 
-/// Whether [`score_parts_tile`] may take [`score_flat`]: always, but tests switch it off to hold
-/// the flat loops to the general loop's bits.
-#[cfg(not(test))]
-#[inline]
-fn flat_loop_enabled() -> bool {
-    true
-}
-
-#[cfg(test)]
-static FLAT_LOOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-#[cfg(test)]
-fn flat_loop_enabled() -> bool {
-    FLAT_LOOP.load(std::sync::atomic::Ordering::Relaxed)
-}
+/// Whether [`score_parts_tile`] may take [`score_flat`] (tests switch it off).
+static FLAT_LOOP: super::FlatSwitch = super::FlatSwitch::new();
 
 /// Runs [`score_flat`] if the parts have one of the presets' layouts — one part of 2, 3 or
 /// 4 bits at d = 64 or 128, or the two tiers of `tq3.5` / `tq2.5` (25% of the channels at
@@ -770,7 +757,7 @@ unsafe fn score_flat_layouts<const H: usize>(
                 4 * (r.record_words - r.code_offset),
             ) == full
     };
-    if !flat_loop_enabled() || !parts.iter().all(flat) {
+    if !FLAT_LOOP.enabled() || !parts.iter().all(flat) {
         return false;
     }
     let layout = |p: &Part<'_>| (p.run.bits, p.run.dim / 8);
@@ -1525,7 +1512,6 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
 mod tests {
     use super::super::{CodedRun, Isa, KeyQueries};
     use super::{FLAT_LOOP, score_parts};
-    use std::sync::atomic::Ordering;
 
     fn floats(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -1612,12 +1598,12 @@ mod tests {
                     let stride = n + 1;
                     let out0 = floats(heads * stride, seed ^ 16);
                     let run = |flat: bool| {
-                        FLAT_LOOP.store(flat, Ordering::Relaxed);
+                        FLAT_LOOP.set(flat);
                         let mut out = out0.clone();
                         // SAFETY: AVX2 is available; the runs share their records, each
                         // query set matches its run, and `out` holds `heads` rows of `stride`.
                         unsafe { score_parts(&runs, &refs, &mut out, stride) };
-                        FLAT_LOOP.store(true, Ordering::Relaxed);
+                        FLAT_LOOP.set(true);
                         out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                     };
                     assert_eq!(
