@@ -164,6 +164,31 @@ fn rules_must_say_something() {
     assert_names(&m, "outliers", "names neither `key` nor `value`");
     let m = parse_error(&BASE.replace("\"bad\"", "\"  \""));
     assert_names(&m, "name", "must not be empty");
+    let m = parse_error(&format!(
+        "{BASE}[[override]]\nmodel_layers = 0\nkey = {{ bits = 5 }}"
+    ));
+    assert_names(&m, "override[0].model_layers", "must be at least 1");
+}
+
+#[test]
+fn a_gated_rule_checks_its_layers_at_load() {
+    // `model_layers` gives the depth, so a layer beyond it fails when the file is read.
+    let m = parse_error(&format!(
+        "{BASE}[[override]]\nmodel_layers = 30\nlayers = [3, 30]\nkey = {{ bits = 5 }}"
+    ));
+    assert_names(
+        &m,
+        "override[0].layers[1]",
+        "layer 30 is out of range for a 30-layer model",
+    );
+    let m = parse_error(&format!(
+        "{BASE}[[override]]\nmodel_layers = 30\nlayers = [-31]\nkey = {{ bits = 5 }}"
+    ));
+    assert_names(&m, "override[0].layers[0]", "layer -31 is out of range");
+    Allocation::from_toml_str(&format!(
+        "{BASE}[[override]]\nmodel_layers = 30\nlayers = [29, -30]\nkey = {{ bits = 5 }}"
+    ))
+    .unwrap();
 }
 
 #[test]

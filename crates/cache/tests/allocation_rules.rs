@@ -553,3 +553,59 @@ key = { codec = "f16" }
         other => panic!("expected a field error, got {other:?}"),
     }
 }
+
+#[test]
+fn model_layers_gates_a_rule_to_one_model_depth() {
+    let a = parse(&format!(
+        "{BASE}
+        [[override]]
+        model_layers = {LAYERS}
+        layers = [2, -1]
+        key = {{ bits = 5 }}
+
+        [[override]]
+        model_layers = 18
+        value = {{ bits = 2 }}"
+    ));
+    // In a model of LAYERS layers the first rule applies to its layers, the second to none.
+    for layer in 0..LAYERS {
+        let want = if layer == 2 || layer == LAYERS - 1 {
+            5
+        } else {
+            4
+        };
+        assert_eq!(
+            mse(single(&a, layer, 0, StreamKind::Key)).bits,
+            want,
+            "layer {layer}"
+        );
+        assert_eq!(
+            mse(single(&a, layer, 0, StreamKind::Value)).bits,
+            3,
+            "layer {layer}"
+        );
+    }
+    // In an 18-layer model the first rule selects nothing (its -1 is not layer 17), the
+    // second (no `layers`) selects every layer.
+    for layer in 0..18 {
+        let key = a.resolve(layer, 18, 0, DIM, StreamKind::Key).unwrap();
+        let value = a.resolve(layer, 18, 0, DIM, StreamKind::Value).unwrap();
+        assert_eq!(mse(key.single().cloned().unwrap()).bits, 4, "layer {layer}");
+        assert_eq!(
+            mse(value.single().cloned().unwrap()).bits,
+            2,
+            "layer {layer}"
+        );
+    }
+    // Another depth still validates: a gated rule's layer numbers are not checked there.
+    let shape = |num_layers| tq_cache::allocation::ModelShape {
+        num_layers,
+        num_kv_heads: 2,
+        head_dim: DIM,
+    };
+    a.validate_for(&shape(2)).unwrap();
+    a.validate_for(&shape(LAYERS)).unwrap();
+    // And a file round trip keeps the gate.
+    let back = parse(&a.to_toml_string().unwrap());
+    assert_eq!(back, a);
+}

@@ -4,6 +4,7 @@
 
 use tq_cache::TokenCodec;
 use tq_cache::allocation::{Allocation, AllocationError, LayerKind, ModelShape, StreamKind};
+use tq_cache::basis::BasisPolicy;
 use tq_cache::record_order::{FAST_SCAN_BLOCK, RecordOrder};
 
 /// Why a run was refused before it started.
@@ -124,6 +125,58 @@ pub fn block_slack_bytes_for_layers(
     tokens: usize,
 ) -> Result<u64, AllocationError> {
     layer_bytes(allocation, shape, rings, tokens).map(|(_, slack)| slack)
+}
+
+/// An upper bound, from the allocation alone, on the all-in bits per value a cache of
+/// `allocation` stores at `tokens` tokens on a model without sliding-window layers: what
+/// [`cache_bytes_for`] counts (codes, 8-bit or f16 window copies, sinks, means, channel lists)
+/// less the position table and the fast-scan block slack (as
+/// `eval::perplexity::all_in_bits_per_value` counts), plus for every stream that fits a basis
+/// the most its fit stores (how many groups it keeps depends on the data): `2·d` bytes of
+/// plane indices or `2·d²` of f16 rows, and 8 bytes for each of at most 8 groups. This is what a preset's stated budget is checked against, and what
+/// `tq sweep --step-bits --max-bits` holds a trade to.
+///
+/// ```
+/// use tq_cache::allocation::{Allocation, ModelShape};
+/// use tq_models::limits::all_in_bits_bound;
+/// let shape = ModelShape { num_layers: 30, num_kv_heads: 3, head_dim: 64 };
+/// let f16 = Allocation::preset("f16").unwrap();
+/// assert_eq!(all_in_bits_bound(&f16, &shape, 2048).unwrap(), 16.0);
+/// let rec = Allocation::preset("rec2.5").unwrap();
+/// assert!(all_in_bits_bound(&rec, &shape, 2048).unwrap() <= 2.5);
+/// ```
+pub fn all_in_bits_bound(
+    allocation: &Allocation,
+    shape: &ModelShape,
+    tokens: usize,
+) -> Result<f64, AllocationError> {
+    let rings = vec![None; shape.num_layers];
+    let (bytes, slack) = layer_bytes(allocation, shape, &rings, tokens)?;
+    let positions = 4 * (tokens * shape.num_layers) as u64;
+    let mut fits = 0u64;
+    for layer in 0..shape.num_layers {
+        for head in 0..shape.num_kv_heads {
+            for stream in StreamKind::BOTH {
+                let r = allocation.resolve_stream(
+                    layer,
+                    shape.num_layers,
+                    head,
+                    shape.head_dim,
+                    stream,
+                )?;
+                // `FittedBasis::bytes`: f16 rows or u16 plane indices, and 8 bytes per group
+                // (at most 8 groups: one per width).
+                let d = shape.head_dim as u64;
+                fits += match r.basis {
+                    BasisPolicy::None => 0,
+                    BasisPolicy::Planes => 2 * d + 8 * 8,
+                    BasisPolicy::Pca => 2 * d * d + 8 * 8,
+                };
+            }
+        }
+    }
+    let values = (2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens) as f64;
+    Ok(8.0 * (bytes - positions - slack + fits) as f64 / values)
 }
 
 /// `(bytes, slack)`: [`cache_bytes_for_layers`] and [`block_slack_bytes_for_layers`].

@@ -110,8 +110,12 @@ pub enum FieldProblem {
     /// A list or string that must not be empty.
     #[error("must not be empty")]
     Empty,
-    /// An `[[override]]` that selects no layer (neither `layers` nor `layer_kind`).
-    #[error("selects no layer: give `layers`, `layer_kind` (\"global\" or \"sliding\") or both")]
+    /// An `[[override]]` that selects no layer (none of `layers`, `layer_kind`,
+    /// `model_layers`).
+    #[error(
+        "selects no layer: give `layers`, `layer_kind` (\"global\" or \"sliding\"), \
+         `model_layers` or a combination"
+    )]
     NoLayers,
     /// A rule that would change nothing (no `key` and no `value` table).
     #[error("names neither `key` nor `value`, so it changes nothing")]

@@ -48,6 +48,11 @@
 //! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,
 //! value = { codec = "f16" }        # only the listed layers of that kind
 //!
+//! [[override]]
+//! model_layers = 30                # only in 30-layer models: a layer map measured on one
+//! layers = [2, 3]                  # model rides in a preset that serves others too
+//! key = { bits = 4 }
+//!
 //! [outliers]                       # two tiers for the streams named below
 //! fraction = 0.25                  # or `channels = 32`: exactly one of the two
 //! key   = { bits = 6 }             # the outlier tier: key settings in force, patched
@@ -126,9 +131,10 @@
 //!
 //! 1. the base `s` table;
 //! 2. `[boundary].s` if `l < N` or `l ≥ L − N` (`N = boundary.layers`);
-//! 3. each `[[override]]` that selects `l` — its `layers` contain `l` (when given) and its
-//!    `layer_kind` is `l`'s kind (when given) — and whose `heads` (if given) contain `h`, in
-//!    file order, so later entries win field by field;
+//! 3. each `[[override]]` that selects `l` — its `model_layers` is `L` (when given), its
+//!    `layers` contain `l` (when given) and its `layer_kind` is `l`'s kind (when given) — and
+//!    whose `heads` (if given) contain `h`, in file order, so later entries win field by
+//!    field;
 //! 4. defaults fill every field still not given (so a patch changing `qjl` to `gaussian` also
 //!    gets the Gaussian default scale);
 //! 5. if `[outliers]` has an `s` table and the result is quantized, the stream splits: `k`

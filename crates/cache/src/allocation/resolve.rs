@@ -130,6 +130,9 @@ impl Allocation {
             }
         }
         for (i, rule) in self.overrides.iter().enumerate() {
+            if rule.model_layers.is_some_and(|n| n != num_layers) {
+                continue;
+            }
             let mut hits_layer = false;
             for (j, &index) in rule.layers.iter().enumerate() {
                 let absolute = absolute_layer(index, num_layers).ok_or_else(|| {
@@ -230,6 +233,9 @@ impl Allocation {
     pub fn validate_for(&self, shape: &ModelShape) -> Result<(), AllocationError> {
         check_shape(shape)?;
         for (i, rule) in self.overrides.iter().enumerate() {
+            if rule.model_layers.is_some_and(|n| n != shape.num_layers) {
+                continue;
+            }
             for (j, &index) in rule.heads.iter().flatten().enumerate() {
                 if index >= shape.num_kv_heads {
                     return Err(AllocationError::field(
@@ -427,7 +433,7 @@ pub(crate) fn stream_patch<'a>(
 }
 
 /// A layer index as written (negative counts from the end) as an index into the model.
-fn absolute_layer(index: i64, num_layers: usize) -> Option<usize> {
+pub(super) fn absolute_layer(index: i64, num_layers: usize) -> Option<usize> {
     let n = i64::try_from(num_layers).ok()?;
     let absolute = if index < 0 { n + index } else { index };
     (0..n).contains(&absolute).then_some(absolute as usize)

@@ -352,6 +352,12 @@ pub struct LayerOverride {
     /// Only layers of this kind (`"global"` or `"sliding"`); absent: either kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer_kind: Option<LayerKind>,
+    /// Only in models of exactly this many layers; absent: any model. A layer map measured on
+    /// one model (its layer numbers mean nothing on another) rides in a preset that serves
+    /// several: on a model of another depth the rule selects nothing and its `layers` are not
+    /// checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_layers: Option<usize>,
     /// KV-head indices; absent means every head.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<Vec<usize>>,

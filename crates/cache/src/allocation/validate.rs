@@ -5,7 +5,7 @@
 use crate::allocation::error::{AllocationError, FieldProblem};
 use crate::allocation::merge::{Merged, Section, check_window_fraction};
 use crate::allocation::plan::StreamKind;
-use crate::allocation::resolve::stream_patch;
+use crate::allocation::resolve::{absolute_layer, stream_patch};
 use crate::allocation::schema::{Allocation, StreamSettings};
 
 impl Allocation {
@@ -37,11 +37,28 @@ impl Allocation {
             )?;
         }
         for (i, rule) in self.overrides.iter().enumerate() {
-            if rule.layers.is_empty() && rule.layer_kind.is_none() {
+            if rule.layers.is_empty() && rule.layer_kind.is_none() && rule.model_layers.is_none() {
                 return Err(AllocationError::field(
                     format!("override[{i}].layers"),
                     FieldProblem::NoLayers,
                 ));
+            }
+            if let Some(num_layers) = rule.model_layers {
+                if num_layers == 0 {
+                    return Err(AllocationError::field(
+                        format!("override[{i}].model_layers"),
+                        FieldProblem::Zero,
+                    ));
+                }
+                // The model's depth is known here, so its layer numbers can be checked at load.
+                for (j, &index) in rule.layers.iter().enumerate() {
+                    if absolute_layer(index, num_layers).is_none() {
+                        return Err(AllocationError::field(
+                            format!("override[{i}].layers[{j}]"),
+                            FieldProblem::LayerOutOfRange { index, num_layers },
+                        ));
+                    }
+                }
             }
             if rule.heads.as_ref().is_some_and(Vec::is_empty) {
                 return Err(AllocationError::field(

@@ -10,9 +10,13 @@ use clap::Args;
 use serde::Serialize;
 use tq_cache::allocation::Allocation;
 use tq_cache::allocation::StreamKind;
-use tq_models::eval::sensitivity::{bytes_per_token, raised, rank, spend_budget};
+use tq_models::eval::sensitivity::{
+    BitStep, bytes_per_token, raised, rank, spend_budget, stepped, stream_bits, trade_prefixes,
+    traded,
+};
 use tq_models::eval::{EvalOptions, EvalReport, evaluate};
 use tq_models::fetch::ModelSpec;
+use tq_models::limits::all_in_bits_bound;
 use tq_models::needle::{
     CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, run_grid,
 };
@@ -69,8 +73,22 @@ pub struct SweepArgs {
     sensitivity: bool,
     /// With --sensitivity: also write the allocation that spends this many extra bytes per
     /// token best (greedy by rank), and evaluate it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "step_bits")]
     budget: Option<usize>,
+    /// With --sensitivity: step each layer's keys and values one bit up and one bit down
+    /// instead of raising them to f16, pair the raises that buy most with the lowerings that
+    /// cost least at the same bytes, evaluate the trades and write the best as
+    /// `OUT/<alloc>-trades<k>.toml` (its overrides for this model's depth only). Measure on a
+    /// calibration text, then check the file on another one.
+    #[arg(long, requires = "sensitivity")]
+    step_bits: bool,
+    /// With --step-bits: keep only trades whose all-in bits per value at the evaluated length
+    /// stay within this budget (an upper bound from the allocation: codes, windows, sinks,
+    /// means, the most a fitted basis stores; `tq_models::limits::all_in_bits_bound`). A
+    /// trade moves code bits between streams with windows of different lengths, so it can
+    /// cost a little more all-in than the base.
+    #[arg(long, requires = "step_bits")]
+    max_bits: Option<f64>,
     /// Redraw the plots and the Markdown table from `OUT/results.json` without running the
     /// model (after editing the plotting, or to restyle).
     #[arg(long)]
@@ -463,6 +481,9 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         model.dims().context_length,
     )?;
     let shape = model.dims().model_shape();
+    if args.step_bits {
+        return run_bit_steps(args, model, &tokens, (&base_name, &base));
+    }
     let base_bytes = bytes_per_token(&base, &shape)?;
     let mut lanes = vec![(base_name.clone(), base.clone())];
     let mut variants = Vec::new();
@@ -581,6 +602,207 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         })?,
     )?;
     write(&args.out.join("sensitivity.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// `tq sweep --sensitivity --step-bits`: every stream of every layer one bit up and one bit
+/// down, then the budget-neutral trades built from them, evaluated together; the best is
+/// written as an allocation file.
+fn run_bit_steps(
+    args: &SweepArgs,
+    model: &dyn tq_models::causal_lm::CausalLm,
+    tokens: &[u32],
+    (base_name, base): (&str, &Allocation),
+) -> Result<(), Box<dyn std::error::Error>> {
+    let shape = model.dims().model_shape();
+    let kinds = model.layer_kinds();
+    let base_bytes = bytes_per_token(base, &shape)?;
+    let mut lanes = vec![(base_name.to_string(), base.clone())];
+    let mut variants = Vec::new();
+    for layer in 0..shape.num_layers {
+        let kind = kinds.get(layer).copied().unwrap_or_default();
+        for stream in StreamKind::BOTH {
+            let Some(bits) = stream_bits(base, &shape, layer, kind, stream)? else {
+                continue;
+            };
+            for to in [bits.checked_add(1), bits.checked_sub(1)]
+                .into_iter()
+                .flatten()
+            {
+                if !(1..=8).contains(&to) {
+                    continue;
+                }
+                let variant = stepped(base, shape.num_layers, layer, stream, bits, to);
+                let bytes = bytes_per_token(&variant, &shape)?.abs_diff(base_bytes);
+                variants.push((layer, stream, (bits, to), bytes));
+                lanes.push((variant.name.clone(), variant));
+            }
+        }
+    }
+    if variants.is_empty() {
+        return Err(format!(
+            "{base_name} has no stream a one-bit step applies to (mse or debiased-mse, one tier)"
+        )
+        .into());
+    }
+    let reference = Allocation::preset("f16")?;
+    let options = EvalOptions {
+        prefill_chunk: args.prefill_chunk,
+        score_error: false,
+        decode_steps: 0,
+        ..EvalOptions::default()
+    };
+    let bar = progress(0);
+    bar.set_message(format!(
+        "{} one-bit steps of {base_name} over {} tokens",
+        variants.len(),
+        tokens.len()
+    ));
+    let report = evaluate(
+        model,
+        tokens,
+        ("f16", &reference),
+        &lanes,
+        &options,
+        |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    )?;
+    bar.finish_and_clear();
+    let steps: Vec<BitStep> = variants
+        .iter()
+        .zip(&report.rows[1..])
+        .map(|(&(layer, stream, bits, bytes), row)| {
+            BitStep::measured(&report.rows[0], layer, stream, bits, bytes, row)
+        })
+        .collect();
+    let prefixes = trade_prefixes(&steps);
+    let trades: Vec<(String, Allocation)> = prefixes
+        .iter()
+        .map(|pairs| {
+            let a = traded(base, shape.num_layers, pairs);
+            (a.name.clone(), a)
+        })
+        .collect();
+    let bar = progress(0);
+    bar.set_message(format!("{} trades of {base_name}", trades.len()));
+    let mut check_lanes = vec![(base_name.to_string(), base.clone())];
+    check_lanes.extend(trades.iter().cloned());
+    let check = evaluate(
+        model,
+        tokens,
+        ("f16", &reference),
+        &check_lanes,
+        &options,
+        |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    )?;
+    bar.finish_and_clear();
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# One-bit steps of `{base_name}`\n\nCommand: `{}`\n\nBase: mean KL {:.5} nats over {} \
+         tokens of `{}`, {base_bytes} bytes per token. Each row moves one layer's keys or values \
+         one bit up (what it buys) or down (what it costs).\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        report.rows[0].text.mean_kl,
+        report.tokens,
+        args.text.display()
+    );
+    let _ = writeln!(
+        md,
+        "| layer | stream | bits | bytes/token | KL | KL bought (+) or paid (−) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for s in &steps {
+        let signed = if s.to_bits > s.from_bits {
+            s.kl_change
+        } else {
+            -s.kl_change
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} → {} | {} | {:.5} | {signed:+.5} |",
+            s.layer, s.stream, s.from_bits, s.to_bits, s.bytes_per_token, s.kl
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nTrades at the same bytes of codes per token (raises by KL bought per byte, lowerings \
+         by KL paid per byte), evaluated together; all-in bits per value at {} tokens, an upper \
+         bound{}:\n\n| allocation | bytes/token | all-in bits (bound) | mean KL | top-1 |\n\
+         |---|---|---|---|---|",
+        tokens.len(),
+        match args.max_bits {
+            Some(b) => format!(" (trades above {b} are not chosen)"),
+            None => String::new(),
+        }
+    );
+    let mut best: Option<(f64, usize)> = None;
+    for (i, row) in check.rows.iter().enumerate() {
+        let allocation = &check_lanes[i].1;
+        let bytes = bytes_per_token(allocation, &shape)?;
+        let bits = all_in_bits_bound(allocation, &shape, tokens.len())?;
+        let _ = writeln!(
+            md,
+            "| {} | {bytes} | {bits:.4} | {:.5} | {:.1}% |",
+            row.alloc,
+            row.text.mean_kl,
+            100.0 * row.text.top1_agreement
+        );
+        let fits = args.max_bits.is_none_or(|b| bits <= b);
+        if i > 0 && fits && best.is_none_or(|(kl, _)| row.text.mean_kl < kl) {
+            best = Some((row.text.mean_kl, i));
+        }
+    }
+    let chosen = match best {
+        Some((kl, i)) if kl < check.rows[0].text.mean_kl => {
+            let allocation = &check_lanes[i].1;
+            let path = args.out.join(format!("{}.toml", allocation.name));
+            write(&path, &allocation.to_toml_string()?)?;
+            let _ = writeln!(
+                md,
+                "\nBest: `{}` ({}), written to `{}`.",
+                allocation.name,
+                allocation.description.as_deref().unwrap_or(""),
+                path.display()
+            );
+            Some(allocation.name.clone())
+        }
+        _ => {
+            let _ = writeln!(
+                md,
+                "\nNo trade beats `{base_name}` on this text within the budget; nothing written."
+            );
+            None
+        }
+    };
+    #[derive(Serialize)]
+    struct StepResults<'a> {
+        base: &'a str,
+        base_bytes_per_token: usize,
+        steps: &'a [BitStep],
+        eval: &'a EvalReport,
+        trades: &'a EvalReport,
+        chosen: Option<String>,
+    }
+    write(
+        &args.out.join("bit-steps.json"),
+        &serde_json::to_string_pretty(&StepResults {
+            base: base_name,
+            base_bytes_per_token: base_bytes,
+            steps: &steps,
+            eval: &report,
+            trades: &check,
+            chosen,
+        })?,
+    )?;
+    write(&args.out.join("bit-steps.md"), &md)?;
     println!("{md}");
     Ok(())
 }

@@ -8,10 +8,20 @@
 //! in that order while they fit. The greedy choice treats the layers as independent (their
 //! savings are measured one at a time, not jointly); a re-evaluation of the written allocation
 //! shows what the combination really saves.
+//!
+//! Raising to f16 measures what a stream's quantization costs, not what one bit more or less
+//! would change, and the lowering a budget-neutral trade needs costs more than the raise saves
+//! (docs/results.md, "Targets of the quality issue"). So the one-bit mode measures both
+//! directions: [`stepped`] moves one stream of one layer a bit up or down, [`BitStep`] records
+//! what that bought or cost, and [`trade_prefixes`] pairs the best raises with the cheapest
+//! lowerings at the same bytes; [`traded`] writes a prefix of those pairs as an allocation
+//! whose overrides apply to that model's depth only (`model_layers`).
 
 use serde::Serialize;
+use tq_cache::CodecSpec;
 use tq_cache::allocation::{
-    Allocation, AllocationError, CodecKind, LayerOverride, ModelShape, StreamKind, StreamSettings,
+    Allocation, AllocationError, CodecKind, LayerKind, LayerOverride, ModelShape, StreamKind,
+    StreamPlan, StreamSettings,
 };
 
 use super::EvalRow;
@@ -28,6 +38,7 @@ pub fn raised(base: &Allocation, layer: usize, stream: StreamKind) -> Allocation
     allocation.overrides.push(LayerOverride {
         layers: vec![layer as i64],
         layer_kind: None,
+        model_layers: None,
         heads: None,
         key,
         value,
@@ -138,4 +149,210 @@ pub fn spend_budget(
         }
     ));
     (allocation, spent)
+}
+
+/// The bits `stream` of `layer` (a layer of kind `kind`) stores per coordinate, where a one-bit
+/// step is defined: `mse` and `debiased-mse` streams (for a fitted basis, the average over its
+/// groups). `None` for f16 / f32, `prod` and two-tier streams, which [`stepped`] leaves alone.
+pub fn stream_bits(
+    base: &Allocation,
+    shape: &ModelShape,
+    layer: usize,
+    kind: LayerKind,
+    stream: StreamKind,
+) -> Result<Option<u8>, AllocationError> {
+    let resolved =
+        base.resolve_stream_in(layer, kind, shape.num_layers, 0, shape.head_dim, stream)?;
+    Ok(match resolved.plan {
+        StreamPlan::Single(CodecSpec::Mse(spec) | CodecSpec::DebiasedMse(spec)) => Some(spec.bits),
+        _ => None,
+    })
+}
+
+/// `base` with `stream` of `layer` stored at `bits` per coordinate (an override appended after
+/// the base's own, for this model's depth only), named `<base>+L<layer><K|V><±delta>`.
+pub fn stepped(
+    base: &Allocation,
+    num_layers: usize,
+    layer: usize,
+    stream: StreamKind,
+    from_bits: u8,
+    bits: u8,
+) -> Allocation {
+    let patch = Some(StreamSettings {
+        bits: Some(bits),
+        ..StreamSettings::default()
+    });
+    let (key, value) = match stream {
+        StreamKind::Key => (patch, None),
+        StreamKind::Value => (None, patch),
+    };
+    let mut allocation = base.clone();
+    allocation.overrides.push(LayerOverride {
+        layers: vec![layer as i64],
+        layer_kind: None,
+        model_layers: Some(num_layers),
+        heads: None,
+        key,
+        value,
+    });
+    let delta = i16::from(bits) - i16::from(from_bits);
+    allocation.name = format!("{}+L{layer}{}{delta:+}", base.name, stream_letter(stream));
+    allocation
+}
+
+/// One measured one-bit step of one stream of one layer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BitStep {
+    /// The layer.
+    pub layer: usize,
+    /// `key` or `value`.
+    pub stream: &'static str,
+    /// Bits per coordinate before the step.
+    pub from_bits: u8,
+    /// Bits per coordinate after it.
+    pub to_bits: u8,
+    /// Bytes per token the step adds (a raise) or frees (a lowering), always ≥ 0.
+    pub bytes_per_token: usize,
+    /// Mean KL of the variant.
+    pub kl: f64,
+    /// For a raise `KL_base − KL_variant` (what it buys), for a lowering `KL_variant −
+    /// KL_base` (what it costs); either can come out negative in the noise.
+    pub kl_change: f64,
+}
+
+impl BitStep {
+    /// Builds the step's record from its evaluated row.
+    pub fn measured(
+        base: &EvalRow,
+        layer: usize,
+        stream: StreamKind,
+        (from_bits, to_bits): (u8, u8),
+        bytes_per_token: usize,
+        row: &EvalRow,
+    ) -> Self {
+        let delta = row.text.mean_kl - base.text.mean_kl;
+        BitStep {
+            layer,
+            stream: stream.as_str(),
+            from_bits,
+            to_bits,
+            bytes_per_token,
+            kl: row.text.mean_kl,
+            kl_change: if to_bits > from_bits { -delta } else { delta },
+        }
+    }
+
+    fn stream_kind(&self) -> StreamKind {
+        if self.stream == "key" {
+            StreamKind::Key
+        } else {
+            StreamKind::Value
+        }
+    }
+
+    /// KL bought (raise) or paid (lowering) per byte per token.
+    fn per_byte(&self) -> f64 {
+        self.kl_change / self.bytes_per_token.max(1) as f64
+    }
+}
+
+/// Trades at the base's bytes: raises ranked by KL bought per byte, paired in order with
+/// lowerings ranked by KL paid per byte freed (a stream is never both raised and lowered), as
+/// long as the pair's raise buys more than its lowering costs and the raises' bytes stay within
+/// the lowerings'. Returns the prefixes of that list of pairs, shortest first: `trades[k]` is
+/// the first `k + 1` pairs, which [`traded`] turns into an allocation. Like [`rank`], it treats
+/// the steps as independent, which they are not (savings add up to less than their sum):
+/// evaluating the prefixes together picks the length.
+pub fn trade_prefixes(steps: &[BitStep]) -> Vec<Vec<(BitStep, BitStep)>> {
+    let mut raises: Vec<&BitStep> = steps.iter().filter(|s| s.to_bits > s.from_bits).collect();
+    let mut lowerings: Vec<&BitStep> = steps.iter().filter(|s| s.to_bits < s.from_bits).collect();
+    raises.sort_by(|a, b| b.per_byte().total_cmp(&a.per_byte()));
+    lowerings.sort_by(|a, b| a.per_byte().total_cmp(&b.per_byte()));
+    let same = |a: &BitStep, b: &BitStep| a.layer == b.layer && a.stream == b.stream;
+    let mut pairs: Vec<(BitStep, BitStep)> = Vec::new();
+    let mut out = Vec::new();
+    let (mut added, mut freed) = (0usize, 0usize);
+    let mut lower_iter = lowerings.into_iter().peekable();
+    for raise in raises {
+        if raise.kl_change <= 0.0 || pairs.iter().any(|(_, l)| same(l, raise)) {
+            continue;
+        }
+        // The cheapest lowering not of a stream already raised.
+        let lowering = loop {
+            match lower_iter.next() {
+                Some(l) if pairs.iter().any(|(r, _)| same(r, l)) || same(l, raise) => continue,
+                other => break other,
+            }
+        };
+        let Some(lowering) = lowering else { break };
+        if raise.kl_change <= lowering.kl_change
+            || added + raise.bytes_per_token > freed + lowering.bytes_per_token
+        {
+            break;
+        }
+        added += raise.bytes_per_token;
+        freed += lowering.bytes_per_token;
+        pairs.push((raise.clone(), lowering.clone()));
+        out.push(pairs.clone());
+    }
+    out
+}
+
+/// `base` with the pairs' steps applied: one `[[override]]` per stream kind and new width,
+/// each for models of `num_layers` layers only (`model_layers`), so the layer map rides in a
+/// file that other models can still load. Named `<base>-trades<k>`.
+pub fn traded(base: &Allocation, num_layers: usize, pairs: &[(BitStep, BitStep)]) -> Allocation {
+    let mut allocation = base.clone();
+    let mut groups: std::collections::BTreeMap<(&'static str, u8), Vec<i64>> =
+        std::collections::BTreeMap::new();
+    for step in pairs.iter().flat_map(|(r, l)| [r, l]) {
+        groups
+            .entry((step.stream, step.to_bits))
+            .or_default()
+            .push(step.layer as i64);
+    }
+    for ((stream, bits), mut layers) in groups {
+        layers.sort_unstable();
+        let patch = Some(StreamSettings {
+            bits: Some(bits),
+            ..StreamSettings::default()
+        });
+        let kind = if stream == "key" {
+            StreamKind::Key
+        } else {
+            StreamKind::Value
+        };
+        let (key, value) = match kind {
+            StreamKind::Key => (patch, None),
+            StreamKind::Value => (None, patch),
+        };
+        allocation.overrides.push(LayerOverride {
+            layers,
+            layer_kind: None,
+            model_layers: Some(num_layers),
+            heads: None,
+            key,
+            value,
+        });
+    }
+    let list = |f: fn(&(BitStep, BitStep)) -> &BitStep| {
+        pairs
+            .iter()
+            .map(|p| {
+                let s = f(p);
+                format!("L{}{}", s.layer, stream_letter(s.stream_kind()))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    allocation.name = format!("{}-trades{}", base.name, pairs.len());
+    allocation.description = Some(format!(
+        "{} with one bit more for {} and one bit less for {} (one-bit trades at the same bytes, \
+         measured per layer; {num_layers}-layer models only)",
+        base.name,
+        list(|p| &p.0),
+        list(|p| &p.1)
+    ));
+    allocation
 }
