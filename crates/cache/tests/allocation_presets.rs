@@ -4,7 +4,7 @@
 //! silently change (they are pinned below and quoted in `presets/README.md`).
 
 use tq_cache::TokenCodec;
-use tq_cache::allocation::{Allocation, ModelShape, StreamKind, StreamPlan};
+use tq_cache::allocation::{Allocation, LayerKind, ModelShape, StreamKind, StreamPlan};
 use tq_cache::two_tier::TwoTierCodec;
 
 const SMALL: ModelShape = ModelShape {
@@ -118,8 +118,20 @@ fn preset_costs_are_pinned() {
         ("mse-k4v4-c", [4.25, 4.25], [4.125, 4.125]),
         ("k5v3-c", [5.25, 3.25], [5.125, 3.125]),
         ("rec4.25", [4.25, 3.25], [4.125, 3.125]),
-        ("rec3.25", [3.25, 2.25], [3.125, 2.125]),
-        ("rec2.5", [2.25, 2.25], [2.125, 2.125]),
+        // SmolLM2's one-bit layer trades (30 layers, `model_layers = 30`): keys 7 layers up
+        // and 11 down, values 10 up and 6 down, the same total (5.5 bits a key and value).
+        // The 32-layer shape keeps the uniform bits.
+        (
+            "rec3.25",
+            [(97.5 - 4.0) / 30.0, (67.5 + 4.0) / 30.0],
+            [3.125, 2.125],
+        ),
+        // Its trades: keys 5 layers up and 7 down, values 6 up and 4 down.
+        (
+            "rec2.5",
+            [(67.5 - 2.0) / 30.0, (67.5 + 2.0) / 30.0],
+            [2.125, 2.125],
+        ),
         // Every layer of these shapes is global.
         ("rec4.25-global", [5.25, 3.25], [5.125, 3.125]),
         ("rec3.25-global", [4.25, 2.25], [4.125, 2.125]),
@@ -383,7 +395,8 @@ fn every_shipped_allocation_file_loads_and_is_named_after_itself() {
 /// The layer-wise lever files trade bits between layers and streams without changing the
 /// total: on SmolLM2's shape each stores exactly its base's bits per value (keys and values
 /// together; windows and sinks the same), while some stream does differ. The bases: the
-/// presets (8-bit windows) and their f16-window versions until 2026-12-04.
+/// presets (8-bit windows) and their f16-window versions until 2026-12-04; `rec3.25`'s and
+/// `rec2.5`'s own trades (since session 32) against their uniform recipes.
 #[test]
 fn layer_wise_levers_cost_their_base_presets_bits() {
     let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
@@ -394,10 +407,12 @@ fn layer_wise_levers_cost_their_base_presets_bits() {
     for (lever, base) in [
         ("rec4.25-layers-q8", "rec4.25"),
         ("rec3.25-layers-q8", "rec3.25"),
+        ("rec3.25", "rec3.25-uniform"),
+        ("rec2.5", "rec2.5-uniform"),
         ("rec4.25-layers", "rec4.25-w56"),
         ("rec3.25-layers", "rec3.25-w56"),
     ] {
-        let a = Allocation::load(levers.join(format!("{lever}.toml"))).unwrap();
+        let a = load(lever);
         let b = load(base);
         let total = |x: &Allocation| -> f64 {
             StreamKind::BOTH
@@ -421,5 +436,32 @@ fn layer_wise_levers_cost_their_base_presets_bits() {
                 .any(|(p, q)| p.unwrap() != q.unwrap()),
             "{lever}"
         );
+    }
+}
+
+/// The recommended presets' layer trades are SmolLM2's (`model_layers = 30`): on a model of
+/// another depth — Gemma 3's 18 layers of both kinds, a 32-layer model — every stream resolves
+/// exactly as in the uniform recipe, and on 30 layers some stream does not.
+#[test]
+fn layer_trades_apply_to_their_model_depth_only() {
+    let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
+    for name in ["rec3.25", "rec2.5"] {
+        let preset = Allocation::preset(name).unwrap();
+        let uniform = Allocation::load(levers.join(format!("{name}-uniform.toml"))).unwrap();
+        for (layers, head_dim) in [(18, 256), (32, 128), (30, 64)] {
+            let mut differ = false;
+            for layer in 0..layers {
+                for kind in [LayerKind::Global, LayerKind::Sliding] {
+                    for stream in StreamKind::BOTH {
+                        let resolve = |a: &Allocation| {
+                            a.resolve_stream_in(layer, kind, layers, 0, head_dim, stream)
+                                .unwrap()
+                        };
+                        differ |= resolve(&preset) != resolve(&uniform);
+                    }
+                }
+            }
+            assert_eq!(differ, layers == 30, "{name} on {layers} layers");
+        }
     }
 }

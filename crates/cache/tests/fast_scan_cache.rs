@@ -714,16 +714,19 @@ fn the_fast_scan_lever_files_order_what_they_say() {
             rows,
             fast,
         ),
-        // The presets, before their key basis is fitted: plain 3-bit keys keep rows, plain
-        // 2-bit keys take the order (fitted, both hold 4-, 2- and 1-bit groups in it:
-        // `a_nibble_basis_keeps_the_fast_scan_order`).
-        ("preset rec3.25", lever("rec3.25-rows.toml"), rows, fast),
-        ("preset rec2.5", lever("rec2.5-rows.toml"), fast, fast),
+        // The presets' recipes (their uniform bits; the presets' layer trades for SmolLM2
+        // change some layers' widths), before their key basis is fitted: plain 3-bit keys
+        // keep rows, plain 2-bit keys take the order (fitted, both hold 4-, 2- and 1-bit
+        // groups in it: `a_nibble_basis_keeps_the_fast_scan_order`).
+        (
+            "rec3.25-uniform.toml",
+            lever("rec3.25-rows.toml"),
+            rows,
+            fast,
+        ),
+        ("rec2.5-uniform.toml", lever("rec2.5-rows.toml"), fast, fast),
     ] {
-        let lever = match file.strip_prefix("preset ") {
-            Some(name) => Allocation::preset(name).unwrap(),
-            None => lever(file),
-        };
+        let lever = lever(file);
         let text = lever.to_toml_string().unwrap();
         assert!(text.contains("record_order = \"fast-scan\""), "{text}");
         assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
@@ -1082,8 +1085,14 @@ fn the_lower_recommended_presets_fit_nibble_bases_in_the_fast_scan_order() {
             env!("CARGO_MANIFEST_DIR")
         );
         let twin = Allocation::from_toml_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let [mut fast, mut rows] = [Allocation::preset(name).unwrap(), twin]
-            .map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
+        // The presets' uniform recipes (their SmolLM2 layer trades change layer 0's widths).
+        let uniform = format!(
+            "{}/presets/levers/{name}-uniform.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let recipe = Allocation::load(&uniform).unwrap();
+        let [mut fast, mut rows] =
+            [recipe, twin].map(|alloc| KvCache::with_allocation(layout, &alloc, 0, 30).unwrap());
         for cache in [&mut fast, &mut rows] {
             cache
                 .append_with_queries(&keys, &values, &positions, &queries, q_heads)

@@ -10,8 +10,8 @@ use tq_cache::states::{ModelCache, StateKind, StateSpec};
 use tq_cache::token_store::Growth;
 use tq_models::eval::perplexity::all_in_bits_per_value;
 use tq_models::limits::{
-    LimitError, block_slack_bytes_for_layers, cache_bytes_for, cache_bytes_for_layers,
-    check_cache_budget, check_context,
+    LimitError, all_in_bits_bound, block_slack_bytes_for_layers, cache_bytes_for,
+    cache_bytes_for_layers, check_cache_budget, check_context,
 };
 
 const D: usize = 64;
@@ -63,6 +63,31 @@ fn the_formula_is_what_a_full_cache_holds() {
             cache_bytes_for(&allocation, &shape, TOKENS).unwrap(),
             (built + channel_lists) as u64,
             "{name}"
+        );
+    }
+}
+
+/// The all-in bound of `all_in_bits_bound` holds for a filled cache of every shipped preset
+/// (its fits, means and windows in place): never below what the cache stores, and above it by
+/// no more than the basis fits the bound assumes at their most.
+#[test]
+fn the_all_in_bound_bounds_a_full_cache() {
+    let shape = ModelShape {
+        num_layers: 3,
+        num_kv_heads: 2,
+        head_dim: D,
+    };
+    let rings = vec![None; 3];
+    for name in Allocation::preset_names() {
+        let allocation = Allocation::preset(name).unwrap();
+        let cache = full_cache(&allocation);
+        let stored = all_in_bits_per_value(&allocation, &shape, &rings, &cache, TOKENS).unwrap();
+        let bound = all_in_bits_bound(&allocation, &shape, TOKENS).unwrap();
+        // Planes: at most 64 plane indices (2 B) and 8 groups (8 B) a key stream.
+        let slack = 8.0 * (6 * (2 * D + 64)) as f64 / (2 * 6 * D * TOKENS) as f64;
+        assert!(
+            stored <= bound && bound <= stored + slack,
+            "{name}: stored {stored}, bound {bound}"
         );
     }
 }
@@ -260,7 +285,8 @@ fn over_the_window_or_the_budget_is_refused_with_the_numbers() {
 /// promise on SmolLM2's shape (30 layers, 3 KV heads, d = 64) at 2048 tokens and, their
 /// windows growing with the context beyond 2048, at every longer context too — counted by the budget formula (codes of the tokens outside each window, 8-bit window copies,
 /// f16 sinks, means; the position tables left out as the all-in bits leave them out) plus a
-/// bound on the plane fits (data, at most 64 f32 per key stream), use that budget (within 0.03
+/// bound on the plane fits (data: at most 64 plane indices and 8 groups per key stream), use
+/// that budget (within 0.03
 /// bits at 2048), and hold windows more than twice as long as their f16-window versions.
 #[test]
 fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
@@ -300,8 +326,17 @@ fn recommended_presets_and_eight_bit_levers_stay_within_their_budget() {
             let rings = vec![None; shape.num_layers];
             let slack = block_slack_bytes_for_layers(&a, &shape, &rings, tokens).unwrap();
             let bytes = cache_bytes_for(&a, &shape, tokens).unwrap() - positions - slack;
-            let fits = (shape.num_layers * shape.num_kv_heads * 4 * D) as f64;
+            // The plane fits at their most: 2 bytes a plane index, 8 a group (at most 8
+            // groups, one per width) — `FittedBasis::bytes` — per key stream.
+            let fits = (shape.num_layers * shape.num_kv_heads * (2 * D + 64)) as f64;
             let bits = 8.0 * (bytes as f64 + fits) / values;
+            // The library's bound is this count (`the_all_in_bound_bounds_a_full_cache` holds
+            // it to built caches).
+            let bound = all_in_bits_bound(&a, &shape, tokens).unwrap();
+            assert!(
+                (bound - bits).abs() < 1e-12,
+                "{lever} at {tokens}: {bound} vs {bits}"
+            );
             // Sized at 2048: longer contexts spread the fixed costs (sinks, means) thinner.
             let used = if tokens == 2048 { 0.03 } else { 0.06 };
             assert!(
