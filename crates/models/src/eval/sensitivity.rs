@@ -154,6 +154,8 @@ pub fn spend_budget(
 /// The bits `stream` of `layer` (a layer of kind `kind`) stores per coordinate, where a one-bit
 /// step is defined: `mse` and `debiased-mse` streams (for a fitted basis, the average over its
 /// groups). `None` for f16 / f32, `prod` and two-tier streams, which [`stepped`] leaves alone.
+/// Read on KV head 0: a step sets every head of the layer, so an allocation whose heads of one
+/// layer differ in bits is stepped from head 0's.
 pub fn stream_bits(
     base: &Allocation,
     shape: &ModelShape,
