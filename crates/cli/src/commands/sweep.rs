@@ -495,31 +495,17 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
             lanes.push((variant.name.clone(), variant));
         }
     }
-    let reference = tq_cache::allocation::Allocation::preset("f16")?;
-    let options = EvalOptions {
-        prefill_chunk: args.prefill_chunk,
-        score_error: false,
-        decode_steps: 0,
-        ..EvalOptions::default()
-    };
-    let bar = progress(0);
-    bar.set_message(format!(
-        "{} variants of {base_name} over {} tokens",
-        variants.len(),
-        tokens.len()
-    ));
-    let report = evaluate(
+    let report = evaluate_lanes(
         model,
         &tokens,
-        ("f16", &reference),
         &lanes,
-        &options,
-        |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        },
+        args.prefill_chunk,
+        Some(format!(
+            "{} variants of {base_name} over {} tokens",
+            variants.len(),
+            tokens.len()
+        )),
     )?;
-    bar.finish_and_clear();
     let rows: Vec<_> = variants
         .iter()
         .zip(&report.rows[1..])
@@ -559,17 +545,11 @@ fn run_sensitivity(args: &SweepArgs) -> Result<(), Box<dyn std::error::Error>> {
         let (allocation, spent) = spend_budget(&base, &ranking, budget);
         let path = args.out.join(format!("{}.toml", allocation.name));
         write(&path, &allocation.to_toml_string()?)?;
-        let check = evaluate(
-            model,
-            &tokens,
-            ("f16", &reference),
-            &[
-                (base_name.clone(), base.clone()),
-                (allocation.name.clone(), allocation.clone()),
-            ],
-            &options,
-            |_, _| {},
-        )?;
+        let lanes = [
+            (base_name.clone(), base.clone()),
+            (allocation.name.clone(), allocation.clone()),
+        ];
+        let check = evaluate_lanes(model, &tokens, &lanes, args.prefill_chunk, None)?;
         let _ = writeln!(
             md,
             "\nBudget {budget} bytes per token: `{}` spends {spent} ({}); evaluated together: \
@@ -646,31 +626,17 @@ fn run_bit_steps(
         )
         .into());
     }
-    let reference = Allocation::preset("f16")?;
-    let options = EvalOptions {
-        prefill_chunk: args.prefill_chunk,
-        score_error: false,
-        decode_steps: 0,
-        ..EvalOptions::default()
-    };
-    let bar = progress(0);
-    bar.set_message(format!(
-        "{} one-bit steps of {base_name} over {} tokens",
-        variants.len(),
-        tokens.len()
-    ));
-    let report = evaluate(
+    let report = evaluate_lanes(
         model,
         tokens,
-        ("f16", &reference),
         &lanes,
-        &options,
-        |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        },
+        args.prefill_chunk,
+        Some(format!(
+            "{} one-bit steps of {base_name} over {} tokens",
+            variants.len(),
+            tokens.len()
+        )),
     )?;
-    bar.finish_and_clear();
     let steps: Vec<BitStep> = variants
         .iter()
         .zip(&report.rows[1..])
@@ -686,22 +652,15 @@ fn run_bit_steps(
             (a.name.clone(), a)
         })
         .collect();
-    let bar = progress(0);
-    bar.set_message(format!("{} trades of {base_name}", trades.len()));
     let mut check_lanes = vec![(base_name.to_string(), base.clone())];
     check_lanes.extend(trades.iter().cloned());
-    let check = evaluate(
+    let check = evaluate_lanes(
         model,
         tokens,
-        ("f16", &reference),
         &check_lanes,
-        &options,
-        |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        },
+        args.prefill_chunk,
+        Some(format!("{} trades of {base_name}", trades.len())),
     )?;
-    bar.finish_and_clear();
 
     let mut md = String::new();
     let _ = writeln!(
@@ -805,4 +764,44 @@ fn run_bit_steps(
     write(&args.out.join("bit-steps.md"), &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// The sensitivity modes' evaluation: `lanes` over `tokens` against the f16 cache, without the
+/// score error or decode steps, behind a progress bar showing `message` (none without one).
+fn evaluate_lanes(
+    model: &dyn tq_models::causal_lm::CausalLm,
+    tokens: &[u32],
+    lanes: &[(String, Allocation)],
+    prefill_chunk: usize,
+    message: Option<String>,
+) -> Result<EvalReport, Box<dyn std::error::Error>> {
+    let reference = Allocation::preset("f16")?;
+    let options = EvalOptions {
+        prefill_chunk,
+        score_error: false,
+        decode_steps: 0,
+        ..EvalOptions::default()
+    };
+    let bar = message.map(|m| {
+        let bar = progress(0);
+        bar.set_message(m);
+        bar
+    });
+    let report = evaluate(
+        model,
+        tokens,
+        ("f16", &reference),
+        lanes,
+        &options,
+        |done, total| {
+            if let Some(bar) = &bar {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            }
+        },
+    )?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(report)
 }

@@ -29,21 +29,34 @@ use super::EvalRow;
 /// `base` with `stream` of `layer` stored as f16 (an override appended after the base's own,
 /// so it wins), named `<base>+L<layer><K|V>`.
 pub fn raised(base: &Allocation, layer: usize, stream: StreamKind) -> Allocation {
-    let f16 = Some(StreamSettings::codec_only(CodecKind::F16));
+    let f16 = StreamSettings::codec_only(CodecKind::F16);
+    let mut allocation = with_layer_patch(base, vec![layer as i64], None, stream, f16);
+    allocation.name = format!("{}+L{layer}{}", base.name, stream_letter(stream));
+    allocation
+}
+
+/// `base` with an override appended after its own (so it wins) that patches `stream` of `layer`
+/// with `settings`, for models of `model_layers` layers only when given.
+fn with_layer_patch(
+    base: &Allocation,
+    layers: Vec<i64>,
+    model_layers: Option<usize>,
+    stream: StreamKind,
+    settings: StreamSettings,
+) -> Allocation {
     let (key, value) = match stream {
-        StreamKind::Key => (f16, None),
-        StreamKind::Value => (None, f16),
+        StreamKind::Key => (Some(settings), None),
+        StreamKind::Value => (None, Some(settings)),
     };
     let mut allocation = base.clone();
     allocation.overrides.push(LayerOverride {
-        layers: vec![layer as i64],
+        layers,
         layer_kind: None,
-        model_layers: None,
+        model_layers,
         heads: None,
         key,
         value,
     });
-    allocation.name = format!("{}+L{layer}{}", base.name, stream_letter(stream));
     allocation
 }
 
@@ -181,23 +194,12 @@ pub fn stepped(
     from_bits: u8,
     bits: u8,
 ) -> Allocation {
-    let patch = Some(StreamSettings {
+    let patch = StreamSettings {
         bits: Some(bits),
         ..StreamSettings::default()
-    });
-    let (key, value) = match stream {
-        StreamKind::Key => (patch, None),
-        StreamKind::Value => (None, patch),
     };
-    let mut allocation = base.clone();
-    allocation.overrides.push(LayerOverride {
-        layers: vec![layer as i64],
-        layer_kind: None,
-        model_layers: Some(num_layers),
-        heads: None,
-        key,
-        value,
-    });
+    let layers = vec![layer as i64];
+    let mut allocation = with_layer_patch(base, layers, Some(num_layers), stream, patch);
     let delta = i16::from(bits) - i16::from(from_bits);
     allocation.name = format!("{}+L{layer}{}{delta:+}", base.name, stream_letter(stream));
     allocation
@@ -316,27 +318,16 @@ pub fn traded(base: &Allocation, num_layers: usize, pairs: &[(BitStep, BitStep)]
     }
     for ((stream, bits), mut layers) in groups {
         layers.sort_unstable();
-        let patch = Some(StreamSettings {
+        let patch = StreamSettings {
             bits: Some(bits),
             ..StreamSettings::default()
-        });
+        };
         let kind = if stream == "key" {
             StreamKind::Key
         } else {
             StreamKind::Value
         };
-        let (key, value) = match kind {
-            StreamKind::Key => (patch, None),
-            StreamKind::Value => (None, patch),
-        };
-        allocation.overrides.push(LayerOverride {
-            layers,
-            layer_kind: None,
-            model_layers: Some(num_layers),
-            heads: None,
-            key,
-            value,
-        });
+        allocation = with_layer_patch(&allocation, layers, Some(num_layers), kind, patch);
     }
     let list = |f: fn(&(BitStep, BitStep)) -> &BitStep| {
         pairs
