@@ -1,6 +1,6 @@
 //! The fused kernel on every instruction set: bit-identical whatever the rayon thread count,
-//! within rounding of the scalar path, and against the exact reference for every body kind
-//! (two-tier allocation presets included).
+//! within rounding of the scalar path (bit-identical to it on uncompressed caches), and
+//! against the exact reference for every body kind (two-tier allocation presets included).
 //!
 //! Tolerance against another path or the reference: 2e-4·max|out| + 1e-5, as in
 //! `attention_fused.rs` (f32 rounding of softmax-weighted sums over T ≤ 2000 tokens and d ≤ 128
@@ -131,6 +131,38 @@ fn every_cache_kind_matches_the_reference() {
         for isa in Isa::available() {
             let got = run(isa, &cache, q_heads, &positions, 31);
             close(&format!("{name} {isa:?} vs reference"), &got, &exact);
+        }
+    }
+}
+
+/// Uncompressed caches attend with the same bits on every instruction set: plain records
+/// score in one order everywhere (`primitives::lane8_dot`), values accumulate with one fused
+/// multiply-add per token in order, and the softmax's `exp` and sum are the scalar bits. Head
+/// dimensions 64 and 256 (AVX-512's pair kernel), 72 (a masked 8-lane value chunk on AVX-512)
+/// and 36 (trailing values after the lanes); 700 tokens (partial blocks and token batches).
+#[test]
+fn plain_caches_attend_with_the_same_bits_on_every_isa() {
+    for (kind, dim) in [(1usize, 64usize), (1, 256), (0, 72), (1, 36)] {
+        let mut cache = KvCache::uniform(
+            growing(2, dim),
+            codec(kind, dim, 4, 3),
+            codec(kind, dim, 4, 4),
+        )
+        .unwrap();
+        fill(&mut cache, 0, 700, 41);
+        let positions = [0u32, 15, 16, 333, 699];
+        let scalar = run(Isa::Scalar, &cache, 6, &positions, 43);
+        for isa in Isa::available() {
+            let got = run(isa, &cache, 6, &positions, 43);
+            let differing = got
+                .iter()
+                .zip(&scalar)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differing, 0,
+                "d = {dim}, {isa:?}: outputs differ from scalar"
+            );
         }
     }
 }

@@ -931,6 +931,16 @@ unsafe fn score_coded_tile<const B: u32, const H: usize>(
     }
 }
 
+/// Plain records score in the order every instruction set shares
+/// ([`lane8_dot`](super::super::primitives::lane8_dot): eight lanes, AVX2's horizontal adds),
+/// so f16 and f32 caches give the same bits here as on AVX2, NEON and scalar. Sixteen lanes
+/// keep their width by carrying two tokens per register, each in its own eight lanes, reduced
+/// sixteen tokens at a time by [`reduce_token_pairs`].
+///
+/// # Safety
+/// AVX-512 features; `run.dim` is a multiple of 8 (the dispatcher sends other dimensions to
+/// the AVX2 kernel, whose trailing values add one at a time); `queries` holds the tile's rows
+/// and `out[h·stride + i]` is writable for every head row `h` and record `i`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn score_plain(
     run: &PlainRun<'_>,
@@ -939,6 +949,10 @@ pub(super) unsafe fn score_plain(
     stride: usize,
 ) {
     let d = run.dim;
+    debug_assert!(
+        d.is_multiple_of(8),
+        "score_plain: dimension {d} not a multiple of 8"
+    );
     for (first, size) in tiles(queries.len() / d) {
         let q = &queries[first * d..(first + size) * d];
         let o = &mut out[first * stride..];
@@ -947,6 +961,121 @@ pub(super) unsafe fn score_plain(
             match run.kind {
                 PlainKind::F16 => by_heads!(size, score_plain_tile::<true>(run, q, o, stride)),
                 PlainKind::F32 => by_heads!(size, score_plain_tile::<false>(run, q, o, stride)),
+            }
+        }
+    }
+}
+
+/// Chunk `j` (eight values) of plain records `a` (lanes 0–7) and `b` (lanes 8–15).
+///
+/// # Safety
+/// AVX-512 features; both records hold at least `8j + 8` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn plain_chunk_pair<const F16: bool>(a: *const u8, b: *const u8, j: usize) -> __m512 {
+    // SAFETY: caller contract.
+    unsafe {
+        if F16 {
+            let lo = _mm_loadu_si128(a.add(16 * j) as *const __m128i);
+            let hi = _mm_loadu_si128(b.add(16 * j) as *const __m128i);
+            _mm512_cvtph_ps(_mm256_set_m128i(hi, lo))
+        } else {
+            let lo = _mm256_loadu_pd(a.add(32 * j) as *const f64);
+            let hi = _mm256_loadu_pd(b.add(32 * j) as *const f64);
+            _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(lo), hi))
+        }
+    }
+}
+
+/// First token (within a block of sixteen) of the pair register `p`; its partner is four
+/// tokens later. This pairing is what puts [`reduce_token_pairs`]' sums in token order.
+const fn pair_first(p: usize) -> usize {
+    if p < 4 { p } else { p + 4 }
+}
+
+/// `[a0+a1, a2+a3, b0+b1, b2+b3]` in each 128-bit quarter (AVX2's `hadd` on sixteen lanes).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+fn hadd16(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+        _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+    )
+}
+
+/// The sixteen token sums of eight pair registers, lane `s` for token `s` of the block:
+/// register `p` holds tokens `pair_first(p)` (lanes 0–7) and `pair_first(p) + 4` (lanes 8–15),
+/// each reduced exactly as AVX2's `hsum4` reduces a head: adjacent pairs, then pairs of pairs
+/// within each half, then the two halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+fn reduce_token_pairs(v: &[__m512; 8]) -> __m512 {
+    let h = [
+        hadd16(v[0], v[1]),
+        hadd16(v[2], v[3]),
+        hadd16(v[4], v[5]),
+        hadd16(v[6], v[7]),
+    ];
+    // Quarter `k` of `g0` holds the four-lane sums of quarter `k` of registers 0–3.
+    let g0 = hadd16(h[0], h[1]);
+    let g1 = hadd16(h[2], h[3]);
+    // Low half (quarters 0, 1) plus high half (2, 3) of each token.
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(g0, g1),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(g0, g1),
+    )
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn score_plain_tile<const F16: bool, const H: usize>(
+    run: &PlainRun<'_>,
+    q: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let d = run.dim;
+    let chunks = d / 8;
+    let record_bytes = 4 * run.record_words;
+    let n = run.len();
+    // SAFETY: records `i < n` start `i·record_bytes` bytes from the run's first vector and hold
+    // `d = 8·chunks` values (a missing partner reads its first token again, and its lanes are
+    // never stored); query loads read 8 floats of row `h < H` below `d`; score writes go to
+    // `out[h·stride + first + s]` for `s < count`, masked, inside `out` (checked by the
+    // dispatcher).
+    unsafe {
+        let base = run.words.as_ptr().add(run.offset) as *const u8;
+        let qp = q.as_ptr();
+        let op = out.as_mut_ptr();
+        for first in (0..n).step_by(16) {
+            let count = (n - first).min(16);
+            let mut batch = [[_mm512_setzero_ps(); 8]; 4];
+            for p in 0..8 {
+                let a = first + pair_first(p);
+                if a >= n {
+                    break;
+                }
+                let b = if a + 4 < n { a + 4 } else { a };
+                let (ra, rb) = (base.add(a * record_bytes), base.add(b * record_bytes));
+                prefetch_record(ra, record_bytes, record_bytes);
+                prefetch_record(rb, record_bytes, record_bytes);
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for j in 0..chunks {
+                    let x = plain_chunk_pair::<F16>(ra, rb, j);
+                    for (h, acc) in acc.iter_mut().enumerate().take(H) {
+                        let row = _mm256_loadu_si256(qp.add(h * d + 8 * j) as *const __m256i);
+                        let qv = _mm512_castsi512_ps(_mm512_broadcast_i64x4(row));
+                        *acc = _mm512_fmadd_ps(qv, x, *acc);
+                    }
+                }
+                for (row, acc) in batch.iter_mut().zip(acc).take(H) {
+                    row[p] = acc;
+                }
+            }
+            let mask = lanes(count);
+            for (h, row) in batch.iter().enumerate().take(H) {
+                let o = op.add(h * stride + first);
+                let old = _mm512_maskz_loadu_ps(mask, o);
+                _mm512_mask_storeu_ps(o, mask, _mm512_add_ps(old, reduce_token_pairs(row)));
             }
         }
     }
@@ -975,53 +1104,6 @@ unsafe fn plain_chunk<const F16: bool>(record: *const u8, j: usize, mask: __mmas
             } else {
                 _mm512_maskz_loadu_ps(mask, p)
             }
-        }
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-unsafe fn score_plain_tile<const F16: bool, const H: usize>(
-    run: &PlainRun<'_>,
-    q: &[f32],
-    out: &mut [f32],
-    stride: usize,
-) {
-    let d = run.dim;
-    let full = d / 16;
-    let tail = d % 16;
-    // SAFETY: score writes go to `out[h·stride + i]`, inside `out` (checked by the dispatcher);
-    // each record holds `d` values from word `offset`; chunks stay below `16·full ≤ d`
-    // and the tail chunk is masked to `d`; query loads read row `h < H` below `d`.
-    unsafe {
-        let qp = q.as_ptr();
-        let op = out.as_mut_ptr();
-        let all = lanes(16);
-        let mut batch = TokenBatch::new();
-        let records = run.words.chunks_exact(run.record_words);
-        let n = records.len();
-        // One call site for the flush, so it inlines into the loop.
-        for first in (0..n).step_by(16) {
-            for i in first..n.min(first + 16) {
-                let rec = run.words.as_ptr().add(i * run.record_words + run.offset) as *const u8;
-                prefetch_record(rec, 4 * run.record_words, 4 * run.record_words);
-                let mut a = [_mm512_setzero_ps(); 4];
-                for j in 0..full {
-                    let x = plain_chunk::<F16>(rec, j, all);
-                    for (h, acc) in a.iter_mut().enumerate().take(H) {
-                        let qv = _mm512_loadu_ps(qp.add(h * d + 16 * j));
-                        *acc = _mm512_fmadd_ps(qv, x, *acc);
-                    }
-                }
-                if tail > 0 {
-                    let x = plain_chunk::<F16>(rec, full, lanes(tail));
-                    for (h, acc) in a.iter_mut().enumerate().take(H) {
-                        let qv = _mm512_maskz_loadu_ps(lanes(tail), qp.add(h * d + 16 * full));
-                        *acc = _mm512_fmadd_ps(qv, x, *acc);
-                    }
-                }
-                batch.push::<H, false>(&a, _mm_setzero_ps());
-            }
-            batch.flush::<H, false>(op, stride);
         }
     }
 }

@@ -25,6 +25,8 @@ fn work_vector<'a>(
 /// The per-token primitives a composed kernel needs.
 pub(crate) trait Prims {
     fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// [`primitives::lane8_dot`], bit for bit.
+    fn lane8_dot(a: &[f32], b: &[f32]) -> f32;
     fn axpy(alpha: f32, x: &[f32], y: &mut [f32]);
     fn dequantize(words: &[u32], bits: u8, centroids: &[f32], out: &mut [f32]);
     fn decode_f16_pairs(words: &[u32], out: &mut [f32]);
@@ -38,6 +40,9 @@ pub(crate) struct Scalar;
 impl Prims for Scalar {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         primitives::dot(a, b)
+    }
+    fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
+        primitives::lane8_dot(a, b)
     }
     fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         primitives::axpy(alpha, x, y)
@@ -104,7 +109,7 @@ pub(crate) fn score_plain<P: Prims>(
     for (i, record) in run.words.chunks_exact(run.record_words).enumerate() {
         decode_plain::<P>(run.kind, &record[run.offset..], vector);
         for (h, q) in queries.chunks_exact(d).enumerate() {
-            out[h * stride + i] += P::dot(q, vector);
+            out[h * stride + i] += P::lane8_dot(q, vector);
         }
     }
 }

@@ -15,7 +15,9 @@
 //!   of a two-tier record) score in one pass: each part's table is scaled by the token's norm
 //!   and every part accumulates into one register per head, one reduction per token. Values
 //!   accumulate up to four chunks per pass over the tokens (sixteen independent multiply-add
-//!   chains). The f16/f32 baselines get the same 16-wide kernels. Primitives are AVX2's.
+//!   chains). The f16/f32 baselines get 16-wide kernels too, their scores two tokens per
+//!   register so that they sum in the eight-lane order every path shares (below). Primitives
+//!   are AVX2's.
 //! - [`Isa::Avx2`] (x86-64 with AVX2, FMA and F16C, detected at run time): eight coordinates per
 //!   instruction: one broadcast, one variable shift and one `vpermps` from an 8-entry table (two
 //!   tables and a blend for 4 bits, a gather from the codebook for 5–8 bits).
@@ -30,9 +32,13 @@
 //! variants are kept and tested; with tables the TQ_prod key kernel measured 1.2× (AVX-512) to
 //! 1.45× (AVX2) faster).
 //!
-//! The vector and scalar paths sum in different orders, so they may differ in the last bits
-//! (tests compare them within a tolerance derived from the f32 rounding bound); each path alone
-//! is deterministic: a result depends only on its inputs, never on timing or thread count.
+//! Over coded records the vector and scalar paths sum in different orders, so they may differ
+//! in the last bits (tests compare them within a tolerance derived from the f32 rounding bound).
+//! Plain (f16/f32) records sum in one order on every path ([`primitives::lane8_dot`] for
+//! scores, one fused multiply-add per token for values), so uncompressed caches attend with the
+//! same bits on every machine: the models' 8-bit activation rounding turns a last-bit change of
+//! a score into a 0.2% move of the f16 perplexity. Each path alone is deterministic: a result
+//! depends only on its inputs, never on timing or thread count.
 //!
 //! The environment variable `TQ_SIMD` (`scalar`, `avx2`, `avx512`, `neon`) overrides the
 //! detected instruction set for [`Isa::detect`] (an unavailable choice falls back to scalar).
@@ -879,7 +885,8 @@ pub fn score_coded_parts(
 }
 
 /// Adds the scores of every record of a plain run against `G` query heads `[G, d]`:
-/// `out[h·stride + i] += ⟨queries_h, x_i⟩`.
+/// `out[h·stride + i] += ⟨queries_h, x_i⟩`, each dot product summed in the order of
+/// [`primitives::lane8_dot`], so every instruction set gives the same bits.
 ///
 /// # Panics
 /// On inconsistent lengths, or if `out` is too short.
@@ -896,11 +903,15 @@ pub fn score_plain(isa: Isa, run: &PlainRun<'_>, queries: &[f32], out: &mut [f32
     );
     match isa.usable() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx2; every length was checked above.
-        Isa::Avx2 => unsafe { x86::score_plain(run, queries, out, stride) },
+        // SAFETY: `usable` returned Avx512; every length was checked above, and the dimension
+        // is a multiple of 8.
+        Isa::Avx512 if run.dim.is_multiple_of(8) => unsafe {
+            avx512::score_plain(run, queries, out, stride)
+        },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `usable` returned Avx512; every length was checked above.
-        Isa::Avx512 => unsafe { avx512::score_plain(run, queries, out, stride) },
+        // SAFETY: `usable` returned Avx2 or Avx512 (both have AVX2, FMA and F16C); every
+        // length was checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::score_plain(run, queries, out, stride) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => composed::score_plain::<neon::Neon>(run, queries, out, stride),
         _ => composed::score_plain::<composed::Scalar>(run, queries, out, stride),
@@ -973,7 +984,8 @@ pub fn accumulate_coded(
 }
 
 /// Accumulates the records of a plain run: `acc[h] += Σ_i weights[i·G + h]·x_i`, with
-/// `weights` token-major `[n, G]` and `acc` `[G, d]`.
+/// `weights` token-major `[n, G]` and `acc` `[G, d]`: one fused multiply-add per token and
+/// coordinate, in token order, so every instruction set gives the same bits.
 ///
 /// # Panics
 /// On inconsistent lengths.
@@ -1003,8 +1015,9 @@ pub fn accumulate_plain(isa: Isa, run: &PlainRun<'_>, weights: &[f32], acc: &mut
 }
 
 /// [`fused_attention`](super::fused_attention) on a chosen instruction set (an unavailable
-/// one runs scalar). Each instruction set alone is deterministic and thread-count free; two
-/// of them may differ in the last bits.
+/// one runs scalar). Each instruction set alone is deterministic and thread-count free; over
+/// coded records two of them may differ in the last bits, over plain (f16/f32) records they
+/// agree bit for bit.
 pub fn fused_attention_on(
     isa: Isa,
     cache: &KvCache,

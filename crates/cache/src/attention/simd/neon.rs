@@ -24,6 +24,9 @@ impl Prims for Neon {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         dot(a, b)
     }
+    fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
+        lane8_dot(a, b)
+    }
     fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         axpy(alpha, x, y)
     }
@@ -71,6 +74,34 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     };
     for i in full..n {
         s += a[i] * b[i];
+    }
+    s
+}
+
+/// [`primitives::lane8_dot`] bit for bit: lanes 0–3 and 4–7 in two registers.
+pub(super) fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let full = n / 8 * 8;
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: every load reads 4 floats starting below `full ≤ n`; each store writes 4 of the
+    // 8 floats of `lanes`.
+    unsafe {
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut lo = vdupq_n_f32(0.0);
+        let mut hi = vdupq_n_f32(0.0);
+        let mut k = 0;
+        while k < full {
+            lo = vfmaq_f32(lo, vld1q_f32(pa.add(k)), vld1q_f32(pb.add(k)));
+            hi = vfmaq_f32(hi, vld1q_f32(pa.add(k + 4)), vld1q_f32(pb.add(k + 4)));
+            k += 8;
+        }
+        vst1q_f32(lanes.as_mut_ptr(), lo);
+        vst1q_f32(lanes.as_mut_ptr().add(4), hi);
+    }
+    let mut s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for j in full..n {
+        s += a[j] * b[j];
     }
     s
 }

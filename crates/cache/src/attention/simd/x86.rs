@@ -1158,6 +1158,9 @@ pub(super) fn plain_at<const F16: bool>(record: &[u32], j: usize) -> f32 {
     }
 }
 
+/// Scores in the order every instruction set shares for plain records
+/// ([`lane8_dot`](super::super::primitives::lane8_dot)): one 8-lane multiply-add chain per
+/// head, [`hsum4`]'s horizontal adds, then the trailing values one at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn score_plain_tile<const F16: bool, const H: usize>(
     run: &PlainRun<'_>,
@@ -1501,7 +1504,9 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
             for h in 0..H {
                 let weight = weights[i * heads + first + h];
                 for j in 8 * full..d {
-                    acc[(first + h) * d + j] += weight * plain_at::<F16>(&record[run.offset..], j);
+                    // One rounding, as the vector lanes and every other path.
+                    let a = &mut acc[(first + h) * d + j];
+                    *a = weight.mul_add(plain_at::<F16>(&record[run.offset..], j), *a);
                 }
             }
         }
