@@ -117,7 +117,12 @@ fn preset_costs_are_pinned() {
         ("paper-prod", [4.5, 4.5], [4.25, 4.25]),
         ("mse-k4v4-c", [4.25, 4.25], [4.125, 4.125]),
         ("k5v3-c", [5.25, 3.25], [5.125, 3.125]),
-        ("rec4.25", [4.25, 3.25], [4.125, 3.125]),
+        // SmolLM2's one-bit layer trades: keys 2 layers up and 4 down, values 7 up and 5 down.
+        (
+            "rec4.25",
+            [(127.5 - 2.0) / 30.0, (97.5 + 2.0) / 30.0],
+            [4.125, 3.125],
+        ),
         // SmolLM2's one-bit layer trades (30 layers, `model_layers = 30`): keys 7 layers up
         // and 11 down, values 10 up and 6 down, the same total (5.5 bits a key and value).
         // The 32-layer shape keeps the uniform bits.
@@ -395,8 +400,9 @@ fn every_shipped_allocation_file_loads_and_is_named_after_itself() {
 /// The layer-wise lever files trade bits between layers and streams without changing the
 /// total: on SmolLM2's shape each stores exactly its base's bits per value (keys and values
 /// together; windows and sinks the same), while some stream does differ. The bases: the
-/// presets (8-bit windows) and their f16-window versions until 2026-12-04; `rec3.25`'s and
-/// `rec2.5`'s own trades (since session 32) against their uniform recipes.
+/// presets' uniform recipes (8-bit windows) and their f16-window versions until 2026-12-04;
+/// the presets' own trades (`rec3.25`, `rec2.5` since session 32, `rec4.25` since session 33)
+/// against their uniform recipes.
 #[test]
 fn layer_wise_levers_cost_their_base_presets_bits() {
     let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
@@ -405,8 +411,9 @@ fn layer_wise_levers_cost_their_base_presets_bits() {
         Err(_) => Allocation::load(levers.join(format!("{name}.toml"))).unwrap(),
     };
     for (lever, base) in [
-        ("rec4.25-layers-q8", "rec4.25"),
-        ("rec3.25-layers-q8", "rec3.25"),
+        ("rec4.25-layers-q8", "rec4.25-uniform"),
+        ("rec3.25-layers-q8", "rec3.25-uniform"),
+        ("rec4.25", "rec4.25-uniform"),
         ("rec3.25", "rec3.25-uniform"),
         ("rec2.5", "rec2.5-uniform"),
         ("rec4.25-layers", "rec4.25-w56"),
@@ -445,7 +452,7 @@ fn layer_wise_levers_cost_their_base_presets_bits() {
 #[test]
 fn layer_trades_apply_to_their_model_depth_only() {
     let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
-    for name in ["rec3.25", "rec2.5"] {
+    for name in ["rec4.25", "rec3.25", "rec2.5"] {
         let preset = Allocation::preset(name).unwrap();
         let uniform = Allocation::load(levers.join(format!("{name}-uniform.toml"))).unwrap();
         for (layers, head_dim) in [(18, 256), (32, 128), (30, 64)] {
