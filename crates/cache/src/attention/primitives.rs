@@ -59,9 +59,19 @@ pub fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
             lanes[l] = x[l].mul_add(y[l], lanes[l]);
         }
     }
+    lane8_finish(&lanes, a, b)
+}
+
+/// The end of [`lane8_dot`] once its eight lanes are summed (by whichever instruction set): the
+/// lanes reduced in AVX2's horizontal-add tree, then the `n mod 8` trailing products of `a` and
+/// `b` added one at a time. One definition, so the vector paths that hold their lanes in
+/// registers (NEON's two) end exactly as the scalar loop does.
+#[inline]
+pub(crate) fn lane8_finish(lanes: &[f32; 8], a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
     let mut s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
         + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for j in full..n {
+    for j in n / 8 * 8..n {
         s += a[j] * b[j];
     }
     s

@@ -56,35 +56,12 @@ fn reduce8(lo: float32x4_t, hi: float32x4_t) -> f32 {
         + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
 
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let full = n / 8 * 8;
+/// Lanes 0–3 and 4–7 of `Σ a_j·b_j` over the first `8·⌊n/8⌋` terms, one fused multiply-add per
+/// term in increasing `j`: the loop [`dot`] and [`lane8_dot`] share (they differ only in how
+/// the lanes are reduced).
+fn fma_lanes8(a: &[f32], b: &[f32]) -> (float32x4_t, float32x4_t) {
+    let full = a.len().min(b.len()) / 8 * 8;
     // SAFETY: every load reads 4 floats starting below `full ≤ n`.
-    let mut s = unsafe {
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut lo = vdupq_n_f32(0.0);
-        let mut hi = vdupq_n_f32(0.0);
-        let mut k = 0;
-        while k < full {
-            lo = vfmaq_f32(lo, vld1q_f32(pa.add(k)), vld1q_f32(pb.add(k)));
-            hi = vfmaq_f32(hi, vld1q_f32(pa.add(k + 4)), vld1q_f32(pb.add(k + 4)));
-            k += 8;
-        }
-        reduce8(lo, hi)
-    };
-    for i in full..n {
-        s += a[i] * b[i];
-    }
-    s
-}
-
-/// [`primitives::lane8_dot`] bit for bit: lanes 0–3 and 4–7 in two registers.
-pub(super) fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let full = n / 8 * 8;
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: every load reads 4 floats starting below `full ≤ n`; each store writes 4 of the
-    // 8 floats of `lanes`.
     unsafe {
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut lo = vdupq_n_f32(0.0);
@@ -95,15 +72,31 @@ pub(super) fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
             hi = vfmaq_f32(hi, vld1q_f32(pa.add(k + 4)), vld1q_f32(pb.add(k + 4)));
             k += 8;
         }
+        (lo, hi)
+    }
+}
+
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (lo, hi) = fma_lanes8(a, b);
+    let mut s = reduce8(lo, hi);
+    for i in n / 8 * 8..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// [`primitives::lane8_dot`] bit for bit: lanes 0–3 and 4–7 in two registers, ended by the
+/// same [`primitives::lane8_finish`].
+pub(super) fn lane8_dot(a: &[f32], b: &[f32]) -> f32 {
+    let (lo, hi) = fma_lanes8(a, b);
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: each store writes 4 of the 8 floats of `lanes`.
+    unsafe {
         vst1q_f32(lanes.as_mut_ptr(), lo);
         vst1q_f32(lanes.as_mut_ptr().add(4), hi);
     }
-    let mut s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for j in full..n {
-        s += a[j] * b[j];
-    }
-    s
+    primitives::lane8_finish(&lanes, a, b)
 }
 
 pub(super) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
