@@ -249,3 +249,54 @@ fn reconstruction_error_is_the_codecs() {
         "centering shrinks the error relative to the uncentered energy: {centered} vs {uncentered}"
     );
 }
+
+/// A stream with an 8-bit window writes a token's codes only when the token leaves the window,
+/// so its body error is measured then: over 48 tokens in chunks of 8 with a 16-token window,
+/// the 32 tokens that left it are compared once each (a probe that looked only at each chunk's
+/// own tokens would compare none, as `tq eval` did for `rec4.25`'s keys), and their error is
+/// the codec's (the same 0.7–1.4× band as `reconstruction_error_is_the_codecs`, 128 vectors).
+#[test]
+fn a_windowed_stream_is_measured_as_its_tokens_leave_the_window() {
+    use tq_lloyd_max::{CoordinateDistribution, LloydMaxCodebook};
+    const WINDOW: usize = 16;
+    let text = format!(
+        "name = \"w\"\nrecent_dtype = \"q8\"\n\
+         key = {{ codec = \"mse\", bits = 4, recent_fp_tokens = {WINDOW} }}\n\
+         value = {{ codec = \"mse\", bits = 4, recent_fp_tokens = {WINDOW} }}\n"
+    );
+    let mut rng = ChaCha20Rng::seed_from_u64(5);
+    let mut probed = cache(&text);
+    let mut record = ScoreRecord::new(LAYERS);
+    let shape = AttentionShape {
+        q_heads: Q_HEADS,
+        scale: 1.0 / (D as f32).sqrt(),
+    };
+    let mut done = 0;
+    for n in [8; TOKENS / 8] {
+        done += n;
+        let positions: Vec<u32> = (0..done as u32).collect();
+        for layer in 0..LAYERS {
+            let (q, k, v) = inputs(&mut rng, n);
+            let mut out = vec![0.0; q.len()];
+            ScoreProbe::new(&mut probed, AttentionKernel::Fused, &mut record)
+                .attend(layer, &q, &k, &v, &positions, shape, &mut out)
+                .expect("probe attends");
+        }
+    }
+    let book = LloydMaxCodebook::new(CoordinateDistribution::Beta { dim: D }, 4).unwrap();
+    let expected = book.unit_vector_distortion();
+    for (layer, r) in record.reconstruction().iter().enumerate() {
+        for (which, stats) in r.iter().enumerate() {
+            assert_eq!(
+                stats.vectors,
+                (TOKENS - WINDOW) * KV_HEADS,
+                "layer {layer}, stream {which}: every token that left the window, once"
+            );
+            let ratio = stats.relative_mse() / expected;
+            assert!(
+                (0.7..1.4).contains(&ratio),
+                "layer {layer}, stream {which}: {ratio} × the codebook's distortion"
+            );
+        }
+    }
+}

@@ -101,12 +101,18 @@ impl ReconstructionStats {
     }
 }
 
-/// What a [`ScoreProbe`] keeps between calls: the exact keys of every layer and the running
-/// statistics. Owned by the caller so that one record spans many forward calls (chunks).
+/// What a [`ScoreProbe`] keeps between calls: the exact keys and values of every layer and the
+/// running statistics. Owned by the caller so that one record spans many forward calls (chunks).
 #[derive(Clone, Debug, Default)]
 pub struct ScoreRecord {
     /// Per layer, the exact keys `[tokens, kv_heads·head_dim]` in append order.
     exact_keys: Vec<Vec<f32>>,
+    /// Per layer, the exact values, likewise: a token whose codes are written late (an 8-bit
+    /// window holds the only copy of its tokens until they leave it) is compared when they are.
+    exact_values: Vec<Vec<f32>>,
+    /// Per layer, `[keys, values]`, per KV head: the tokens of a growing stream whose body
+    /// records were compared so far.
+    measured: Vec<[Vec<usize>; 2]>,
     /// Per layer statistics.
     stats: Vec<LayerScoreStats>,
     /// Per layer `[keys, values]` reconstruction error of the compressed body.
@@ -120,6 +126,8 @@ impl ScoreRecord {
     pub fn new(layers: usize) -> Self {
         Self {
             exact_keys: vec![Vec::new(); layers],
+            exact_values: vec![Vec::new(); layers],
+            measured: vec![[Vec::new(), Vec::new()]; layers],
             stats: vec![LayerScoreStats::default(); layers],
             reconstruction: vec![[ReconstructionStats::default(); 2]; layers],
             seconds: 0.0,
@@ -196,8 +204,17 @@ impl AttentionBackend for ScoreProbe<'_> {
         let layer_stats = score_error(kv, exact, queries, query_positions, shape)?;
         *stats = stats.merge(layer_stats);
         let new_tokens = keys.len() / (kv.layout().kv_heads * kv.layout().head_dim).max(1);
+        let exact_values = &mut self.record.exact_values[layer];
+        exact_values.extend_from_slice(values);
         if let Some(record) = self.record.reconstruction.get_mut(layer) {
-            body_error(kv, keys, values, new_tokens, record)?;
+            let exact = [&exact[..], &exact_values[..]];
+            body_error(
+                kv,
+                exact,
+                new_tokens,
+                &mut self.record.measured[layer],
+                record,
+            )?;
         }
         self.record.seconds += clock.elapsed().as_secs_f64();
         Ok(())
@@ -289,32 +306,36 @@ fn score_error(
         .fold(LayerScoreStats::default(), LayerScoreStats::merge))
 }
 
-/// Adds the reconstruction error of the `n` newest tokens' key and value vectors (`keys`,
-/// `values`: `[n, kv_heads·head_dim]`) as the compressed body stores them — not the
-/// full-precision sink or recent copies attention may read instead, so the figure is the
-/// codec's — with a centered stream's mean added back.
+/// Adds the reconstruction error of the key and value records the body gained since the last
+/// call, as the compressed body stores them — not the full-precision sink or recent copies
+/// attention may read instead, so the figure is the codec's — with a centered stream's mean
+/// added back. `exact` holds every token's `[keys, values]` (`[tokens, kv_heads·head_dim]`).
+/// A growing stream's body holds tokens `0..body.len()` (with an 8-bit window, only those that
+/// have left it: their codes are written then), so each token is compared once, when its
+/// record appears (`measured` remembers where each stream stopped); a ring compares the `n`
+/// newest tokens, whose records it holds.
 fn body_error(
     kv: &KvCache,
-    keys: &[f32],
-    values: &[f32],
+    exact: [&[f32]; 2],
     n: usize,
+    measured: &mut [Vec<usize>; 2],
     out: &mut [ReconstructionStats; 2],
 ) -> Result<(), CacheError> {
     let layout = kv.layout();
     let (d, heads) = (layout.head_dim, layout.kv_heads);
     let mut scratch = CodecScratch::new(d);
     let mut stored = vec![0.0f32; d];
-    let start = kv.len() - n;
-    for (slot, (data, streams)) in out.iter_mut().zip([(keys, 0), (values, 1)]) {
-        for h in 0..heads {
-            let stream = if streams == 0 {
-                kv.keys(h)
-            } else {
-                kv.values(h)
+    let len = kv.len();
+    for (which, (slot, done)) in out.iter_mut().zip(measured.iter_mut()).enumerate() {
+        done.resize(heads, 0);
+        for (h, next) in done.iter_mut().enumerate() {
+            let stream = if which == 0 { kv.keys(h) } else { kv.values(h) };
+            let tokens = match layout.ring_slots() {
+                Some(_) => len - n..len,
+                None => *next..stream.body().len().min(len),
             };
-            for i in 0..n {
-                let t = start + i;
-                let index = layout.ring_slots().map_or(t, |slots| t % slots);
+            for t in tokens.clone() {
+                let index = stream.body_slot(t);
                 let Some((record, scales)) = stream.body().record_copy(index) else {
                     continue;
                 };
@@ -326,9 +347,12 @@ fn body_error(
                         *s += m;
                     }
                 }
-                let exact = &data[(i * heads + h) * d..(i * heads + h + 1) * d];
-                slot.add(exact, &stored);
+                let Some(x) = exact[which].get((t * heads + h) * d..(t * heads + h + 1) * d) else {
+                    continue;
+                };
+                slot.add(x, &stored);
             }
+            *next = (*next).max(tokens.end);
         }
     }
     Ok(())
