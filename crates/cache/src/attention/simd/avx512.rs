@@ -142,21 +142,19 @@ unsafe fn lookup<const B: u32>(lut: &Lut, chunk: __m512i) -> __m512 {
             // same centroids as a gather, in a few cycles instead of sixteen loads.
             let w = &lut.wide;
             let bit5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(1 << 5));
-            let low = _mm512_mask_blend_ps(
-                bit5,
-                _mm512_permutex2var_ps(w[0], idx, w[1]),
-                _mm512_permutex2var_ps(w[2], idx, w[3]),
-            );
-            if B == 6 {
-                low
-            } else {
-                let high = _mm512_mask_blend_ps(
+            // The 64 centroids from register `r` on, picked by the code's low six bits.
+            let sixty_four = |r: usize| {
+                _mm512_mask_blend_ps(
                     bit5,
-                    _mm512_permutex2var_ps(w[4], idx, w[5]),
-                    _mm512_permutex2var_ps(w[6], idx, w[7]),
-                );
+                    _mm512_permutex2var_ps(w[r], idx, w[r + 1]),
+                    _mm512_permutex2var_ps(w[r + 2], idx, w[r + 3]),
+                )
+            };
+            if B == 6 {
+                sixty_four(0)
+            } else {
                 let bit6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(1 << 6));
-                _mm512_mask_blend_ps(bit6, low, high)
+                _mm512_mask_blend_ps(bit6, sixty_four(0), sixty_four(4))
             }
         } else {
             let idx = _mm512_and_si512(idx, lut.mask);
