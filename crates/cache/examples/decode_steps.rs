@@ -4,8 +4,9 @@
 //! It fills one cache of SmolLM2's attention shape (3 KV heads, 9 query heads, d = 64) with
 //! `TOKENS` Gaussian tokens as `tq bench attention` does (one batch with queries whose energy
 //! falls 256× over the RoPE planes, so plane bases get fitted), runs `STEPS` decode steps of
-//! the fused kernel on the best instruction set, and prints a hash of the last output's bits
-//! (a change that should keep the output can be checked by it). A step's instructions are the
+//! the fused kernel on the best instruction set (`TQ_SIMD=avx2` or `scalar` picks another),
+//! and prints a hash of the last output's bits (a change that should keep the output can be
+//! checked by it). A step's instructions are the
 //! difference between two runs, `STEPS` and 0, under callgrind:
 //!
 //! ```sh
@@ -83,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         q_heads: Q_HEADS,
         scale: 1.0 / (D as f32).sqrt(),
     };
-    let isa = *Isa::available().last().ok_or("no instruction set")?;
+    let isa = Isa::detect();
     let start = std::time::Instant::now();
     for _ in 0..steps {
         fused_attention_on(isa, &cache, &query, &[tokens as u32 - 1], shape, &mut out)?;

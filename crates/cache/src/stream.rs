@@ -43,7 +43,7 @@ use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
-use crate::record_order::RecordOrder;
+use crate::record_order::{BitPlanes, CodeRun, RecordOrder};
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
 
@@ -123,9 +123,9 @@ pub struct StreamLayout {
     /// `Some(slots)` for a ring buffer of that many records.
     pub ring_slots: Option<usize>,
     /// The memory order asked of the body's records: [`RecordOrder::FastScan`] stores them
-    /// the way the fast-scan kernel reads them. Only single-part TQ_mse bodies of 1, 2 or 4
-    /// bits whose records are whole words take it; every other body keeps rows
-    /// ([`body_order`]), which reads the same tokens.
+    /// the way the fast-scan kernel reads them. TQ_mse bodies whose records are whole words
+    /// and fitted bases take it (codes of 3 and 5 to 8 bits as bit planes); every other body
+    /// keeps rows ([`body_order`]), which reads the same tokens.
     #[serde(default, skip_serializing_if = "is_rows")]
     pub order: RecordOrder,
 }
@@ -140,40 +140,58 @@ fn is_rows(order: &RecordOrder) -> bool {
 
 /// The order a body coded by `codec` takes when `asked` for: the fast-scan order holds records
 /// as nibbles, each of which the kernel looks up whole, so it applies to TQ_mse codecs whose
-/// codes fill whole nibbles and words — 1, 2 or 4 bits (four, two or one codes per nibble),
-/// `d·b` a multiple of 32 — and to fitted bases whose groups all have 1, 2 or 4 bits (each
-/// group starts on a word boundary); not to two tiers, QJL sign bits, 3- or 5-to-8-bit codes
-/// (which straddle nibbles), which keep rows.
+/// records are whole words (`d·b` a multiple of 32) and to fitted bases (each group starts on
+/// a word boundary): codes of 1, 2 or 4 bits fill whole nibbles (four, two or one code per
+/// nibble), codes of 3 and 5 to 8 bits are stored as bit planes of 4, 2 and 1 bits
+/// ([`body_planes`]). Two tiers, QJL sign bits and a basis group whose planes do not fit its
+/// words keep rows.
 ///
 /// ```
 /// use tq_cache::record_order::RecordOrder;
 /// use tq_cache::stream::body_order;
 /// use tq_cache::codec::MseSpec;
 /// use tq_cache::{CodecSpec, TokenCodec};
-/// let order = |bits| {
-///     let codec = TokenCodec::new(&CodecSpec::Mse(MseSpec::new(64, bits, 7))).unwrap();
+/// let order = |dim, bits| {
+///     let codec = TokenCodec::new(&CodecSpec::Mse(MseSpec::new(dim, bits, 7))).unwrap();
 ///     body_order(RecordOrder::FastScan, &codec)
 /// };
-/// assert_eq!(order(2), RecordOrder::FastScan);
-/// assert_eq!(order(3), RecordOrder::Rows);
+/// assert_eq!(order(64, 2), RecordOrder::FastScan);
+/// assert_eq!(order(64, 3), RecordOrder::FastScan); // as planes of 2 and 1 bits
+/// assert_eq!(order(12, 2), RecordOrder::Rows); // 24 bits: not a whole word
 /// ```
 pub fn body_order(asked: RecordOrder, codec: &TokenCodec) -> RecordOrder {
-    match (asked, codec) {
-        (RecordOrder::FastScan, TokenCodec::Mse(c))
-            if matches!(c.spec().bits, 1 | 2 | 4)
-                && (c.dim() * usize::from(c.spec().bits)).is_multiple_of(32) =>
-        {
-            RecordOrder::FastScan
-        }
-        // A basis record's groups start on a word boundary each, so groups of 1, 2 or 4 bits
-        // fill whole nibbles one after another.
-        (RecordOrder::FastScan, TokenCodec::Basis(c))
-            if c.groups().iter().all(|g| matches!(g.bits, 1 | 2 | 4)) =>
-        {
-            RecordOrder::FastScan
-        }
+    match (asked, body_planes(codec)) {
+        (RecordOrder::FastScan, Some(_)) => RecordOrder::FastScan,
         _ => RecordOrder::Rows,
     }
+}
+
+/// The bit planes a body coded by `codec` is stored with in the fast-scan order: `None` where
+/// the order does not hold its records ([`body_order`]), `Some(None)` where they are their
+/// own nibbles (every code 1, 2 or 4 bits), `Some(Some(planes))` otherwise.
+pub fn body_planes(codec: &TokenCodec) -> Option<Option<BitPlanes>> {
+    let runs: Vec<CodeRun> = match codec {
+        TokenCodec::Mse(c) if (c.dim() * usize::from(c.spec().bits)).is_multiple_of(32) => {
+            vec![CodeRun {
+                bits: c.spec().bits,
+                dim: c.dim(),
+                first_word: 0,
+                words: c.words_per_vector(),
+            }]
+        }
+        TokenCodec::Basis(c) => c
+            .groups()
+            .iter()
+            .map(|g| CodeRun {
+                bits: g.bits,
+                dim: g.len(),
+                first_word: g.word_offset,
+                words: g.words(),
+            })
+            .collect(),
+        _ => return None,
+    };
+    BitPlanes::new(codec.record_words(), &runs).ok()
 }
 
 /// The recent window with `held` tokens held: at least `count` tokens, and `round(fraction ·
@@ -575,7 +593,7 @@ impl Stream {
         // groups, and again after a clear): its memory, and the formula that counts it, do not
         // depend on the fit, and a change of order keeps its pages.
         let body_order = body_order(layout.order, &codec);
-        let body = match layout.order {
+        let mut body = match layout.order {
             RecordOrder::FastScan => TokenStore::in_blocks(
                 codec.record_words(),
                 codec.scales_per_token(),
@@ -589,6 +607,9 @@ impl Stream {
                 body_order,
             )?,
         };
+        if body_order == RecordOrder::FastScan {
+            body.set_planes(body_planes(&codec).flatten())?;
+        }
         Ok(Self {
             layout,
             body,
@@ -1189,8 +1210,15 @@ impl Stream {
     /// ([`TokenStore::reorder`]). A body that holds tokens is left as it is.
     fn match_body_order(&mut self) -> Result<(), CacheError> {
         let order = body_order(self.layout.order, &self.codec);
-        if order != self.body.order() && self.body.is_empty() {
+        let planes = match order {
+            RecordOrder::FastScan => body_planes(&self.codec).flatten(),
+            RecordOrder::Rows => None,
+        };
+        if (order != self.body.order() || self.body.planes() != planes.as_ref())
+            && self.body.is_empty()
+        {
             self.body.reorder(order)?;
+            self.body.set_planes(planes)?;
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ use half::f16;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CacheError;
-use crate::record_order::{self, FAST_SCAN_BLOCK, RecordOrder};
+use crate::record_order::{self, BitPlanes, FAST_SCAN_BLOCK, RecordOrder};
 
 /// Pages never grow past this many tokens under [`Growth::Doubling`].
 pub const MAX_PAGE_TOKENS: usize = 4096;
@@ -123,7 +123,14 @@ pub struct TokenStore {
     buffers: Vec<Buffer>,
     pages: Vec<Page>,
     len: usize,
+    /// The bit planes of a fast-scan store whose records hold codes of other widths than 1, 2
+    /// and 4 bits ([`set_planes`](Self::set_planes)); `None`: records are their own nibbles.
+    planes: Option<std::sync::Arc<BitPlanes>>,
 }
+
+/// Record words permuted on the stack when written through bit planes (longer records use the
+/// heap).
+const PERMUTED_ON_STACK: usize = 64;
 
 /// `growth` for a store of whole blocks: a doubling store's first page rounded up to a
 /// multiple of 32 tokens, so every page (each its own buffer) is whole blocks.
@@ -223,6 +230,7 @@ impl TokenStore {
             buffers: Vec::new(),
             pages: Vec::new(),
             len: 0,
+            planes: None,
         };
         if let Growth::Static { capacity } = growth
             && capacity > 0
@@ -307,6 +315,36 @@ impl TokenStore {
         }
         self.buffers = reordered.buffers;
         Ok(())
+    }
+
+    /// Stores the records of this (empty) store as `planes` permutes them in the fast-scan
+    /// order ([`BitPlanes`]: codes of 3 and 5 to 8 bits as bit planes), or as their own
+    /// nibbles (`None`). Records read back as written either way; rows stores ignore it.
+    ///
+    /// ```
+    /// use tq_cache::record_order::{BitPlanes, CodeRun, RecordOrder};
+    /// use tq_cache::token_store::{Growth, TokenStore};
+    /// let run = CodeRun { bits: 3, dim: 8, first_word: 0, words: 1 };
+    /// let planes = BitPlanes::new(1, &[run]).unwrap();
+    /// let mut store = TokenStore::with_order(1, 1, Growth::Static { capacity: 32 }, RecordOrder::FastScan)?;
+    /// store.set_planes(planes)?;
+    /// store.push_record(&[0x00AB_CDEF], &[half::f16::ONE])?;
+    /// assert_eq!(&*store.record_copy(0).unwrap().0, &[0x00AB_CDEF]);
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn set_planes(&mut self, planes: Option<BitPlanes>) -> Result<(), CacheError> {
+        if !self.is_empty() && planes.as_ref() != self.planes.as_deref() {
+            return Err(CacheError::InvalidConfig(
+                "only an empty token store changes its bit planes".into(),
+            ));
+        }
+        self.planes = planes.map(std::sync::Arc::new);
+        Ok(())
+    }
+
+    /// The bit planes of the records ([`set_planes`](Self::set_planes)).
+    pub fn planes(&self) -> Option<&BitPlanes> {
+        self.planes.as_deref()
     }
 
     /// Whether `tokens` records can be allocated: their word and scale counts fit `usize`
@@ -512,11 +550,22 @@ impl TokenStore {
         let b = &mut self.buffers[buffer];
         let bytes = record_order::block_bytes(rw);
         let block = first / FAST_SCAN_BLOCK;
-        record_order::scatter(
-            words,
-            first % FAST_SCAN_BLOCK,
-            &mut b.codes[block * bytes..(block + 1) * bytes],
-        );
+        let block = &mut b.codes[block * bytes..(block + 1) * bytes];
+        match &self.planes {
+            None => record_order::scatter(words, first % FAST_SCAN_BLOCK, block),
+            Some(planes) => {
+                let mut stack = [0u32; PERMUTED_ON_STACK];
+                let mut heap = Vec::new();
+                let permuted = if rw <= PERMUTED_ON_STACK {
+                    &mut stack[..rw]
+                } else {
+                    heap.resize(rw, 0);
+                    &mut heap[..]
+                };
+                planes.permute(words, permuted);
+                record_order::scatter(permuted, first % FAST_SCAN_BLOCK, block);
+            }
+        }
         b.scales[first * spt..(first + 1) * spt].copy_from_slice(scales);
         Ok(())
     }
@@ -607,6 +656,10 @@ impl TokenStore {
             (RunRecords::FastScan { codes, lead }, scales) => {
                 let mut words = vec![0u32; self.record_words];
                 record_order::gather(codes, lead, &mut words);
+                if let Some(planes) = &self.planes {
+                    let permuted = words.clone();
+                    planes.restore(&permuted, &mut words);
+                }
                 Some((Cow::Owned(words), scales))
             }
         }

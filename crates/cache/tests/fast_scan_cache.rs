@@ -112,7 +112,7 @@ const WINDOWS_Q8: &str = "sink_tokens = 2\nrecent_fp_tokens = 50\nrecent_dtype =
 const NIBBLE_WIDTHS: [u8; 3] = [4, 2, 1];
 
 #[test]
-fn only_mse_bodies_of_whole_nibbles_take_the_fast_scan_order() {
+fn mse_bodies_of_whole_words_take_the_fast_scan_order() {
     for bits in NIBBLE_WIDTHS {
         let fast = cache(growing(2, D), &at_bits(BOTH, bits), true, 40, 1);
         let rows = cache(growing(2, D), &at_bits(BOTH, bits), false, 40, 1);
@@ -147,10 +147,24 @@ fn only_mse_bodies_of_whole_nibbles_take_the_fast_scan_order() {
             [RecordOrder::Rows, RecordOrder::FastScan]
         );
         assert_eq!(order(&rows), [RecordOrder::Rows; 2]);
-        assert_eq!(order(&three_bits), [RecordOrder::Rows; 2]);
+        // 3- and 5-bit codes as bit planes (2 + 1 and 4 + 1 bits).
+        assert_eq!(order(&three_bits), [RecordOrder::FastScan; 2]);
+        assert!(three_bits.keys(g).body().planes().is_some());
+        assert!(three_bits.values(g).body().planes().is_some());
+        assert!(both.keys(g).body().planes().is_none());
     }
     // The same bytes as rows.
     assert_eq!(both.bytes_per_token(), rows.bytes_per_token());
+    let three_rows = cache(
+        growing(2, D),
+        "key = { codec = \"mse\", bits = 3 }\nvalue = { codec = \"mse\", bits = 5 }",
+        true,
+        40,
+        1,
+    );
+    assert_eq!(three_bits.bytes_per_token(), three_rows.bytes_per_token());
+    assert_same_tokens("3-bit planes", three_bits.keys(1), three_rows.keys(1));
+    assert_same_tokens("5-bit planes", three_bits.values(1), three_rows.values(1));
 }
 
 /// Values in the fast-scan order are summed in integers: with zero queries every visible token
@@ -421,7 +435,7 @@ fn keys_score_with_the_byte_tables(bits: u8) {
 
 /// Caches with the keys (and, with `values`, the values) in the fast-scan order, and the same
 /// in rows: plain, with sinks and an f16 window, with an 8-bit window and centering, and a
-/// sliding-window ring.
+/// sliding-window ring; codes of 4, 2 and 1 bits in nibbles, of 3, 6 and 7 as bit planes.
 fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
     let mut out = Vec::new();
     let bodies = [
@@ -432,6 +446,14 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
         ("2-bit", at_bits(BOTH, 2), growing(2, D)),
         ("2-bit q8 windows", at_bits(WINDOWS_Q8, 2), growing(2, D)),
         ("1-bit ring", at_bits(BOTH, 1), sliding(2, D, 200, 0)),
+        // Bit planes: 3 = 2 + 1, 6 = 4 + 2, 7 = 4 + 2 + 1 bits.
+        ("3-bit planes", at_bits(BOTH, 3), growing(2, D)),
+        (
+            "6-bit planes q8 windows",
+            at_bits(WINDOWS_Q8, 6),
+            growing(2, D),
+        ),
+        ("7-bit planes ring", at_bits(BOTH, 7), sliding(2, D, 200, 0)),
     ];
     for (name, body, layout) in bodies {
         // The value table is the last line that names a codec.
@@ -530,8 +552,15 @@ fn fast_scan_keys_stay_within_the_score_bound() {
                 let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
                 let mut rotated = vec![0.0f32; D];
                 codec.rotation().apply(&q, &mut rotated).unwrap();
-                let table =
-                    ScoreTable::new(&rotated, codec.codebook().centroids_f32(), bits).unwrap();
+                // The cache's table: codes of 3, 6 and 7 bits as bit planes.
+                let part = tq_cache::attention::fast_scan::TablePart {
+                    query: &rotated,
+                    centroids: codec.codebook().centroids_f32(),
+                    bits,
+                    lanes: 8 * codec.words_per_vector(),
+                };
+                let mut table = ScoreTable::default();
+                table.rebuild_parts(&[part], part.lanes).unwrap();
                 epsilon = epsilon.max(norm * table.error_bound());
             }
         }
@@ -657,7 +686,7 @@ fn basis_bits_is_a_checked_list_of_widths() {
     assert!(text.contains("basis_bits = [4, 2, 1]"), "{text}");
     assert_eq!(Allocation::from_toml_str(&text).unwrap(), lever);
     // Without the list the same data fits groups of other widths (3 bits among them), which
-    // keep rows.
+    // take the order as bit planes.
     let free = cache(
         growing(2, D),
         &NIBBLE_BASIS.replace(", basis_bits = [4, 2, 1]", ""),
@@ -669,7 +698,8 @@ fn basis_bits_is_a_checked_list_of_widths() {
         panic!("a fitted basis")
     };
     assert!(codec.groups().iter().any(|g| !matches!(g.bits, 1 | 2 | 4)));
-    assert_eq!(free.keys(0).body().order(), RecordOrder::Rows);
+    assert_eq!(free.keys(0).body().order(), RecordOrder::FastScan);
+    assert!(free.keys(0).body().planes().is_some());
 }
 
 /// The shipped lever files and the two lower recommended presets put the streams they name in
@@ -716,12 +746,12 @@ fn the_fast_scan_lever_files_order_what_they_say() {
         ),
         // The presets' recipes (their uniform bits; the presets' layer trades for SmolLM2
         // change some layers' widths), before their key basis is fitted: plain 3-bit keys
-        // keep rows, plain 2-bit keys take the order (fitted, both hold 4-, 2- and 1-bit
-        // groups in it: `a_nibble_basis_keeps_the_fast_scan_order`).
+        // take the order as bit planes, plain 2-bit keys as nibbles (fitted, both hold 4-,
+        // 2- and 1-bit groups in it: `a_nibble_basis_keeps_the_fast_scan_order`).
         (
             "rec3.25-uniform.toml",
             lever("rec3.25-rows.toml"),
-            rows,
+            fast,
             fast,
         ),
         ("rec2.5-uniform.toml", lever("rec2.5-rows.toml"), fast, fast),
@@ -741,35 +771,33 @@ fn the_fast_scan_lever_files_order_what_they_say() {
 }
 
 /// A basis stream asks for the fast-scan order before its first batch, when its codec is the
-/// plain one; once the basis is fitted its records are parts of several widths and the body
-/// is rows again — the same records, bit for bit, as one that never asked. Cleared, it returns
-/// to the plain codec's order keeping its pages, and refilled it gives what a fresh cache
-/// gives.
+/// plain one (4-bit codes, their own nibbles); once the basis is fitted its records are parts
+/// of several widths, some stored as bit planes — the same records, bit for bit, as one that
+/// never asked. Cleared, it returns to the plain codec's nibbles keeping its pages, and
+/// refilled it gives what a fresh cache gives.
 #[test]
-fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleared() {
+fn a_basis_stream_takes_bit_planes_when_fitted_and_leaves_them_when_cleared() {
     let body = "key = { codec = \"mse\", bits = 4, basis = \"pca\", ORDER }\n\
                 value = { codec = \"mse\", bits = 4, ORDER }";
     let fresh = || KvCache::with_allocation(growing(2, D), &allocation(body, true), 0, 1).unwrap();
     let mut fast = fresh();
     assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan);
+    assert!(fast.keys(0).body().planes().is_none());
     common::fill(&mut fast, 0, 700, 13);
     let rows = cache(growing(2, D), body, false, 700, 13);
     for g in 0..2 {
-        assert!(
-            matches!(fast.keys(g).codec(), TokenCodec::Basis(_)),
-            "a fitted basis"
-        );
-        assert_eq!(fast.keys(g).body().order(), RecordOrder::Rows);
+        fitted_basis(fast.keys(g), Widths::SomeWide);
+        assert_eq!(fast.keys(g).body().order(), RecordOrder::FastScan);
+        assert!(fast.keys(g).body().planes().is_some());
         assert_eq!(fast.values(g).body().order(), RecordOrder::FastScan);
-        // The same records; the pages differ, a stream that asks for the fast-scan order
-        // growing pages of whole blocks in either order.
         assert_eq!(stored_records(fast.keys(g)), stored_records(rows.keys(g)));
     }
     let grown = fast.keys(0).body().capacity();
     let bytes = fast.keys(0).body().allocated_bytes();
     fast.clear();
     assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan);
-    // Cleared, it keeps the pages it grew in the other order.
+    assert!(fast.keys(0).body().planes().is_none());
+    // Cleared, it keeps the pages it grew.
     assert_eq!(fast.keys(0).body().capacity(), grown);
     assert_eq!(fast.keys(0).body().allocated_bytes(), bytes);
     common::fill(&mut fast, 0, 700, 14);
@@ -787,6 +815,26 @@ fn a_basis_stream_leaves_the_fast_scan_order_when_fitted_and_returns_when_cleare
 /// after another) stay in the fast-scan order.
 const NIBBLE_BASIS: &str = "key = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }\n\
     value = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }";
+
+/// A basis of free widths: 4-bit streams with a principal-component basis whose groups take
+/// any width (5 to 8 and 3 bits among them, on this data), stored as bit planes.
+const FREE_BASIS: &str = "key = { codec = \"mse\", bits = 4, basis = \"pca\", ORDER }\n\
+    value = { codec = \"mse\", bits = 4, basis = \"pca\", ORDER }";
+
+/// The widths a fitted basis must have.
+#[derive(Clone, Copy, Debug)]
+enum Widths {
+    /// Every group 1, 2 or 4 bits.
+    Nibbles,
+    /// At least one group of another width (bit planes).
+    SomeWide,
+}
+
+/// The two bases the basis tests run on, with the widths each must fit.
+const BASES: [(&str, Widths); 2] = [
+    (NIBBLE_BASIS, Widths::Nibbles),
+    (FREE_BASIS, Widths::SomeWide),
+];
 
 /// `x` and `y` hold the same tokens from the same first one, decoded bit for bit.
 fn assert_same_tokens(what: &str, x: &tq_cache::stream::Stream, y: &tq_cache::stream::Stream) {
@@ -811,31 +859,40 @@ fn stored_records(stream: &tq_cache::stream::Stream) -> Vec<(Vec<u32>, f32)> {
         .collect()
 }
 
-/// The fitted basis of `stream`, with at least two groups, all of 1, 2 or 4 bits.
-fn nibble_basis(stream: &tq_cache::stream::Stream) -> &tq_cache::basis::BasisCodec {
+/// The fitted basis of `stream`, with at least two groups, of the widths `widths` asks for.
+fn fitted_basis(stream: &tq_cache::stream::Stream, widths: Widths) -> &tq_cache::basis::BasisCodec {
     let TokenCodec::Basis(codec) = stream.codec() else {
         panic!("a fitted basis")
     };
-    let widths: Vec<u8> = codec.groups().iter().map(|g| g.bits).collect();
-    assert!(
-        widths.len() >= 2 && widths.iter().all(|b| matches!(b, 1 | 2 | 4)),
-        "{widths:?}"
-    );
+    let bits: Vec<u8> = codec.groups().iter().map(|g| g.bits).collect();
+    let nibbles = bits.iter().filter(|b| matches!(b, 1 | 2 | 4)).count();
+    let fits = match widths {
+        Widths::Nibbles => nibbles == bits.len(),
+        Widths::SomeWide => nibbles < bits.len(),
+    };
+    assert!(bits.len() >= 2 && fits, "{widths:?}: {bits:?}");
     codec
 }
 
-/// A basis fitted within the nibble widths keeps the fast-scan order; the same records as in
-/// rows, the same bits at any thread count, and a saved cache reloads bit-identical.
+/// A fitted basis keeps the fast-scan order, its groups of 1, 2 or 4 bits as nibbles and
+/// the others as bit planes; the same records as in rows, the same bits at any thread count,
+/// and a saved cache reloads bit-identical.
 #[test]
 fn a_nibble_basis_keeps_the_fast_scan_order() {
-    let fast = cache(growing(2, D), NIBBLE_BASIS, true, 1300, 21);
-    let rows = cache(growing(2, D), NIBBLE_BASIS, false, 1300, 21);
+    for (body, widths) in BASES {
+        a_basis_keeps_the_fast_scan_order(body, widths);
+    }
+}
+
+fn a_basis_keeps_the_fast_scan_order(basis: &str, widths: Widths) {
+    let fast = cache(growing(2, D), basis, true, 1300, 21);
+    let rows = cache(growing(2, D), basis, false, 1300, 21);
     for g in 0..2 {
         for (x, y) in [
             (fast.keys(g), rows.keys(g)),
             (fast.values(g), rows.values(g)),
         ] {
-            nibble_basis(x);
+            fitted_basis(x, widths);
             assert_eq!(x.body().order(), RecordOrder::FastScan);
             assert_eq!(y.body().order(), RecordOrder::Rows);
             assert_same_tokens("nibble basis", x, y);
@@ -856,7 +913,7 @@ fn a_nibble_basis_keeps_the_fast_scan_order() {
             layout: growing(2, D),
         },
     }];
-    let mut model = ModelCache::with_allocation(specs, &allocation(NIBBLE_BASIS, true)).unwrap();
+    let mut model = ModelCache::with_allocation(specs, &allocation(basis, true)).unwrap();
     let (keys, values) = (vectors(700, 2 * D, 23), vectors(700, 2 * D, 24));
     let all: Vec<u32> = (0..700).collect();
     model.append_layer(0, &keys, &values, &all).unwrap();
@@ -879,12 +936,23 @@ fn a_nibble_basis_keeps_the_fast_scan_order() {
 /// record's nibbles — within f32 rounding (`2e-4·max|v| + 1e-5`, f64 softmax). A group read
 /// from the wrong lanes, or scored against another group's or head's query or codebook, moves
 /// the output far past it.
+///
+/// Groups stored as bit planes (the free basis) add, per coordinate, the 16-bit entry of its
+/// code computed here from the table's public step: `round((q'_j c_k − o_j) / (δ/2^k))`,
+/// `o_j` the coordinate's smallest product (their nibble lanes have zero entries), the nibble
+/// lanes' bytes then counting `2^k` units each.
 #[test]
 fn nibble_basis_keys_score_with_one_table_over_the_groups() {
+    for (body, widths) in BASES {
+        basis_keys_score_with_one_table_over_the_groups(body, widths);
+    }
+}
+
+fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) {
     use tq_cache::attention::fast_scan::TablePart;
-    let body = NIBBLE_BASIS.replace(
-        "value = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }",
-        "value = { codec = \"f16\" }",
+    let body = format!(
+        "{}\nvalue = {{ codec = \"f16\" }}",
+        basis.lines().next().unwrap().trim_end_matches('\\')
     );
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let group_size = q_heads / kv;
@@ -901,8 +969,9 @@ fn nibble_basis_keys_score_with_one_table_over_the_groups() {
         .collect();
     for g in 0..kv {
         let keys = cache.keys(g);
-        let codec = nibble_basis(keys);
+        let codec = fitted_basis(keys, widths);
         let records = stored_records(keys);
+        let planes_expected = matches!(widths, Widths::SomeWide);
         let values: Vec<Vec<f32>> = (0..tokens)
             .map(|t| {
                 cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
@@ -950,13 +1019,25 @@ fn nibble_basis_keys_score_with_one_table_over_the_groups() {
                 let scores: Vec<f64> = records[..=p as usize]
                     .iter()
                     .map(|(words, norm)| {
-                        let sum: u32 = (0..table.lanes())
+                        let nibbles: u32 = (0..table.lanes())
                             .map(|l| {
                                 let nibble = (words[l / 8] >> (4 * (l % 8))) & 0x0F;
                                 u32::from(table.entry(l, nibble as u8).unwrap())
                             })
                             .sum();
-                        f64::from(norm * table.dequantize(sum))
+                        let planes: u32 = codec
+                            .groups()
+                            .iter()
+                            .zip(&slices)
+                            .filter(|(group, _)| !matches!(group.bits, 1 | 2 | 4))
+                            .map(|(group, query)| {
+                                plane_entries(group, query, words, table.sum_step())
+                            })
+                            .sum();
+                        let unit = table.lane_unit();
+                        assert_eq!(unit > 1, planes_expected);
+                        assert_eq!(table.sum_step(), table.step() / unit as f32);
+                        f64::from(norm * table.dequantize(unit * nibbles + planes))
                     })
                     .collect();
                 let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
@@ -985,16 +1066,53 @@ fn nibble_basis_keys_score_with_one_table_over_the_groups() {
     }
 }
 
+/// The entries of a group stored as bit planes for one record: per coordinate `j` of its
+/// query slice, `round((q'_j c_k − o_j) / step)` at the token's code `k` (half away from
+/// zero, clamped to 16 bits), `o_j = q'_j·c_min` or `q'_j·c_max`, whichever is smaller.
+fn plane_entries(
+    group: &tq_cache::basis::GroupCodec,
+    query: &[f32],
+    words: &[u32],
+    step: f32,
+) -> u32 {
+    let centroids = group.codebook.centroids_f32();
+    let (c_min, c_max) = centroids
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &c| {
+            (lo.min(c), hi.max(c))
+        });
+    let mut codes = vec![0u8; group.len()];
+    let own = &words[group.word_offset..group.word_offset + group.words()];
+    tq_cache::codec::packing::unpack(own, group.bits, &mut codes).unwrap();
+    query
+        .iter()
+        .zip(&codes)
+        .map(|(&q, &k)| {
+            let o = q * if q >= 0.0 { c_min } else { c_max };
+            ((q * centroids[usize::from(k)] - o) / step)
+                .round()
+                .clamp(0.0, 65535.0) as u32
+        })
+        .sum()
+}
+
 /// Nibble-basis values in the fast-scan order (keys f16), zero queries (every weight 1): the
 /// output is the integer sums computed here group by group from each token's codes — per
 /// block the weight bytes of the norms, each group's centroids as bytes — turned back through
 /// the group's rotation and scale and the basis rows, within f32 rounding. A group summed
 /// from another group's lanes or with another group's codebook moves it far past that.
+/// The free basis's groups stored as bit planes are summed the same way.
 #[test]
 fn nibble_basis_values_sum_the_integer_weights() {
-    let body = NIBBLE_BASIS.replace(
-        "key = { codec = \"mse\", bits = 3, basis = \"pca\", basis_bits = [4, 2, 1], ORDER }",
-        "key = { codec = \"f16\" }",
+    for (body, widths) in BASES {
+        basis_values_sum_the_integer_weights(body, widths);
+    }
+}
+
+fn basis_values_sum_the_integer_weights(basis: &str, widths: Widths) {
+    let body = format!(
+        "key = {{ codec = \"f16\" }}\n{}",
+        basis.lines().nth(1).unwrap().trim()
     );
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let fast = cache(growing(kv, D), &body, true, tokens, 28);
@@ -1011,7 +1129,7 @@ fn nibble_basis_values_sum_the_integer_weights() {
         .collect();
     for g in 0..kv {
         let values = fast.values(g);
-        let codec = nibble_basis(values);
+        let codec = fitted_basis(values, widths);
         let records = stored_records(values);
         for (i, &p) in positions.iter().enumerate() {
             let visible = &records[..=p as usize];
@@ -1099,7 +1217,7 @@ fn the_lower_recommended_presets_fit_nibble_bases_in_the_fast_scan_order() {
                 .unwrap();
         }
         for g in 0..kv {
-            nibble_basis(fast.keys(g));
+            fitted_basis(fast.keys(g), Widths::Nibbles);
             for (x, y) in [
                 (fast.keys(g), rows.keys(g)),
                 (fast.values(g), rows.values(g)),

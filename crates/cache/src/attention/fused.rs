@@ -314,27 +314,28 @@ fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
         key_parts: parts_of(keys.codec())?,
         value_parts: parts_of(values.codec())?,
     };
-    // The fast-scan runs read coded parts of whole nibbles one after another
+    // The fast-scan runs read coded parts one after another, in nibbles or as bit planes
     // (`stream::body_order` gives that order to no other body).
     for (stream, parts) in [(keys, &plan.key_parts), (values, &plan.value_parts)] {
-        if stream.body().order() == RecordOrder::FastScan && !nibble_parts(parts) {
+        if stream.body().order() == RecordOrder::FastScan && !fast_scan_parts(parts) {
             return Err(CacheError::InvalidConfig(
-                "a fast-scan body must hold codes of 1, 2 or 4 bits, part after part".into(),
+                "a fast-scan body must hold codes of 1 to 8 bits, part after part".into(),
             ));
         }
     }
     Ok(plan)
 }
 
-/// Whether every part of a record is codes of 1, 2 or 4 bits without sign bits, each part's
+/// Whether every part of a record is codes of 1 to 8 bits without sign bits, each part's
 /// words following the previous part's: what the fast-scan runs read, a part's nibble lanes
-/// starting at 8 per word before it.
-fn nibble_parts(parts: &Parts<'_>) -> bool {
+/// (or bit planes, [`record_order::plane_spans`](crate::record_order::plane_spans)) starting
+/// at 8 per word before it.
+fn fast_scan_parts(parts: &Parts<'_>) -> bool {
     let mut words = 0;
     !parts.is_empty()
         && parts.iter().all(|part| match part.body {
             Body::Codes {
-                bits: 1 | 2 | 4,
+                bits: 1..=8,
                 sketch: None,
                 code_words,
                 ..
@@ -348,15 +349,18 @@ fn nibble_parts(parts: &Parts<'_>) -> bool {
 
 /// Where part `part` of a record of `record_words` words lies in a fast-scan block.
 fn run_part(part: &Part<'_>, record_words: usize) -> fast_scan::RunPart {
-    let code_words = match part.body {
-        Body::Codes { code_words, .. } => code_words,
-        Body::Plain(_) => 0,
+    let (code_words, bits) = match part.body {
+        Body::Codes {
+            code_words, bits, ..
+        } => (code_words, bits),
+        Body::Plain(_) => (0, 0),
     };
     fast_scan::RunPart {
         block_lanes: 8 * record_words,
         first_lane: 8 * part.word_offset,
         lanes: 8 * code_words,
         dim: part.dim,
+        bits,
     }
 }
 
@@ -416,7 +420,7 @@ fn prepare_tables(
         lanes: 0,
     };
     for h in 0..heads {
-        // `head_plan` admits only coded parts of whole nibbles in this order.
+        // `head_plan` admits only coded parts in this order.
         let mut table_parts = [empty; MAX_PARTS];
         for ((slot, part), prepared) in table_parts.iter_mut().zip(parts.iter()).zip(&out.parts) {
             let Body::Codes {
@@ -993,7 +997,7 @@ fn run_block_with(
             let i = t - start;
             let record_words = words.len() / n;
             if let Record::FastScan { codes, lead } = record {
-                // Coded parts of whole nibbles sharing one norm: `head_plan` refuses any other
+                // Coded parts sharing one norm: `head_plan` refuses any other
                 // fast-scan body.
                 scales.load(isa, halves, n);
                 let norms = (&scales.all[..], scales.per_token);

@@ -41,12 +41,22 @@
 //! them, both tested (`tests/fast_scan_cache.rs`). Measured on Zen 3 (AVX2, docs/results.md):
 //! a 4-bit cache decodes 1.5–2.0× faster in this order than in rows at 16K–64K tokens, a
 //! 2-bit one 1.6–1.7× (1.6–2.2× f16), with the same KL divergence within its error. A basis
-//! record whose groups all have 1, 2 or 4 bits takes the order too: one table per query head
-//! over every group ([`ScoreTable::rebuild_parts`]), the values summed group by group.
+//! record takes the order too: one table per query head over every group
+//! ([`ScoreTable::rebuild_parts`]), the values summed group by group.
 //!
-//! **Limits**: single-part TurboQuant_mse codes of b ≤ 4 bits, and in the cache 1, 2 or 4 bits
-//! (a 3-bit code takes a whole nibble here, so it saves no bytes over 4 bits, and in packed
-//! records it straddles nibbles); the f32 value sums of [`attend`] are slower than the fused
+//! **Bit planes** (the module `wide`): in the cache, codes of 3 and 5 to 8 bits are stored as
+//! planes of 4, 2 and 1 bits ([`record_order`](crate::record_order)), which no nibble lane
+//! holds whole. Their lanes' byte entries are zero, and a second pass puts each coordinate's
+//! 32 codes back together from its planes and adds its 16-bit entries, in steps of `δ/2^k`
+//! (`k ≤ 8`; the nibble lanes' bytes then count `2^k` units, [`ScoreTable::lane_unit`]) —
+//! still one exact integer sum, the same on every instruction set (AVX-512 VBMI looks two
+//! coordinates up per `vpermi2b`, AVX2 one per `vpshufb` and 16 entries; NEON runs the scalar
+//! loop). Values look the code up
+//! in the centroid bytes (AVX2: `vpshufb`, blended past 4 bits).
+//!
+//! **Limits**: the standalone layout holds single-part TurboQuant_mse codes of b ≤ 4 bits (a
+//! 3-bit code takes a whole nibble there, so it saves no bytes over 4 bits); the f32 value
+//! sums of [`attend`] are slower than the fused
 //! kernel's on AVX-512 and AVX2
 //! (`tq bench scan --attention`), the integer ones 2.0–2.3× the f16 kernel for a whole
 //! standalone step on AVX2 (docs/results.md). On
@@ -80,6 +90,9 @@ mod scalar;
 mod table;
 mod values_int;
 mod weights;
+mod wide;
+#[cfg(target_arch = "x86_64")]
+mod wide_x86;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -90,6 +103,7 @@ pub use table::{ScoreTable, TablePart};
 pub(crate) use values_int::ValueTables;
 
 use super::simd::Isa;
+use layout::LANE_BYTES;
 
 /// Whether `isa` lets the AVX2 kernels and the AVX2-compiled loops run: asked for (AVX-512
 /// CPUs take them too, where no AVX-512 form exists) and present on this CPU.
@@ -283,18 +297,64 @@ fn scores_heads_body(isa: Isa, tables: &[ScoreTable], keys: &FastScanBlocks, out
     }
 }
 
-/// The sums of up to four heads' tables over one block, in one pass over the codes on AVX2
-/// and AVX-512.
-fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLOCK]]) {
+/// The sums of up to four heads' tables over one block: the nibble lanes in one pass over
+/// the codes on AVX2 and AVX-512 (only the runs of lanes that hold nibble codes,
+/// [`ScoreTable::nibble_runs`]), then the coordinates stored as bit planes ([`wide`]).
+pub(super) fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLOCK]]) {
+    let heads = tables.len().min(4);
+    let runs = tables[0].nibble_runs();
+    let mut entries: [&[u8]; 4] = [&[]; 4];
+    if let [run] = runs
+        && run.start == 0
+        && run.end * LANE_BYTES == codes.len()
+    {
+        for (e, table) in entries.iter_mut().zip(tables) {
+            *e = table.entries();
+        }
+        nibble_sums_tile(isa, &entries[..heads], codes, out);
+    } else {
+        for o in out.iter_mut() {
+            o.fill(0);
+        }
+        let mut part = [[0u32; BLOCK]; 4];
+        for run in runs {
+            let bytes = run.start * LANE_BYTES..run.end * LANE_BYTES;
+            for (e, table) in entries.iter_mut().zip(tables) {
+                *e = &table.entries()[bytes.clone()];
+            }
+            nibble_sums_tile(isa, &entries[..heads], &codes[bytes], &mut part[..heads]);
+            for (o, p) in out.iter_mut().zip(&part) {
+                for (o, p) in o.iter_mut().zip(p) {
+                    *o += p;
+                }
+            }
+        }
+    }
+    for (o, table) in out.iter_mut().zip(tables) {
+        let unit = table.lane_unit();
+        if unit != 1 {
+            // Counted in the wide entries' finer steps (each head's own; exact: at most
+            // 255·256 a lane).
+            for o in o.iter_mut() {
+                *o *= unit;
+            }
+        }
+    }
+    wide::add_sums(isa, tables, codes, out);
+}
+
+/// The nibble lanes' part of [`sums_tile`]: `out[h]` the sums of `entries[h]` (16 bytes a
+/// lane, the lanes of `codes`).
+fn nibble_sums_tile(isa: Isa, entries: &[&[u8]], codes: &[u8], out: &mut [[u32; BLOCK]]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let e = |h: usize| tables[h].entries();
+        let e = |h: usize| entries[h];
         if isa == Isa::Avx512 && isa.is_available() {
             // SAFETY: AVX-512 F/BW (with AVX2) was detected at run time just above; every
-            // table and `codes` hold `lanes · 16` bytes (the tables were checked against
-            // the keys).
+            // table and `codes` hold `lanes · 16` bytes, a multiple of 64 (the tables were
+            // checked against the keys, their runs of nibble lanes are whole registers).
             unsafe {
-                match tables.len() {
+                match entries.len() {
                     1 => x86::sums_heads_avx512::<1>([e(0)], codes, out.try_into().expect("1")),
                     2 => {
                         x86::sums_heads_avx512::<2>([e(0), e(1)], codes, out.try_into().expect("2"))
@@ -316,7 +376,7 @@ fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLO
         if avx2_kernels(isa) {
             // Two heads per pass: a third one's accumulators would not fit in the sixteen
             // registers (three heads at once measured 1.15× slower than two then one).
-            for (pair, o) in (0..tables.len()).step_by(2).zip(out.chunks_mut(2)) {
+            for (pair, o) in (0..entries.len()).step_by(2).zip(out.chunks_mut(2)) {
                 // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
                 unsafe {
                     if o.len() == 2 {
@@ -330,8 +390,8 @@ fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut [[u32; BLO
             return;
         }
     }
-    for (table, o) in tables.iter().zip(out.iter_mut()) {
-        sums_unchecked(isa, table, codes, o);
+    for (entries, o) in entries.iter().zip(out.iter_mut()) {
+        nibble_sums(isa, entries, codes, o);
     }
 }
 
@@ -347,8 +407,18 @@ fn check(table: &ScoreTable, keys: &FastScanBlocks) -> Result<(), FastScanError>
     Ok(())
 }
 
-/// Dispatch on an instruction set the CPU has (anything else runs the scalar loop).
+/// One table's sums of one block ([`sums_tile`] for one head).
 fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BLOCK]) {
+    sums_tile(
+        isa,
+        std::slice::from_ref(table),
+        codes,
+        std::slice::from_mut(out),
+    );
+}
+
+/// Dispatch on an instruction set the CPU has (anything else runs the scalar loop).
+fn nibble_sums(isa: Isa, entries: &[u8], codes: &[u8], out: &mut [u32; BLOCK]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if isa.is_available() => {
@@ -356,7 +426,7 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
             // the table hold `lanes · 16` bytes, a multiple of 64 (asserted by `x86`).
             unsafe {
                 x86::sums_heads_avx512::<1>(
-                    [table.entries()],
+                    [entries],
                     codes,
                     std::slice::from_mut(out).try_into().expect("one head"),
                 )
@@ -367,14 +437,14 @@ fn sums_unchecked(isa: Isa, table: &ScoreTable, codes: &[u8], out: &mut [u32; BL
             // SAFETY: AVX2 was detected at run time just above; lengths as for AVX-512.
             unsafe {
                 x86::sums_heads_avx2::<1>(
-                    [table.entries()],
+                    [entries],
                     codes,
                     std::slice::from_mut(out).try_into().expect("one head"),
                 )
             }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => neon::sums(table.entries(), codes, out),
-        _ => scalar::sums(table.entries(), codes, out),
+        Isa::Neon => neon::sums(entries, codes, out),
+        _ => scalar::sums(entries, codes, out),
     }
 }

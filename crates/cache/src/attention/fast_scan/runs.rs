@@ -164,6 +164,9 @@ pub(crate) struct RunPart {
     pub lanes: usize,
     /// The part's coordinates (`≤ lanes · m`).
     pub dim: usize,
+    /// Bits per code: 1, 2 and 4 in nibbles, others as bit planes
+    /// ([`record_order::planes_from`](crate::record_order::planes_from)).
+    pub bits: u8,
 }
 
 /// Reusable buffers of [`accumulate_run`].
@@ -267,18 +270,29 @@ fn accumulate_run_body<const AVX2: bool>(
         first_lane,
         lanes: part_lanes,
         dim,
+        bits,
     } = part;
     let block_bytes = block_lanes * LANE_BYTES;
-    // Coordinates `rows ≥ dim` of the part's lanes (padding past `dim` decodes as code 0 and
-    // is dropped below); the kernels take coordinates in pairs.
-    let rows = part_lanes * tables.per;
-    assert!(first_lane + part_lanes <= block_lanes && dim <= rows && rows.is_multiple_of(2));
-    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK);
     let RunScratch {
         bytes,
         scales,
         lanes,
     } = scratch;
+    let planes = super::table::is_wide(bits)
+        .then(|| super::table::WidePart::new(bits, dim, first_lane, 0))
+        .flatten();
+    if let Some(planes) = &planes {
+        assert!(planes.end_lane() <= first_lane + part_lanes);
+    }
+    // Coordinates `rows ≥ dim` of the part's lanes (padding past `dim` decodes as code 0 and
+    // is dropped below); the kernels take coordinates in pairs.
+    let rows = if planes.is_some() {
+        dim.next_multiple_of(2)
+    } else {
+        part_lanes * tables.per
+    };
+    assert!(first_lane + part_lanes <= block_lanes && dim <= rows && rows.is_multiple_of(2));
+    assert!(codes.len().is_multiple_of(block_bytes) && lead < BLOCK);
     bytes.resize(group, [0; BLOCK]);
     scales.resize(group, 0.0);
     lanes.clear();
@@ -314,6 +328,10 @@ fn accumulate_run_body<const AVX2: bool>(
                 }
             }
             scales[h] = super::values_int::weight_bytes(&w, &mut bytes[h]);
+        }
+        if let Some(planes) = &planes {
+            super::wide::accumulate(isa, planes, block, rows, tables, bytes, scales, lanes);
+            continue;
         }
         let part_codes = &block[first_lane * LANE_BYTES..(first_lane + part_lanes) * LANE_BYTES];
         super::attend::accumulate_int(isa, part_codes, rows, tables, bytes, scales, lanes);

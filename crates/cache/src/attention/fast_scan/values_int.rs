@@ -30,12 +30,12 @@ use super::layout::LANE_BYTES;
 /// The largest magnitude of a quantized weight or centroid.
 pub(super) const LEVELS: f32 = 127.0;
 
-/// `(e, γ)`: the centroids (up to 16) as signed bytes `round(c_k / γ)`, padded with zeros to
-/// 16 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
-fn centroid_bytes(centroids: &[f32]) -> ([i8; 16], f32) {
+/// `(e, γ)`: the centroids (up to 256) as signed bytes `round(c_k / γ)`, padded with zeros
+/// to 256 entries, and their step `γ = max|c_k| / 127` (zero for an all-zero codebook).
+fn centroid_bytes(centroids: &[f32]) -> ([i8; 256], f32) {
     let max = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
     let gamma = max / LEVELS;
-    let mut e = [0i8; 16];
+    let mut e = [0i8; 256];
     if gamma > 0.0 {
         for (e, c) in e.iter_mut().zip(centroids) {
             *e = round_half_even(c / gamma).clamp(-LEVELS, LEVELS) as i8;
@@ -56,14 +56,24 @@ pub(crate) struct ValueTables {
     pub(super) per: usize,
     /// The centroids' step `γ = max|c_k| / 127`.
     pub(super) gamma: f32,
+    /// The centroids as bytes, `e[k]` for every code `k` (zero past `2^bits`): what a
+    /// coordinate stored as bit planes looks its code up in.
+    pub(super) bytes: [i8; 256],
 }
 
 impl ValueTables {
-    /// The tables of `centroids` (`2^bits` of them, `bits` ≤ 4).
+    /// The tables of `centroids` (`2^bits` of them, `bits` ≤ 8; the nibble tables hold
+    /// `bits` ≤ 4).
     pub(crate) fn new(centroids: &[f32], bits: u8) -> Self {
-        let (e, gamma) = centroid_bytes(centroids);
-        let (tables, per) = super::layout::lane_tables(&e[..centroids.len().min(16)], bits);
-        Self { tables, per, gamma }
+        let (bytes, gamma) = centroid_bytes(centroids);
+        let (tables, per) =
+            super::layout::lane_tables(&bytes[..centroids.len().min(16)], bits.min(4));
+        Self {
+            tables,
+            per,
+            gamma,
+            bytes,
+        }
     }
 }
 

@@ -537,7 +537,10 @@ pub(super) unsafe fn dequantize_block_avx2(
     norms: &[f32; BLOCK],
     out: &mut [f32; BLOCK],
 ) {
-    let (step, offset) = (_mm256_set1_ps(table.step()), _mm256_set1_ps(table.offset()));
+    let (step, offset) = (
+        _mm256_set1_ps(table.sum_step()),
+        _mm256_set1_ps(table.offset()),
+    );
     for i in (0..BLOCK).step_by(8) {
         // SAFETY: `i + 8 ≤ 32`, the length of every array; a sum is below 2^31
         // (`ScoreTable::dequantize`), so the signed conversion is the value's.
