@@ -175,7 +175,9 @@ pub(crate) fn planes_from(bits: u8, dim: usize, first_lane: usize) -> Option<Pla
 /// A bit permutation of records for the fast-scan order: runs of codes whose width is not 1, 2
 /// or 4 are stored as their bit planes ([`plane_spans`]), so each plane's codes sit whole in
 /// nibbles as 1-, 2- and 4-bit codes do; every other bit of the record keeps its place. The
-/// same bits, moved: a record written and read back through it is unchanged.
+/// same bits, moved: a record written and read back through it is unchanged, its runs'
+/// padding bits (past their codes, zero as [`packing`](crate::codec::packing) writes them)
+/// read back as zero.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BitPlanes {
     /// `source[k]`: the record bit stored at bit `k` of the permuted record (bit `k mod 4` of
@@ -248,6 +250,11 @@ impl BitPlanes {
             }
         }
         Ok(wide.then_some(Self { source }))
+    }
+
+    /// Words of the records it permutes.
+    pub fn record_words(&self) -> usize {
+        self.source.len() / 32
     }
 
     /// `record` permuted into `out` (both `record_words` long).

@@ -319,7 +319,9 @@ impl TokenStore {
 
     /// Stores the records of this (empty) store as `planes` permutes them in the fast-scan
     /// order ([`BitPlanes`]: codes of 3 and 5 to 8 bits as bit planes), or as their own
-    /// nibbles (`None`). Records read back as written either way; rows stores ignore it.
+    /// nibbles (`None`). Records read back as written either way (padding bits of the planes'
+    /// runs as zero, as codecs write them); rows stores ignore it. Planes for records of
+    /// another length, or new planes on a store that holds tokens, are an error.
     ///
     /// ```
     /// use tq_cache::record_order::{BitPlanes, CodeRun, RecordOrder};
@@ -330,9 +332,21 @@ impl TokenStore {
     /// store.set_planes(planes)?;
     /// store.push_record(&[0x00AB_CDEF], &[half::f16::ONE])?;
     /// assert_eq!(&*store.record_copy(0).unwrap().0, &[0x00AB_CDEF]);
+    /// // Planes of two-word records do not fit this store's one-word records.
+    /// let wide = CodeRun { bits: 3, dim: 16, first_word: 0, words: 2 };
+    /// assert!(store.set_planes(BitPlanes::new(2, &[wide]).unwrap()).is_err());
     /// # Ok::<(), tq_cache::CacheError>(())
     /// ```
     pub fn set_planes(&mut self, planes: Option<BitPlanes>) -> Result<(), CacheError> {
+        if let Some(p) = &planes
+            && p.record_words() != self.record_words
+        {
+            return Err(CacheError::ShapeMismatch {
+                what: "bit planes' record words",
+                expected: self.record_words,
+                actual: p.record_words(),
+            });
+        }
         if !self.is_empty() && planes.as_ref() != self.planes.as_deref() {
             return Err(CacheError::InvalidConfig(
                 "only an empty token store changes its bit planes".into(),
