@@ -25,14 +25,14 @@ pub struct ScoreTable {
     dim: usize,
     bits: u8,
     /// Lanes that hold coordinates (the error bound's `L`), and the coordinates stored as bit
-    /// planes (a step of `δ/256` each).
+    /// planes (a step of `δ/2^k` each).
     used_lanes: usize,
     used_wide: usize,
     entries: Vec<u8>,
     /// The parts stored as bit planes (3 or 5 to 8 bits), whose codes no nibble lane holds
     /// whole: where their planes lie and where their entries start in `wide_entries`.
     wide: Vec<WidePart>,
-    /// Per wide coordinate `j`, its `2^b` 16-bit entries `round((q'_j c_k − o_j) / (δ/256))`
+    /// Per wide coordinate `j`, its `2^b` 16-bit entries `round((q'_j c_k − o_j) / (δ/2^k))`
     /// as two byte tables, the low bytes then the high bytes, each padded to at least 64 bytes.
     wide_entries: Vec<u8>,
     /// The runs of lanes that hold the nibble parts' codes, widened to whole groups of 4

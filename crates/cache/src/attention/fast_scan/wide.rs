@@ -8,9 +8,10 @@
 //! per coordinate, the 32 tokens' codes are put back together from their planes (a shift, a
 //! mask and an or per plane) into one byte each — [`gather_codes`] — and looked up in the
 //! coordinate's table of `2^b` entries: for keys the query's 16-bit entries (in steps of
-//! `δ/256`, the nibble lanes' bytes counting 256 of them, so a score is still one integer
-//! sum), for values the centroid bytes, multiplied by the weight bytes. Integer sums, so the same bits on every instruction set;
-//! the AVX-512 form (VBMI's byte permutes, `wide_x86`) is tested against these loops.
+//! `δ/2^k`, the nibble lanes' bytes counting `2^k` of them, so a score is still one integer
+//! sum), for values the centroid bytes, multiplied by the weight bytes. Integer sums, so the
+//! same bits on every instruction set; the x86 forms (`wide_x86`: AVX-512 VBMI's byte
+//! permutes, AVX2's byte shuffles) are tested against these loops.
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
