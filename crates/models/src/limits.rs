@@ -115,8 +115,11 @@ pub fn cache_bytes_for_layers(
 /// use tq_cache::allocation::{Allocation, ModelShape};
 /// use tq_models::limits::block_slack_bytes_for_layers;
 /// let shape = ModelShape { num_layers: 1, num_kv_heads: 1, head_dim: 64 };
-/// let rows = Allocation::preset("rec4.25").unwrap();
+/// let rows = Allocation::preset("mse-k4v4").unwrap();
 /// assert_eq!(block_slack_bytes_for_layers(&rows, &shape, &[None], 1000).unwrap(), 0);
+/// // `rec4.25` asks for the fast-scan order: 1000 tokens leave empty slots in the last block.
+/// let fast = Allocation::preset("rec4.25").unwrap();
+/// assert!(block_slack_bytes_for_layers(&fast, &shape, &[None], 1000).unwrap() > 0);
 /// ```
 pub fn block_slack_bytes_for_layers(
     allocation: &Allocation,
