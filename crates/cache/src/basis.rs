@@ -133,9 +133,9 @@ impl std::fmt::Display for BasisPolicy {
 }
 
 /// The widths a basis may give its groups: a set of bit counts in `1..=8` (default: all of
-/// them). `basis_bits = [4, 2, 1]` in an allocation keeps a basis record in whole nibbles, the
-/// widths the fast-scan order holds ([`body_order`](crate::stream::body_order)). Written as
-/// a list, widest first.
+/// them). `basis_bits = [4, 2, 1]` in an allocation keeps a basis record in whole nibbles,
+/// the widths the fast-scan order holds without bit planes
+/// ([`body_order`](crate::stream::body_order)). Written as a list, widest first.
 ///
 /// ```
 /// use tq_cache::basis::GroupWidths;

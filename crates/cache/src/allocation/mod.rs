@@ -75,7 +75,7 @@
 //! | `basis_bits` | a list of widths in 1..=8, e.g. `[4, 2, 1]` (the only widths a fitted basis may give its groups) | all of 1..=8 | mse; read only where a basis is fitted; not in `[outliers]` |
 //! | `recent_fp_tokens` | 0, 1, … (this stream's newest tokens kept unquantized) | the top-level `recent_fp_tokens` | all codecs; not in `[outliers]`; ignored on sliding-window layers |
 //! | `recent_fraction` | in `[0, 1)`: the window as a fraction of the tokens held (`recent_fp_tokens` its floor) | the top-level `recent_fraction` | as `recent_fp_tokens` |
-//! | `record_order` | `rows`, `fast-scan` (records of 32 tokens nibble-major, scored with byte tables) | `rows` | `mse` bodies of 1, 2 or 4 bits with `d·b` a multiple of 32, and fitted bases whose groups all have 1, 2 or 4 bits, take it; others keep rows; not in `[outliers]` |
+//! | `record_order` | `rows`, `fast-scan` (records of 32 tokens nibble-major, codes of 3 and 5–8 bits as bit planes, scored with tables) | `rows` | `mse` bodies with `d·b` a multiple of 32 and fitted bases take it; others keep rows; not in `[outliers]` |
 //!
 //! A stream's own window lets it differ per layer, KV head and stream, like every other stream
 //! setting; a table that gives `recent_fp_tokens`, `recent_fraction` or both replaces the whole
@@ -105,8 +105,8 @@
 //! [`basis`](crate::basis) for the codec, the reduction to plain `mse`, the fallback for short
 //! first batches and the cost (the basis rows, counted once fitted). A switch to another codec
 //! drops an inherited `basis` (and `basis_bits`). `basis_bits = [4, 2, 1]` limits the groups'
-//! widths to those whose codes fill whole nibbles, so the fitted records can take the
-//! fast-scan order; the water-filling is the same dynamic program over those widths.
+//! widths to those whose codes fill whole nibbles (the fast-scan order holds other widths as
+//! bit planes); the water-filling is the same dynamic program over those widths.
 //!
 //! `record_order = "fast-scan"` stores the stream's records in the layout of the fast-scan
 //! kernel ([`record_order`](crate::record_order)): the same bytes, permuted, so the cost per
@@ -114,9 +114,9 @@
 //! integers (each score within `norm·L·δ/2` of the exact one over the record's `L` nibble
 //! lanes, δ the table's step: see [`attention::fast_scan`](crate::attention::fast_scan)) and
 //! sums values from the same layout in integers (7-bit weights per block and head times 8-bit
-//! centroids, a derived bound). Only TQ_mse bodies of 1, 2 or 4 bits with `d·b` a multiple of
-//! 32, and fitted bases whose groups all have those widths (`basis_bits = [4, 2, 1]`), take
-//! it ([`body_order`](crate::stream::body_order)); other streams keep rows, so a base-level
+//! centroids, a derived bound); codes of 3 and 5 to 8 bits are stored as bit planes and
+//! scored with 16-bit entries. Only TQ_mse bodies with `d·b` a multiple of 32 and fitted bases
+//! take it ([`body_order`](crate::stream::body_order)); other streams keep rows, so a base-level
 //! `record_order` is safe over any override. A basis stream asks for it from the start: it
 //! holds plain records until the basis is fitted, then the basis records.
 //!

@@ -263,9 +263,9 @@ pub struct StreamSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis_bits: Option<crate::basis::GroupWidths>,
     /// The memory order of the stream's compressed records (default `rows`). `fast-scan`
-    /// stores TQ_mse records of 1, 2 or 4 bits (and basis records whose groups all have
-    /// those widths) 32 tokens at a time, nibble-major: attention then scores keys with
-    /// byte-table look-ups and sums values in integers in that layout (see
+    /// stores TQ_mse records (and basis records) 32 tokens at a time, nibble-major, codes of
+    /// 3 and 5 to 8 bits as bit planes: attention then scores keys with table look-ups and
+    /// sums values in integers in that layout (see
     /// [`attention::fast_scan`](crate::attention::fast_scan)). Other codecs keep rows
     /// ([`body_order`](crate::stream::body_order)). The same bytes either way. Not allowed in
     /// `[outliers]`.

@@ -14,10 +14,10 @@
 //! components, rotates them and folds its scale `a_G` in; outputs scatter to the components
 //! (times `a_G`) and map back through `Uᵀ` once per output row. The inner loops are the run kernels of [`simd`](super::simd)
 //! (AVX2, NEON or scalar, chosen once per call). A body stored in the fast-scan order
-//! ([`RecordOrder::FastScan`]: TQ_mse records of 1, 2 or 4 bits, or basis records whose groups
-//! all have those widths, 32 tokens per block, nibble-major) is scored with per-head byte
-//! tables (one over all of a basis record's groups) and its values summed in integers from its
-//! blocks, group by group, by the [`fast_scan`] run kernels instead.
+//! ([`RecordOrder::FastScan`]: TQ_mse records or basis records, 32 tokens per block,
+//! nibble-major, codes of 3 and 5 to 8 bits as bit planes) is scored with per-head tables (one
+//! over all of a basis record's groups) and its values summed in integers from its blocks,
+//! group by group, by the [`fast_scan`] run kernels instead.
 //!
 //! Work splits into blocks of [`block_tokens`] visible tokens per (query, KV head) (256 up
 //! to 2048, growing with the visible range so per-block costs stay small), flash-decoding style: each block keeps its own max, sum and accumulators, and blocks are
