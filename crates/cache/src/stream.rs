@@ -160,9 +160,15 @@ fn is_rows(order: &RecordOrder) -> bool {
 /// assert_eq!(order(12, 2), RecordOrder::Rows); // 24 bits: not a whole word
 /// ```
 pub fn body_order(asked: RecordOrder, codec: &TokenCodec) -> RecordOrder {
+    body_layout(asked, codec).0
+}
+
+/// [`body_order`] and the bit planes a body in that order is stored with (`None` in rows or
+/// where its records are their own nibbles), from one look at the codec.
+fn body_layout(asked: RecordOrder, codec: &TokenCodec) -> (RecordOrder, Option<BitPlanes>) {
     match (asked, body_planes(codec)) {
-        (RecordOrder::FastScan, Some(_)) => RecordOrder::FastScan,
-        _ => RecordOrder::Rows,
+        (RecordOrder::FastScan, Some(planes)) => (RecordOrder::FastScan, planes),
+        _ => (RecordOrder::Rows, None),
     }
 }
 
@@ -592,7 +598,7 @@ impl Stream {
         // whichever order its codec takes (the plain codec's rows until a fit of nibble
         // groups, and again after a clear): its memory, and the formula that counts it, do not
         // depend on the fit, and a change of order keeps its pages.
-        let body_order = body_order(layout.order, &codec);
+        let (body_order, planes) = body_layout(layout.order, &codec);
         let mut body = match layout.order {
             RecordOrder::FastScan => TokenStore::in_blocks(
                 codec.record_words(),
@@ -607,9 +613,7 @@ impl Stream {
                 body_order,
             )?,
         };
-        if body_order == RecordOrder::FastScan {
-            body.set_planes(body_planes(&codec).flatten())?;
-        }
+        body.set_planes(planes)?;
         Ok(Self {
             layout,
             body,
@@ -1209,11 +1213,7 @@ impl Stream {
     /// fast-scan order where the plain codec does not), keeping its pages
     /// ([`TokenStore::reorder`]). A body that holds tokens is left as it is.
     fn match_body_order(&mut self) -> Result<(), CacheError> {
-        let order = body_order(self.layout.order, &self.codec);
-        let planes = match order {
-            RecordOrder::FastScan => body_planes(&self.codec).flatten(),
-            RecordOrder::Rows => None,
-        };
+        let (order, planes) = body_layout(self.layout.order, &self.codec);
         if (order != self.body.order() || self.body.planes() != planes.as_ref())
             && self.body.is_empty()
         {

@@ -164,19 +164,27 @@ mod tests {
         (6, 3),
     ];
 
-    /// Tables of three heads over a record of `PARTS`, and one block of random bytes.
-    fn tables_and_block(seed: u64) -> (Vec<ScoreTable>, Vec<u8>, usize) {
-        let mut rng = Rng(seed);
+    /// One table per entry of `boosts` over a record of `PARTS` (random codebooks, then per
+    /// head random queries, the wide parts' scaled by the head's boost), and the record's lanes.
+    fn tables(rng: &mut Rng, boosts: &[f32]) -> (Vec<ScoreTable>, usize) {
         let lanes: usize = PARTS.iter().map(|&(b, d)| 8 * words_for(d, b)).sum();
         let codebooks: Vec<Vec<f32>> = PARTS
             .iter()
             .map(|&(b, _)| (0..1 << b).map(|_| rng.unit()).collect())
             .collect();
-        let tables = (0..3)
-            .map(|_| {
+        let tables = boosts
+            .iter()
+            .map(|&boost| {
                 let queries: Vec<Vec<f32>> = PARTS
                     .iter()
-                    .map(|&(_, d)| (0..d).map(|_| rng.unit()).collect())
+                    .map(|&(b, d)| {
+                        let scale = if super::super::table::is_wide(b) {
+                            boost
+                        } else {
+                            1.0
+                        };
+                        (0..d).map(|_| scale * rng.unit()).collect()
+                    })
                     .collect();
                 let parts: Vec<TablePart<'_>> = PARTS
                     .iter()
@@ -194,6 +202,13 @@ mod tests {
                 table
             })
             .collect();
+        (tables, lanes)
+    }
+
+    /// Tables of three heads over a record of `PARTS`, and one block of random bytes.
+    fn tables_and_block(seed: u64) -> (Vec<ScoreTable>, Vec<u8>, usize) {
+        let mut rng = Rng(seed);
+        let (tables, lanes) = tables(&mut rng, &[1.0; 3]);
         let block = (0..lanes * 16).map(|_| rng.next() as u8).collect();
         (tables, block, lanes)
     }
@@ -240,41 +255,7 @@ mod tests {
     #[test]
     fn a_blocks_sums_count_lanes_and_planes_in_the_finer_unit() {
         let mut rng = Rng(5);
-        let lanes: usize = PARTS.iter().map(|&(b, d)| 8 * words_for(d, b)).sum();
-        let codebooks: Vec<Vec<f32>> = PARTS
-            .iter()
-            .map(|&(b, _)| (0..1 << b).map(|_| rng.unit()).collect())
-            .collect();
-        let tables: Vec<ScoreTable> = [1.0f32, 20.0, 300.0]
-            .iter()
-            .map(|&boost| {
-                let queries: Vec<Vec<f32>> = PARTS
-                    .iter()
-                    .map(|&(b, d)| {
-                        let scale = if super::super::table::is_wide(b) {
-                            boost
-                        } else {
-                            1.0
-                        };
-                        (0..d).map(|_| scale * rng.unit()).collect()
-                    })
-                    .collect();
-                let parts: Vec<TablePart<'_>> = PARTS
-                    .iter()
-                    .zip(&queries)
-                    .zip(&codebooks)
-                    .map(|((&(bits, d), query), centroids)| TablePart {
-                        query,
-                        centroids,
-                        bits,
-                        lanes: 8 * words_for(d, bits),
-                    })
-                    .collect();
-                let mut table = ScoreTable::default();
-                table.rebuild_parts(&parts, lanes).unwrap();
-                table
-            })
-            .collect();
+        let (tables, lanes) = tables(&mut rng, &[1.0, 20.0, 300.0]);
         let units: Vec<u32> = tables.iter().map(ScoreTable::lane_unit).collect();
         assert!(
             units[0] == 256 && units[1] < 256 && units[2] < units[1],
