@@ -192,7 +192,7 @@ impl GpuKvCache {
         }
         let n = self.check_vectors(which, x)?;
         let vectors = n * self.kv_heads;
-        let stream = *self.stream(which);
+        let stream = self.stream(which).clone();
         let ctx = Arc::clone(&self.ctx);
         let input = self.scratch.get(&ctx, "encode input", 4 * x.len() as u64);
         let records = self.scratch.get(
@@ -242,7 +242,7 @@ impl GpuKvCache {
         }
         let vectors = n * self.kv_heads;
         let ctx = Arc::clone(&self.ctx);
-        let (key, value) = (self.key, self.value);
+        let (key, value) = (self.key.clone(), self.value.clone());
         let kin = self.scratch.get(&ctx, "key input", 4 * keys.len() as u64);
         let vin = self
             .scratch
@@ -615,7 +615,8 @@ impl GpuKvCache {
                     grid_x: grid.x,
                     grid_y: grid.y,
                     skip_tokens: ring_slots.map_or(0, |r| n.saturating_sub(r)) as u32,
-                    _pad: [0; 2],
+                    order: stream.desc.order,
+                    planes_offset: stream.desc.planes_offset,
                 };
                 let at = (2 * k + s) * align as usize;
                 params[at..at + size_of::<ScatterParams>()].copy_from_slice(bytemuck::bytes_of(&p));
@@ -641,6 +642,7 @@ impl GpuKvCache {
                             &ks,
                             &page.keys,
                             &pos,
+                            &self.tables,
                         ),
                         scatter::bind_group(
                             &ctx,
@@ -650,6 +652,7 @@ impl GpuKvCache {
                             &vs,
                             &page.values,
                             &pos,
+                            &self.tables,
                         ),
                     ]
                 })

@@ -20,7 +20,13 @@
 //!
 //! and a value page the same without positions. Each record is bit for bit the CPU cache's
 //! record (`tq_cache::token_codec`): the GPU reads the packed codes, sign bits and f16 scales
-//! directly. Attention sinks and recent windows (growing layers) also keep the CPU stream's
+//! directly. A stream whose CPU body takes the fast-scan order (`tq_cache::record_order`: a
+//! TQ_mse codec of whole words or a fitted basis, asked for `record_order = "fast-scan"`)
+//! keeps its words in that order here too — per KV head, blocks of 32 slots, each the
+//! `32·record_words` words 32 rows would take, nibble-major, codes of 3 and 5–8 bits as bit
+//! planes — the CPU store's bytes, so a body uploads block by block as it is and the kernels
+//! read the layout the CPU kernel reads (pages are whole blocks: their sizes are multiples of
+//! `B`; under a binding limit too small for a page of 32 slots the records go in rows). Attention sinks and recent windows (growing layers) also keep the CPU stream's
 //! binary16 copies in one buffer (`fp`: keys `[kv_heads, sinks + ring, ⌈d/2⌉]` words, then
 //! values; the first `sinks` tokens in their own slots, the window's in a ring), which
 //! attention reads instead of those tokens' records. Appending lives in `append.rs`, attention in `attention.rs`.
@@ -30,11 +36,14 @@ use std::sync::Arc;
 
 use half::f16;
 use tq_cache::kv_cache::KvCache;
+use tq_cache::record_order::{FAST_SCAN_BLOCK, RecordOrder};
+use tq_cache::token_store::RunRecords;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::host_encode::HostEncoder;
 use crate::kernels::MAX_BLOCK_TOKENS;
+use crate::page_records;
 use crate::tables::{StreamLayoutGpu, build_stream};
 use crate::windows::{RecentWindows, WindowRule};
 
@@ -110,6 +119,7 @@ fn build_tables(
     value_means: &[Option<&[f32]>],
     head_dim: usize,
     window_q8: bool,
+    orders: [RecordOrder; 2],
 ) -> Result<(StreamLayoutGpu, StreamLayoutGpu, wgpu::Buffer), GpuError> {
     let mut data = Vec::new();
     // An 8-bit window's rotation Π₈ first (offset 0, `q8_rotation` in the kernels'
@@ -122,8 +132,8 @@ fn build_tables(
             head_dim,
         ));
     }
-    let key = build_stream(key_codecs, &mut data)?;
-    let mut value = build_stream(value_codecs, &mut data)?;
+    let key = build_stream(key_codecs, orders[0], &mut data)?;
+    let mut value = build_stream(value_codecs, orders[1], &mut data)?;
     if value_means.iter().any(Option::is_some) {
         value.desc.centered = 1;
         value.desc.mean_offset = data.len() as u32;
@@ -181,6 +191,10 @@ pub struct GpuKvCache {
     pub(crate) tables: wgpu::Buffer,
     pub(crate) block_tokens: usize,
     pub(crate) max_page_tokens: usize,
+    /// The record orders asked of the keys and values (the CPU layout's, or rows where pages
+    /// are too small for whole blocks); each stream takes it where its codec allows
+    /// ([`StreamLayoutGpu::fast_scan`]).
+    pub(crate) orders: [RecordOrder; 2],
     pub(crate) pages: Vec<Page>,
     pub(crate) ring_slots: Option<usize>,
     pub(crate) window: Option<usize>,
@@ -387,6 +401,9 @@ impl GpuKvCache {
                 });
         check_windows(cache, sinks, &windows, window_q8)?;
         let fp_ring = ring_slots_for(&windows, 0);
+        // The record orders the CPU streams were asked for: the pages take the one their
+        // bodies take, so a fast-scan body's blocks upload as they are.
+        let mut orders = [cache.keys(0).layout().order, cache.values(0).layout().order];
         // Two-tier and centered streams, and the full-precision copies of attention sinks, are
         // encoded on the host (the encode kernel implements neither the tiers nor the mean and
         // its calibration, and writes no copies).
@@ -399,7 +416,7 @@ impl GpuKvCache {
                     l.outliers.is_some() || l.center.is_centered() || l.basis.fits_basis()
                 }))
         .then(|| HostEncoder::new(cache));
-        let (key, value, tables) = match &host {
+        let tables_for = |orders| match &host {
             Some(host) => build_tables(
                 ctx,
                 &host.key_codecs(),
@@ -407,19 +424,35 @@ impl GpuKvCache {
                 &host.value_means(),
                 layout.head_dim,
                 window_q8,
-            )?,
+                orders,
+            ),
             None => {
                 let key_codecs: Vec<_> = (0..heads).map(|h| cache.keys(h).codec()).collect();
                 let value_codecs: Vec<_> = (0..heads).map(|h| cache.values(h).codec()).collect();
-                build_tables(ctx, &key_codecs, &value_codecs, &[], layout.head_dim, false)?
+                build_tables(
+                    ctx,
+                    &key_codecs,
+                    &value_codecs,
+                    &[],
+                    layout.head_dim,
+                    false,
+                    orders,
+                )
             }
         };
+        let (mut key, mut value, mut tables) = tables_for(orders)?;
         let limit = ctx.split_limits().max_binding_bytes;
         let mut max_page_tokens = MAX_PAGE_TOKENS;
         while max_page_tokens > 1
             && PageLayout::new(max_page_tokens, heads, &key, &value).max_bytes() > limit
         {
             max_page_tokens /= 2;
+        }
+        // Pages of fewer than 32 slots (a binding limit far below any GPU's) cannot hold whole
+        // blocks: the records go in rows there (the page sizes do not depend on the order).
+        if max_page_tokens < FAST_SCAN_BLOCK && orders.contains(&RecordOrder::FastScan) {
+            orders = [RecordOrder::Rows; 2];
+            (key, value, tables) = tables_for(orders)?;
         }
         let one = PageLayout::new(max_page_tokens, heads, &key, &value).max_bytes();
         if one > limit {
@@ -446,6 +479,7 @@ impl GpuKvCache {
             tables,
             block_tokens: MAX_BLOCK_TOKENS.min(max_page_tokens),
             max_page_tokens,
+            orders,
             pages: Vec::new(),
             ring_slots: layout.ring_slots(),
             window: layout.window(),
@@ -672,6 +706,7 @@ impl GpuKvCache {
             &host.value_means(),
             self.head_dim,
             self.window_q8,
+            self.orders,
         )
     }
 
@@ -848,57 +883,60 @@ impl GpuKvCache {
             let mut kw = vec![0u32; l.k_words];
             let mut vw = vec![0u32; l.v_words];
             for h in 0..self.kv_heads {
-                for (stream, words, rw, spt, scales_at) in [
-                    (
-                        cache.keys(h),
-                        &mut kw,
-                        self.key.record_words,
-                        self.key.scales,
-                        l.k_scales_offset,
-                    ),
-                    (
-                        cache.values(h),
-                        &mut vw,
-                        self.value.record_words,
-                        self.value.scales,
-                        l.v_scales_offset,
-                    ),
+                for (stream, words, layout, scales_at) in [
+                    (cache.keys(h), &mut kw, &self.key, l.k_scales_offset),
+                    (cache.values(h), &mut vw, &self.value, l.v_scales_offset),
                 ] {
+                    let (rw, spt) = (layout.record_words, layout.scales);
                     let body = stream.body();
-                    // Runs of rows are copied as they are; a fast-scan body's records are
-                    // gathered one by one below (the GPU reads rows).
-                    let from_body = match body.order() {
-                        tq_cache::record_order::RecordOrder::Rows => {
-                            body.len().saturating_sub(page.first_slot).min(filled)
+                    let put_scales = |words: &mut Vec<u32>, row: usize, halves: &[f16]| {
+                        for (i, s) in halves.iter().enumerate() {
+                            let index = row * spt + i;
+                            words[scales_at + index / 2] |=
+                                u32::from(s.to_bits()) << (16 * (index % 2));
                         }
-                        tq_cache::record_order::RecordOrder::FastScan => 0,
                     };
+                    // The body's runs are copied as they are (rows, or whole fast-scan blocks
+                    // from a block's first slot: the page holds the CPU store's bytes); other
+                    // tokens (an 8-bit window's, a block's tail after a partial one) record by
+                    // record.
                     let mut local = 0;
-                    while local < from_body {
-                        let Some((records, halves, n)) =
-                            body.run(page.first_slot + local, filled - local)
-                        else {
-                            break;
-                        };
+                    while local < filled {
+                        let slot = page.first_slot + local;
+                        let run = (slot < body.len())
+                            .then(|| body.records(slot, filled - local))
+                            .flatten();
                         let row = h * page.tokens + local;
-                        words[row * rw..(row + n) * rw].copy_from_slice(records);
-                        for (i, s) in halves.iter().enumerate() {
-                            let index = row * spt + i;
-                            words[scales_at + index / 2] |=
-                                u32::from(s.to_bits()) << (16 * (index % 2));
+                        match (run, layout.fast_scan()) {
+                            (Some((RunRecords::Rows(records), halves, n)), false) => {
+                                words[row * rw..(row + n) * rw].copy_from_slice(records);
+                                put_scales(words, row, halves);
+                                local += n;
+                                continue;
+                            }
+                            (Some((RunRecords::FastScan { codes, lead: 0 }, halves, n)), true)
+                                if body.planes() == layout.planes[h].as_ref() =>
+                            {
+                                page_records::put_blocks(
+                                    words,
+                                    rw,
+                                    h,
+                                    page.tokens,
+                                    local,
+                                    codes,
+                                    n,
+                                );
+                                put_scales(words, row, halves);
+                                local += n;
+                                continue;
+                            }
+                            _ => {}
                         }
-                        local += n;
-                    }
-                    for local in from_body..filled {
-                        let t = page.first_slot + local;
+                        let t = self.token_in_slot(slot);
                         let (record, halves) = stored_codes(stream, t, &mut scratch)?;
-                        let row = h * page.tokens + local;
-                        words[row * rw..(row + 1) * rw].copy_from_slice(&record);
-                        for (i, s) in halves.iter().enumerate() {
-                            let index = row * spt + i;
-                            words[scales_at + index / 2] |=
-                                u32::from(s.to_bits()) << (16 * (index % 2));
-                        }
+                        page_records::put_record(words, layout, h, page.tokens, local, &record);
+                        put_scales(words, row, &halves);
+                        local += 1;
                     }
                 }
             }
@@ -994,11 +1032,20 @@ impl GpuKvCache {
                 .push(k[page.layout.k_positions_offset + local]);
             for h in 0..self.kv_heads {
                 let row = h * page.tokens + local;
-                let (kr, vr) = (self.key.record_words, self.value.record_words);
-                out.key_records
-                    .extend_from_slice(&k[row * kr..(row + 1) * kr]);
-                out.value_records
-                    .extend_from_slice(&v[row * vr..(row + 1) * vr]);
+                out.key_records.extend(page_records::take_record(
+                    k,
+                    &self.key,
+                    h,
+                    page.tokens,
+                    local,
+                ));
+                out.value_records.extend(page_records::take_record(
+                    v,
+                    &self.value,
+                    h,
+                    page.tokens,
+                    local,
+                ));
                 for s in 0..self.key.scales {
                     let scales = &k[page.layout.k_scales_offset..];
                     out.key_scales.push(half(scales, row * self.key.scales + s));

@@ -26,7 +26,8 @@
 //! recent windows (binary16 or 8-bit copies, `recent_dtype = "q8"`; a window per stream and KV
 //! head; a prefill gives every query its own window, as decoding does) — so every preset and
 //! lever file, the recommended `rec*` and their 8-bit-window versions included; head dimension ≤ 512,
-//! growing or sliding layers. Streams with any of the levers after the first are encoded on the
+//! growing or sliding layers; streams in the fast-scan order (`record_order = "fast-scan"`, the
+//! recommended presets') keep it on the device, the CPU store's blocks as they are. Streams with any of the levers after the first are encoded on the
 //! host, which calibrates them from the first batch (means, outlier channels, bases — a plane
 //! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
@@ -49,6 +50,7 @@ mod context;
 mod error;
 mod host_encode;
 pub mod kernels;
+mod page_records;
 mod tables;
 mod windows;
 

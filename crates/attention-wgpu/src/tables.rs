@@ -6,6 +6,7 @@
 //! matrices, codebooks, gains and corrections the CPU cache encodes and scores with.
 
 use tq_cache::TokenCodec;
+use tq_cache::record_order::{BitPlanes, RecordOrder};
 use tq_cache::two_tier::TwoTierCodec;
 use tq_qjl::{QjlSketch, SketchKind};
 use tq_rotation::{Rotation, RotationKind};
@@ -13,7 +14,7 @@ use tq_rotation::{Rotation, RotationKind};
 use crate::error::GpuError;
 use crate::kernels::{
     KIND_F16, KIND_F32, KIND_MSE, KIND_PROD, MAX_DIM, MODE_DENSE, MODE_DENSE_LANES, MODE_FWHT,
-    StreamDesc,
+    ORDER_FAST_SCAN, ORDER_PLANES, ORDER_ROWS, StreamDesc,
 };
 
 /// Which stream of a layer.
@@ -145,7 +146,7 @@ pub(crate) fn hadamard_factors(dense: &[f64], d: usize) -> Option<(Vec<f32>, Vec
 }
 
 /// One stream's descriptor plus the host facts the dispatch code needs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct StreamLayoutGpu {
     pub desc: StreamDesc,
     pub dim: usize,
@@ -153,10 +154,66 @@ pub(crate) struct StreamLayoutGpu {
     pub scales: usize,
     /// Sketch dimension of TQ_prod (0 otherwise): accumulators beyond the value dimension.
     pub sketch_dim: usize,
+    /// Per KV head, the bit planes of a fast-scan stream's records (`None`: its records are
+    /// their own nibbles); empty for a stream in rows.
+    pub planes: Vec<Option<BitPlanes>>,
 }
 
-/// Appends one stream's tables (all heads) to `data`; returns its layout.
+impl StreamLayoutGpu {
+    /// Whether the pages hold this stream's records in the fast-scan order.
+    pub fn fast_scan(&self) -> bool {
+        self.desc.order != ORDER_ROWS
+    }
+}
+
+/// Appends one stream's tables (all heads) to `data`, its records in the order the CPU body
+/// takes when `asked` for `asked` ([`tq_cache::stream::body_order`]: the fast-scan order for a
+/// TQ_mse codec of whole words or a fitted basis, rows otherwise); returns its layout.
 pub(crate) fn build_stream(
+    codecs: &[&TokenCodec],
+    asked: RecordOrder,
+    data: &mut Vec<f32>,
+) -> Result<StreamLayoutGpu, GpuError> {
+    let mut layout = build_codec_stream(codecs, data)?;
+    if asked != RecordOrder::FastScan {
+        return Ok(layout);
+    }
+    let planes: Vec<Option<Option<BitPlanes>>> = codecs
+        .iter()
+        .map(|c| tq_cache::stream::body_planes(c))
+        .collect();
+    if planes.iter().all(Option::is_none) {
+        return Ok(layout);
+    }
+    if planes.iter().any(Option::is_none) {
+        return Err(GpuError::Unsupported(
+            "KV heads of one stream in different record orders".into(),
+        ));
+    }
+    let planes: Vec<Option<BitPlanes>> = planes.into_iter().flatten().collect();
+    layout.desc.order = ORDER_FAST_SCAN;
+    if planes.iter().any(Option::is_some) {
+        // Per head, the source bit of each bit of a permuted record (the scatter kernel's
+        // permutation; NO_SOURCE for a padding bit), identity for a head without planes.
+        layout.desc.order = ORDER_PLANES;
+        layout.desc.planes_offset = data.len() as u32;
+        let bits = 32 * layout.record_words;
+        for head in &planes {
+            data.extend((0..bits).map(|k| match head {
+                Some(p) => p.source_bit(k).map_or(NO_SOURCE, |s| s as f32),
+                None => k as f32,
+            }));
+        }
+    }
+    layout.planes = planes;
+    Ok(layout)
+}
+
+/// `StreamDesc.planes_offset` entry of a padding bit (exact in f32).
+const NO_SOURCE: f32 = 65535.0;
+
+/// Appends one stream's tables (all heads) to `data`; returns its layout (in rows).
+fn build_codec_stream(
     codecs: &[&TokenCodec],
     data: &mut Vec<f32>,
 ) -> Result<StreamLayoutGpu, GpuError> {
@@ -283,6 +340,7 @@ pub(crate) fn build_stream(
         record_words: first.record_words,
         scales: first.scales,
         sketch_dim,
+        planes: Vec::new(),
     })
 }
 
@@ -395,7 +453,7 @@ fn basis_head(codec: &tq_cache::basis::BasisCodec) -> GroupedHead<'_> {
     GroupedHead { m, groups }
 }
 
-/// [`build_stream`] for streams whose records are several code groups — two-tier codecs (TQ_mse
+/// [`build_codec_stream`] for streams whose records are several code groups — two-tier codecs (TQ_mse
 /// tiers) and data-aware bases: one matrix per head (see [`GroupedHead`]) in the Π slot, so
 /// prepare and finish need nothing new, and a group table per head (count, then start, length,
 /// bits, first word, first centroid, scale index per group; small integers held exactly as f32)
@@ -517,6 +575,7 @@ fn build_grouped_stream(
         record_words: first.record_words(),
         scales: first.scales_per_token(),
         sketch_dim: 0,
+        planes: Vec::new(),
     })
 }
 

@@ -186,6 +186,9 @@ fn presets_on_gpu_match_reference() {
         "rec4.25-global",
         "k6v5-global",
         "k5v3-c",
+        // The fast-scan order on both streams: bases of 2- to 7-bit groups as bit planes.
+        "rec4.25",
+        "rec2.5",
     ] {
         for dim in [64usize, 128] {
             let mut cpu = preset_cache(name, growing(2, dim));
@@ -762,6 +765,70 @@ fn sliding_window_rings_match_reference() {
         let (k, v, pos) = fill(&mut cpu, 132, 60, 78);
         gpu.encode_and_append(&k, &v, &pos).unwrap();
         compare(&mut gpu, &cpu, 4, &[191], 4);
+    }
+}
+
+/// Streams in the fast-scan order keep it on the GPU (blocks of 32 slots, codes of 3 and 5–8
+/// bits as bit planes): uploaded block by block from the CPU store, appended by the GPU's
+/// encoder and by the CPU's (the scatter kernel writes nibbles through the planes), across
+/// block and page boundaries and around a ring; the records read back equal the CPU's and
+/// attention matches the reference after each step.
+#[test]
+fn fast_scan_streams_match_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    for (kb, vb, sliding_layer) in [(3u8, 6u8, false), (5, 7, false), (8, 4, true), (7, 3, true)] {
+        let alloc = Allocation::from_toml_str(&format!(
+            "name = \"fast-k{kb}v{vb}\"\n\
+             key = {{ codec = \"mse\", bits = {kb}, record_order = \"fast-scan\" }}\n\
+             value = {{ codec = \"mse\", bits = {vb}, record_order = \"fast-scan\" }}"
+        ))
+        .unwrap();
+        let layout = if sliding_layer {
+            sliding(2, 64, 50, 3)
+        } else {
+            growing(2, 64)
+        };
+        let name = format!("k{kb}v{vb} sliding {sliding_layer}");
+        let mut cpu = KvCache::with_allocation(layout, &alloc, 0, 1).unwrap();
+        fill(&mut cpu, 0, 100, u64::from(kb));
+        for h in 0..2 {
+            assert_eq!(
+                cpu.keys(h).body().order(),
+                tq_cache::record_order::RecordOrder::FastScan,
+                "{name}"
+            );
+            assert_eq!(cpu.values(h).body().planes().is_some(), vb != 4, "{name}");
+        }
+        let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        compare(&mut gpu, &cpu, 4, &[99], 1);
+        // 40 steps from token 100: past the block boundary at 128 (and around the ring of 53
+        // slots), even steps encoded by the GPU, odd ones by the CPU and uploaded.
+        for step in 0..40u32 {
+            let p = 100 + step;
+            let (k, v, pos) = fill(&mut cpu, p, 1, 1000 + u64::from(step));
+            if step % 2 == 0 {
+                gpu.encode_and_append(&k, &v, &pos).unwrap();
+            } else {
+                gpu.sync_from(&cpu).unwrap();
+            }
+            if step % 13 == 0 || step == 39 {
+                compare(&mut gpu, &cpu, 4, &[p], u64::from(step));
+            }
+        }
+        let down = gpu.download().unwrap();
+        let (mut kr, mut vr) = (vec![], vec![]);
+        for t in cpu.first_stored()..cpu.len() {
+            for h in 0..2 {
+                kr.extend(body_record(cpu.keys(h), t));
+                vr.extend(body_record(cpu.values(h), t));
+            }
+        }
+        assert_eq!(down.key_records, kr, "{name}");
+        assert_eq!(down.value_records, vr, "{name}");
+        // A fresh upload of the same cache (the CPU blocks copied as they are) reads the same.
+        let mut again = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+        assert_eq!(again.download().unwrap(), down, "{name}");
+        compare(&mut again, &cpu, 4, &[139], 40);
     }
 }
 

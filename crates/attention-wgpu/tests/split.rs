@@ -49,7 +49,8 @@ fn tiny_bindings_and_grids_match_reference() {
     let Some(ctx) = tiny_context(TINY_BINDING, TINY_GRID) else {
         return;
     };
-    // The fast-scan order: the GPU reads its records gathered back into rows.
+    // The fast-scan order: pages of 32 slots hold one block each (a batch spanning pages
+    // writes two pages' blocks).
     let fast = Allocation::from_toml_str(
         "name = \"mse-k4v4-fast-scan\"\n\
          key = { codec = \"mse\", bits = 4, record_order = \"fast-scan\" }\n\
@@ -104,6 +105,49 @@ fn tiny_bindings_and_grids_match_reference() {
             &reference(&cpu, &queries, &[339], 8),
         );
     }
+}
+
+/// Pages of fewer than 32 slots cannot hold a fast-scan block: such a cache keeps its records
+/// in rows on the GPU (uploaded record by record) and reads and appends the same tokens.
+#[test]
+fn pages_below_a_block_keep_fast_scan_streams_in_rows() {
+    // 2048 bytes: pages of 16 slots of 4-bit records at d = 64 and two heads.
+    let Some(ctx) = tiny_context(2048, TINY_GRID) else {
+        return;
+    };
+    let fast = Allocation::from_toml_str(
+        "name = \"mse-k3v6-fast-scan\"\n\
+         key = { codec = \"mse\", bits = 3, record_order = \"fast-scan\" }\n\
+         value = { codec = \"mse\", bits = 6, record_order = \"fast-scan\" }",
+    )
+    .unwrap();
+    let mut cpu = KvCache::with_allocation(growing(2, 64), &fast, 0, 4).unwrap();
+    fill(&mut cpu, 0, 70, 5);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    assert!(
+        gpu.max_page_tokens() < 32,
+        "pages of {}",
+        gpu.max_page_tokens()
+    );
+    let width = 2 * 64;
+    let (k, v) = (vectors(5, width, 6), vectors(5, width, 7));
+    let new: Vec<u32> = (70..75).collect();
+    cpu.append(&k, &v, &new).unwrap();
+    gpu.encode_and_append(&k, &v, &new).unwrap();
+    let down = gpu.download().unwrap();
+    let mut expected = Vec::new();
+    for t in 0..cpu.len() {
+        for h in 0..2 {
+            expected.extend_from_slice(&cpu.values(h).token(t).unwrap().1);
+        }
+    }
+    assert_eq!(down.value_records, expected);
+    // Two query heads: the partials of more do not fit this binding.
+    let queries = vectors(2, 64, 12);
+    assert_close(
+        &attend(&mut gpu, &queries, &[74], 2),
+        &reference(&cpu, &queries, &[74], 2),
+    );
 }
 
 #[test]

@@ -39,13 +39,27 @@ pub enum RecordOrder {
     FastScan,
 }
 
-/// Bytes of a fast-scan block of records of `record_words` words.
-pub(crate) fn block_bytes(record_words: usize) -> usize {
+/// Bytes of a fast-scan block of records of `record_words` words (what 32 records take in
+/// rows).
+pub fn block_bytes(record_words: usize) -> usize {
     record_words * 8 * LANE_BYTES
 }
 
-/// Writes `record` (words of packed codes, read as nibbles) into slot `slot` (< 32) of `block`.
-pub(crate) fn scatter(record: &[u32], slot: usize, block: &mut [u8]) {
+/// Writes `record` (words of packed codes, read as nibbles) into slot `slot` (< 32) of `block`
+/// ([`block_bytes`] long): for nibble `k` of the record, byte `16k + slot mod 16`, the low
+/// half for slots below 16. The other slots' nibbles are kept.
+///
+/// ```
+/// use tq_cache::record_order::{block_bytes, gather, scatter};
+/// let mut block = vec![0u8; block_bytes(1)];
+/// scatter(&[0x8765_4321], 17, &mut block);
+/// // Nibble 0 (1) of slot 17: lane 0, byte 1, high half; nibble 7 (8): lane 7.
+/// assert_eq!((block[1], block[7 * 16 + 1]), (0x10, 0x80));
+/// let mut back = [0u32];
+/// gather(&block, 17, &mut back);
+/// assert_eq!(back, [0x8765_4321]);
+/// ```
+pub fn scatter(record: &[u32], slot: usize, block: &mut [u8]) {
     let (byte, shift) = (slot % LANE_BYTES, 4 * (slot / LANE_BYTES));
     let keep = !(0x0Fu8 << shift);
     for (w, &word) in record.iter().enumerate() {
@@ -58,7 +72,7 @@ pub(crate) fn scatter(record: &[u32], slot: usize, block: &mut [u8]) {
 }
 
 /// Reads slot `slot` (< 32) of `block` back into `record`: the inverse of [`scatter`].
-pub(crate) fn gather(block: &[u8], slot: usize, record: &mut [u32]) {
+pub fn gather(block: &[u8], slot: usize, record: &mut [u32]) {
     let (byte, shift) = (slot % LANE_BYTES, 4 * (slot / LANE_BYTES));
     for (w, word) in record.iter_mut().enumerate() {
         *word = (0..8).fold(0u32, |acc, k| {
@@ -257,8 +271,29 @@ impl BitPlanes {
         self.source.len() / 32
     }
 
+    /// The record bit stored at bit `k` of a permuted record (bit `k mod 4` of nibble `k / 4`),
+    /// `None` for a padding bit (stored as zero) or `k` past the record.
+    ///
+    /// ```
+    /// use tq_cache::record_order::{BitPlanes, CodeRun};
+    /// // 8 codes of 3 bits in one word: the 2-bit plane (bits 0-1 of each code) in nibbles
+    /// // 0-3, the 1-bit plane (bit 2) in nibbles 4-5.
+    /// let run = CodeRun { bits: 3, dim: 8, first_word: 0, words: 1 };
+    /// let planes = BitPlanes::new(1, &[run])?.unwrap();
+    /// assert_eq!(planes.source_bit(2), Some(3)); // code 1's bit 0
+    /// assert_eq!(planes.source_bit(16), Some(2)); // code 0's bit 2
+    /// assert_eq!(planes.source_bit(24), None); // past the planes
+    /// # Ok::<(), tq_cache::record_order::PlaneError>(())
+    /// ```
+    pub fn source_bit(&self, k: usize) -> Option<usize> {
+        self.source
+            .get(k)
+            .filter(|&&s| s != NO_BIT)
+            .map(|&s| usize::from(s))
+    }
+
     /// `record` permuted into `out` (both `record_words` long).
-    pub(crate) fn permute(&self, record: &[u32], out: &mut [u32]) {
+    pub fn permute(&self, record: &[u32], out: &mut [u32]) {
         out.fill(0);
         for (k, &src) in self.source.iter().enumerate() {
             if src != NO_BIT {
@@ -269,7 +304,7 @@ impl BitPlanes {
     }
 
     /// The inverse of [`permute`](Self::permute): `permuted` back into `record`.
-    pub(crate) fn restore(&self, permuted: &[u32], record: &mut [u32]) {
+    pub fn restore(&self, permuted: &[u32], record: &mut [u32]) {
         record.fill(0);
         for (k, &src) in self.source.iter().enumerate() {
             if src != NO_BIT {

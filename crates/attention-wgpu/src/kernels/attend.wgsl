@@ -9,7 +9,8 @@
 //
 // Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
 // 4 kpage, 7 fp):
-//   5 vpage     storage r   u32, one value page: words [kv_heads, page_tokens, record_words],
+//   5 vpage     storage r   u32, one value page: words [kv_heads, page_tokens, record_words]
+//                           (or the fast-scan order's blocks, `StreamDesc.order`),
 //                           scales (binary16 pairs) at v_scales_offset
 //   6 partials  storage rw  f32 [blocks of this page, block_stride]: per block, rows·rec
 //                           records (max, sum, value accumulators), row = query·q_heads + head
@@ -54,22 +55,51 @@ struct CodeAt {
     bit: u32,
     centroid: u32,
     scale: u32,
+    /// The fast-scan order's view: the run's first nibble lane, its codes, this code's index.
+    lane: u32,
+    len: u32,
+    j: u32,
+}
+
+/// Nibble lane `lane` of the value record in slot `local` of KV head `kvh` (fast-scan order).
+fn value_nibble(kvh: u32, local: u32, lane: u32) -> u32 {
+    let block = block_word(kvh, local, launch.page_tokens, params.value.record_words);
+    let at = lane_at(block, local, lane);
+    return (vpage[at.x] >> at.y) & 15u;
+}
+
+/// The code at `at` of the fast-scan value record of (`kvh`, `local`) (`key_code_fs`).
+fn value_code_fs(kvh: u32, local: u32, at: CodeAt) -> u32 {
+    var code = 0u;
+    var lane = at.lane;
+    var shift = 0u;
+    var width = plane_width(at.bits);
+    while (width != 0u) {
+        let m = 4u / width;
+        let field = value_nibble(kvh, local, lane + at.j / m) >> (width * (at.j % m));
+        code = code | ((field & ((1u << width) - 1u)) << shift);
+        lane += (at.len + m - 1u) / m;
+        shift += width;
+        width = plane_width(at.bits - shift);
+    }
+    return code;
 }
 
 fn code_at(kvh: u32, c: u32) -> CodeAt {
     let value = params.value;
     if (value.groups == 0u) {
-        return CodeAt(value.bits, c * value.bits, 0u, 0u);
+        return CodeAt(value.bits, c * value.bits, 0u, 0u, 0u, value.dim, c);
     }
     let table = value.group_offset + kvh * GROUP_STRIDE;
     let count = u32(tables[table]);
     for (var i = 0u; i < count; i += 1u) {
         let group = code_group(table, i);
         if (c >= group.start && c < group.start + group.len) {
-            return CodeAt(group.bits, 32u * group.word + (c - group.start) * group.bits, group.centroid, group.scale);
+            return CodeAt(group.bits, 32u * group.word + (c - group.start) * group.bits, group.centroid,
+                group.scale, 8u * group.word, group.len, c - group.start);
         }
     }
-    return CodeAt(0u, 0u, 0u, 0u);
+    return CodeAt(0u, 0u, 0u, 0u, 0u, 0u, 0u);
 }
 
 /// Coordinate `c` of the value at (`kvh`, `local`) in its accumulation domain, without the
@@ -88,13 +118,19 @@ fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32, at: CodeAt) -> f32 {
         if (at.bits == 0u) {
             return 0.0;
         }
-        let w = at.bit / 32u;
-        let shift = at.bit % 32u;
-        var hi = 0u;
-        if (shift + at.bits > 32u) {
-            hi = vpage[rb + w + 1u];
+        var code: u32;
+        if (value.order != ORDER_ROWS) {
+            code = value_code_fs(kvh, local, at);
+        } else {
+            let w = at.bit / 32u;
+            let shift = at.bit % 32u;
+            var hi = 0u;
+            if (shift + at.bits > 32u) {
+                hi = vpage[rb + w + 1u];
+            }
+            code = code_from(vpage[rb + w], hi, shift, at.bits);
         }
-        return vscale[2u * k + at.scale] * value_centroid(at.centroid + code_from(vpage[rb + w], hi, shift, at.bits));
+        return vscale[2u * k + at.scale] * value_centroid(at.centroid + code);
     }
     let i = c - value.dim;
     let z = select(-1.0, 1.0, ((vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u) == 1u);
@@ -247,7 +283,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         } else if (c >= coords) {
             source = 2u;
         }
-        var at = CodeAt(0u, 0u, 0u, 0u);
+        var at = CodeAt(0u, 0u, 0u, 0u, 0u, 0u, 0u);
         if (coded_values && c < value.dim) {
             at = code_at(kvh, c);
         }

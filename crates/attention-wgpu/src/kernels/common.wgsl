@@ -68,8 +68,46 @@ struct StreamDesc {
     /// need nothing: a common shift of a query's scores leaves its softmax unchanged.
     centered: u32,
     mean_offset: u32,
-    _pad0: u32,
-    _pad1: u32,
+    /// Record order (ORDER_*): rows (`[kv_heads, page_tokens, record_words]` words), or the
+    /// fast-scan order of `tq_cache::record_order`: per KV head, blocks of 32 slots, each
+    /// `record_words·32` words holding, for nibble lane k of a record, 16 bytes (byte i: slot
+    /// i's nibble k low, slot i + 16's high) — the CPU store's bytes. With bit planes, runs of
+    /// codes of 3 or 5–8 bits are stored as planes of 4, 2 and 1 of their bits (`plane_width`).
+    order: u32,
+    /// With bit planes, per KV head `32·record_words` f32 at `planes_offset + kvh·32·
+    /// record_words`: the plain record bit stored at each permuted bit (65535: padding).
+    planes_offset: u32,
+}
+
+/// Record orders (`StreamDesc.order`).
+const ORDER_ROWS: u32 = 0u;
+const ORDER_FAST_SCAN: u32 = 1u;
+const ORDER_PLANES: u32 = 2u;
+
+/// Width of the next bit plane of a code with `rest` bits not yet in a plane: 4, 2, 1 (the
+/// binary digits of the width, widest first: 3 = 2 + 1, 6 = 4 + 2, 8 = 4 + 4; 1-, 2- and 4-bit
+/// codes are one plane, their own nibbles), 0 once none is left (`record_order::planes_from`).
+fn plane_width(rest: u32) -> u32 {
+    if (rest >= 4u) {
+        return 4u;
+    }
+    if (rest >= 2u) {
+        return 2u;
+    }
+    return rest;
+}
+
+/// Word and bit shift of nibble lane `lane` of slot `local` in a fast-scan page region whose
+/// 32-slot block starts at word `block` (words `[block, block + 32·record_words)`).
+fn lane_at(block: u32, local: u32, lane: u32) -> vec2<u32> {
+    let byte = local % 16u;
+    return vec2<u32>(block + 4u * lane + byte / 4u, 8u * (byte % 4u) + 4u * ((local % 32u) / 16u));
+}
+
+/// First word of the fast-scan block holding slot `local` of KV head `kvh` in a page of
+/// `page_tokens` slots (a block of 32 records takes the words 32 rows would).
+fn block_word(kvh: u32, local: u32, page_tokens: u32, record_words: u32) -> u32 {
+    return (kvh * page_tokens + (local & ~31u)) * record_words;
 }
 
 /// Most code groups per record, and f32 per head of a group table (`tables.rs`).

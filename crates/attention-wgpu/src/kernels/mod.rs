@@ -196,8 +196,16 @@ pub(crate) struct StreamDesc {
     pub group_offset: u32,
     pub centered: u32,
     pub mean_offset: u32,
-    pub _pad: [u32; 2],
+    pub order: u32,
+    pub planes_offset: u32,
 }
+
+/// `StreamDesc.order` values: records in rows; in the fast-scan order of `tq_cache`
+/// (`record_order`), as their own nibbles or through bit planes (a permutation table per KV
+/// head at `planes_offset`).
+pub(crate) const ORDER_ROWS: u32 = 0;
+pub(crate) const ORDER_FAST_SCAN: u32 = 1;
+pub(crate) const ORDER_PLANES: u32 = 2;
 
 /// `StreamDesc.kind` values.
 pub(crate) const KIND_F32: u32 = 0;

@@ -12,13 +12,15 @@ use crate::context::GpuContext;
 pub(crate) const SOURCE: &str = include_str!("scatter.wgsl");
 
 /// Bindings of `scatter.wgsl`; shapes: records `[vectors, record_words]`, scales
-/// `[vectors, scales]` (one binary16 per u32), page (see `crate::cache`), positions `[tokens]`.
-pub(crate) const BINDINGS: [Binding; 5] = [
+/// `[vectors, scales]` (one binary16 per u32), page (see `crate::cache`), positions `[tokens]`,
+/// tables (the layer's f32 tables: a fast-scan stream's bit planes).
+pub(crate) const BINDINGS: [Binding; 6] = [
     b(0, "params", Access::Uniform),
     b(1, "records", Access::Read),
     b(2, "scales", Access::Read),
     b(3, "page", Access::ReadWrite),
     b(4, "positions", Access::Read),
+    b(5, "tables", Access::Read),
 ];
 
 /// `ScatterParams` of `scatter.wgsl`.
@@ -39,7 +41,8 @@ pub(crate) struct ScatterParams {
     pub grid_x: u32,
     pub grid_y: u32,
     pub skip_tokens: u32,
-    pub _pad: [u32; 2],
+    pub order: u32,
+    pub planes_offset: u32,
 }
 
 /// The bind group of one scatter dispatch (`params` at `params_offset`, 16·4 bytes).
@@ -52,6 +55,7 @@ pub(crate) fn bind_group(
     scales: &wgpu::Buffer,
     page: &wgpu::Buffer,
     positions: &wgpu::Buffer,
+    tables: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Scatter,
@@ -66,6 +70,7 @@ pub(crate) fn bind_group(
             (2, scales, 0, None),
             (3, page, 0, None),
             (4, positions, 0, None),
+            (5, tables, 0, None),
         ],
     )
 }

@@ -6,7 +6,8 @@
 //                          coded keys: scale·correction·Π_K·q and α·s·S·(scale·Π_K·q);
 //                          plain keys: scale·q
 //   3 tables    storage r  f32, key and value tables (StreamDesc offsets)
-//   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words],
+//   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words]
+//                          (or the fast-scan order's blocks, `StreamDesc.order`),
 //                          scales (binary16 pairs) at k_scales_offset, positions at
 //                          k_positions_offset
 //   7 fp        storage r  u32, the copies of the attention sinks (binary16) and of the recent
@@ -111,6 +112,50 @@ fn coded_dot(row0: u32, rb: u32, first: u32, count: u32, bits: u32, centroids: u
             }
         }
         let c = key_centroid(centroids + code);
+        for (var g = 0u; g < CHUNK; g += 1u) {
+            out[g] += prepared[(row0 + g) * qs + first + j] * c;
+        }
+    }
+    return out;
+}
+
+/// Nibble lane `lane` of the key record in slot `local` of KV head `kvh` (fast-scan order).
+fn key_nibble(kvh: u32, local: u32, lane: u32) -> u32 {
+    let block = block_word(kvh, local, launch.page_tokens, params.key.record_words);
+    let at = lane_at(block, local, lane);
+    return (kpage[at.x] >> at.y) & 15u;
+}
+
+/// Code `j` of a run of `len` codes of `bits` bits whose planes start at nibble lane
+/// `first_lane`, in the fast-scan key record of (`kvh`, `local`): each plane's bits (a nibble,
+/// or a 2- or 1-bit field of one) shifted into place.
+fn key_code_fs(kvh: u32, local: u32, first_lane: u32, len: u32, j: u32, bits: u32) -> u32 {
+    var code = 0u;
+    var lane = first_lane;
+    var shift = 0u;
+    var width = plane_width(bits);
+    while (width != 0u) {
+        let m = 4u / width;
+        let field = key_nibble(kvh, local, lane + j / m) >> (width * (j % m));
+        code = code | ((field & ((1u << width) - 1u)) << shift);
+        lane += (len + m - 1u) / m;
+        shift += width;
+        width = plane_width(bits - shift);
+    }
+    return code;
+}
+
+/// [`coded_dot`] over a run of a fast-scan key record: its planes from nibble lane
+/// `first_lane` of the record in slot `local` of KV head `kvh`.
+fn coded_dot_fs(row0: u32, kvh: u32, local: u32, first_lane: u32, first: u32, count: u32, bits: u32,
+    centroids: u32) -> array<f32, MAX_GROUP> {
+    var out: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < MAX_GROUP; g += 1u) {
+        out[g] = 0.0;
+    }
+    let qs = params.qstride;
+    for (var j = 0u; j < count; j += 1u) {
+        let c = key_centroid(centroids + key_code_fs(kvh, local, first_lane, count, j, bits));
         for (var g = 0u; g < CHUNK; g += 1u) {
             out[g] += prepared[(row0 + g) * qs + first + j] * c;
         }
@@ -243,7 +288,12 @@ fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
         let count = u32(tables[table]);
         for (var i = 0u; i < count; i += 1u) {
             let group = code_group(table, i);
-            let part = coded_dot(row0, rb + group.word, group.start, group.len, group.bits, group.centroid);
+            var part: array<f32, MAX_GROUP>;
+            if (key.order != ORDER_ROWS) {
+                part = coded_dot_fs(row0, kvh, local, 8u * group.word, group.start, group.len, group.bits, group.centroid);
+            } else {
+                part = coded_dot(row0, rb + group.word, group.start, group.len, group.bits, group.centroid);
+            }
             let norm = key_scale(kvh, local, group.scale);
             for (var g = 0u; g < CHUNK; g += 1u) {
                 out[g] += norm * part[g];
@@ -251,7 +301,12 @@ fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
         }
         return out;
     }
-    let first = coded_dot(row0, rb, 0u, d, key.bits, 0u);
+    var first: array<f32, MAX_GROUP>;
+    if (key.order != ORDER_ROWS) {
+        first = coded_dot_fs(row0, kvh, local, 0u, 0u, d, key.bits, 0u);
+    } else {
+        first = coded_dot(row0, rb, 0u, d, key.bits, 0u);
+    }
     let norm = key_scale(kvh, local, 0u);
     for (var g = 0u; g < CHUNK; g += 1u) {
         out[g] = norm * first[g];
