@@ -575,6 +575,8 @@ impl GpuKvCache {
         let n = positions.len();
         let first_token = self.len;
         let new_len = first_token + n;
+        // A forward call records its step's windows after its appends.
+        self.step_windows = None;
         let ring_slots = self.ring_slots;
         let slot_of = move |t: usize| ring_slots.map_or(t, |r| t % r);
         let written = ring_slots.map_or(new_len, |r| new_len.min(r));

@@ -219,6 +219,50 @@ impl GpuKvCache {
         self.attend_with_windows(queries, query_positions, &windows, shape, out)
     }
 
+    /// Attention of the queries of the newest `query_positions.len()` tokens, each reading each
+    /// stream's recent window as in the step that appended them (as [`forward`](Self::forward)
+    /// gave them, and `tq_cache::attention::attend_in_step`): what a KV-sharing layer reads
+    /// of its producer's cache after the producer's forward call. Without recent windows it
+    /// equals [`attend`](Self::attend).
+    ///
+    /// Errors: more queries than stored tokens (`Shape`); with recent windows, more queries
+    /// than the last `forward` call wrote, or a cache changed since (`Unsupported`: those
+    /// windows are not kept); and those of [`attend`](Self::attend).
+    pub fn attend_in_step(
+        &mut self,
+        queries: &[f32],
+        query_positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let n = self.check_attention(queries, query_positions, shape, out.len())?;
+        if n > self.len {
+            return Err(GpuError::Shape {
+                what: "queries of the newest tokens (at most the tokens stored)",
+                expected: self.len,
+                actual: n,
+            });
+        }
+        if !self.windows.any() {
+            return self.attend(queries, query_positions, shape, out);
+        }
+        // The window starts the last forward call gave its queries (computed from the copies
+        // held before each of its pieces went in, which later appends forget).
+        let streams = 2 * self.kv_heads;
+        let windows = match &self.step_windows {
+            Some(starts) if n * streams <= starts.len() => {
+                starts[starts.len() - n * streams..].to_vec()
+            }
+            _ => {
+                return Err(GpuError::Unsupported(format!(
+                    "attention in step for {n} queries: with recent windows only the queries of \
+                     the last forward call's tokens (its windows are not kept otherwise)"
+                )));
+            }
+        };
+        self.attend_with_windows(queries, query_positions, &windows, shape, out)
+    }
+
     /// [`attend`](Self::attend) with each query's window starts given (`[n, 2, kv_heads]`:
     /// from there on a stream's tokens are read from their copies).
     fn attend_with_windows(
@@ -291,6 +335,7 @@ impl GpuKvCache {
         // most RECENT_CHUNK tokens give every query the same window as the whole batch would (a
         // query's window ends at itself) and keep the copies it reads inside the ring.
         let mut start = 0;
+        let mut step_windows = Vec::new();
         while start < n {
             let end = (start + RECENT_CHUNK).min(n);
             let before = self.len;
@@ -307,8 +352,11 @@ impl GpuKvCache {
                 shape,
                 &mut out[start * q..end * q],
             )?;
+            step_windows.extend_from_slice(&windows);
             start = end;
         }
+        // Kept for `attend_in_step` (a KV-sharing layer reads this step as this call did).
+        self.step_windows = Some(step_windows);
         Ok(())
     }
 

@@ -215,6 +215,13 @@ pub struct GpuKvCache {
     /// window that grows with the context ([`ensure_ring`](Self::ensure_ring)).
     pub(crate) windows: RecentWindows,
     pub(crate) fp_ring: usize,
+    /// The window starts `[n, 2, kv_heads]` of the queries of the last [`forward`] call with
+    /// recent windows (its `n` tokens the newest), for [`attend_in_step`]; cleared by any
+    /// other append, a truncation or an upload.
+    ///
+    /// [`forward`]: Self::forward
+    /// [`attend_in_step`]: Self::attend_in_step
+    pub(crate) step_windows: Option<Vec<u32>>,
     /// The ring holds 8-bit copies (`recent_dtype = "q8"`, [`ring_words`](Self::ring_words)
     /// words a slot: codes, then the f16 step) rather than binary16 ones.
     pub(crate) window_q8: bool,
@@ -473,6 +480,7 @@ impl GpuKvCache {
             windows,
             fp_ring,
             window_q8,
+            step_windows: None,
             fp,
             key,
             value,
@@ -857,6 +865,7 @@ impl GpuKvCache {
         }
         self.len = cache.len();
         self.first_stored = cache.first_stored();
+        self.step_windows = None;
         // An 8-bit window's tokens have no codes on the CPU yet: their slots follow the body's,
         // with the codes they will have (`stored_codes`).
         let body_slots = cache.keys(0).body().len();
@@ -976,6 +985,7 @@ impl GpuKvCache {
             .into());
         }
         self.windows.truncated(new_len);
+        self.step_windows = None;
         // An emptied CPU stream calibrates again on its next first batch.
         if new_len == 0
             && let Some(host) = &self.host

@@ -94,8 +94,24 @@ fn unsupported_configurations_are_typed_errors() {
         &Allocation::preset("mse-k4v4").unwrap(),
     )
     .unwrap();
-    let what = unsupported(WgpuAttention::new(&ctx, &shared));
-    assert!(what.contains("blk.1.shared"), "{what}");
+    // KV sharing runs on the GPU (tests/wgpu_shared_kv.rs): the sharer reads layer 0's cache.
+    let gpu = WgpuAttention::new(&ctx, &shared).unwrap();
+    assert_eq!(gpu.layers(), 2);
+    assert!(std::ptr::eq(gpu.layer(1).unwrap(), gpu.layer(0).unwrap()));
+    // A fixed state (a recurrent layer's) is not attention's to hold.
+    let fixed = ModelCache::with_allocation(
+        vec![
+            kv_spec(0),
+            StateSpec {
+                name: "blk.1.conv".into(),
+                kind: StateKind::Fixed { shape: vec![3, 8] },
+            },
+        ],
+        &Allocation::preset("mse-k4v4").unwrap(),
+    )
+    .unwrap();
+    let what = unsupported(WgpuAttention::new(&ctx, &fixed));
+    assert!(what.contains("blk.1.conv"), "{what}");
 }
 
 #[test]

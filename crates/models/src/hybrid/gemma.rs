@@ -24,7 +24,7 @@ use super::dense::Dense;
 use super::layers::{AttentionBlock, AttentionGeometry, RopeSettings, SwiGluMlp};
 use super::scratch::HybridScratch;
 use super::stack::{Block, Mixer, Stack};
-use crate::llama::{Logits, ModelError};
+use crate::llama::{AttentionBackend, Logits, ModelError};
 
 /// Local (sliding-window) or global (full) attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -367,6 +367,24 @@ impl GemmaLike {
     ) -> Result<&'s [f32], ModelError> {
         self.stack
             .forward(tokens, positions, cache, kernel, logits, scratch)
+    }
+
+    /// The forward pass with the attention on `backend` — the GPU's
+    /// ([`WgpuAttention`](crate::llama::WgpuAttention) built from a cache of this model, whose
+    /// sharing layers read their producers' GPU caches), or a [`CpuAttention`] over a
+    /// `ModelCache`, which gives what [`forward`](Self::forward) gives.
+    ///
+    /// [`CpuAttention`]: crate::llama::CpuAttention
+    pub fn forward_with<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        backend: &mut dyn AttentionBackend,
+        logits: Logits,
+        scratch: &'s mut HybridScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        self.stack
+            .forward_with(tokens, positions, backend, logits, scratch)
     }
 
     /// Vocabulary size.

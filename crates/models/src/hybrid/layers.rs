@@ -4,13 +4,12 @@
 
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
-use tq_cache::states::ModelCache;
+use tq_cache::attention::AttentionShape;
 
 use super::dense::Dense;
 use super::scratch::HybridScratch;
-use crate::llama::ModelError;
 use crate::llama::ops::{rope, swiglu};
+use crate::llama::{AttentionBackend, ModelError};
 
 /// Rotary position embedding of one layer: its frequency base and how many leading
 /// dimensions of each head rotate (partial RoPE leaves the rest position-free).
@@ -119,15 +118,16 @@ impl AttentionBlock {
     }
 
     /// `out = O·attention(Q·h, cache ∪ {K·h, V·h})` for the `n` newest tokens (`h` is
-    /// `[n, embedding]`, normalized); `positions` covers the whole sequence.
-    #[allow(clippy::too_many_arguments)]
+    /// `[n, embedding]`, normalized); `positions` covers the whole sequence. The attention runs
+    /// on `backend` ([`CpuAttention`](crate::llama::CpuAttention) over a `ModelCache`, or the
+    /// GPU's): a producer's through [`AttentionBackend::attend`], a sharer's through
+    /// [`AttentionBackend::attend_shared`].
     pub fn forward(
         &self,
         h: &[f32],
         n: usize,
         positions: &[u32],
-        cache: &mut ModelCache,
-        kernel: AttentionKernel,
+        backend: &mut dyn AttentionBackend,
         s: &mut HybridScratch,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
@@ -149,25 +149,9 @@ impl AttentionBlock {
                 wk.matmul(h, n, &mut s.k)?;
                 wv.matmul(h, n, &mut s.v)?;
                 rope_rows(&mut s.k, g, g.kv_heads, new_positions);
-                cache.forward_layer(
-                    self.layer,
-                    &s.q,
-                    Some((&s.k, &s.v)),
-                    positions,
-                    shape,
-                    kernel,
-                    &mut s.attn,
-                )?;
+                backend.attend(self.layer, &s.q, &s.k, &s.v, positions, shape, &mut s.attn)?;
             }
-            None => cache.forward_layer(
-                self.layer,
-                &s.q,
-                None,
-                positions,
-                shape,
-                kernel,
-                &mut s.attn,
-            )?,
+            None => backend.attend_shared(self.layer, &s.q, positions, shape, &mut s.attn)?,
         }
         self.o.matmul(&s.attn, n, out)
     }

@@ -13,7 +13,10 @@
 //! `forward(tokens, positions, &mut cache, kernel, logits, scratch)`, with
 //! `offset = positions.len − tokens.len`: prefill, chunked prefill and decode are one call.
 //! [`StatefulModel`] names that contract so code (tests, benchmarks) can drive any of them —
-//! the Llama model included.
+//! the Llama model included. [`GemmaLike::forward_with`] runs the same stack with its attention
+//! on any [`AttentionBackend`](crate::llama::AttentionBackend) — the GPU's
+//! ([`WgpuAttention`](crate::llama::WgpuAttention), whose sharing layers read their producers'
+//! GPU caches) or the CPU's.
 //!
 //! ```
 //! use tq_cache::allocation::Allocation;

@@ -11,7 +11,7 @@ use super::dense::Dense;
 use super::layers::{AttentionBlock, SwiGluMlp};
 use super::scratch::HybridScratch;
 use crate::llama::ops::rms_norm;
-use crate::llama::{Logits, ModelError};
+use crate::llama::{AttentionBackend, CpuAttention, Logits, ModelError};
 
 /// What mixes information across tokens in one layer.
 #[derive(Clone, Debug)]
@@ -50,6 +50,13 @@ pub struct Stack {
     pub rms_eps: f32,
     /// Names of the states a cache must declare, in order (checked before anything runs).
     pub state_names: Vec<String>,
+}
+
+/// Where the mixers find their states: a [`ModelCache`] (attention on the CPU with a
+/// kernel, recurrent layers' fixed states), or an attention backend alone.
+enum Mixing<'a> {
+    Cache(&'a mut ModelCache, AttentionKernel),
+    Backend(&'a mut dyn AttentionBackend),
 }
 
 fn resize(buffer: &mut Vec<f32>, len: usize) {
@@ -97,6 +104,61 @@ impl Stack {
         logits: Logits,
         scratch: &'s mut HybridScratch,
     ) -> Result<&'s [f32], ModelError> {
+        self.check_call(tokens, positions)?;
+        if !cache
+            .specs()
+            .iter()
+            .map(|s| &s.name)
+            .eq(self.state_names.iter())
+        {
+            return Err(ModelError::InvalidCall(
+                "the cache was not built from this model's state specs".into(),
+            ));
+        }
+        let offset = positions.len() - tokens.len();
+        if offset != cache.len() {
+            return Err(tq_cache::CacheError::OffsetMismatch {
+                cached: cache.len(),
+                offset,
+            }
+            .into());
+        }
+        self.run(
+            tokens,
+            positions,
+            Mixing::Cache(cache, kernel),
+            logits,
+            scratch,
+        )
+    }
+
+    /// [`forward`](Self::forward) with the attention on `backend` (the GPU's, say): for a stack
+    /// of attention layers only — a recurrent layer's fixed states live in a `ModelCache`
+    /// (`InvalidCall`). The backend checks each layer's offset.
+    pub fn forward_with<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        backend: &mut dyn AttentionBackend,
+        logits: Logits,
+        scratch: &'s mut HybridScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        self.check_call(tokens, positions)?;
+        if self
+            .blocks
+            .iter()
+            .any(|b| matches!(b.mixer, Mixer::DeltaNet(_)))
+        {
+            return Err(ModelError::InvalidCall(
+                "a stack with recurrent layers runs over a ModelCache (their fixed states)".into(),
+            ));
+        }
+        self.run(tokens, positions, Mixing::Backend(backend), logits, scratch)
+    }
+
+    /// The checks of a call that need no cache: tokens, positions, token ids, increasing
+    /// positions.
+    fn check_call(&self, tokens: &[u32], positions: &[u32]) -> Result<(), ModelError> {
         let n = tokens.len();
         if n == 0 || positions.len() < n {
             return Err(ModelError::InvalidCall(format!(
@@ -108,30 +170,28 @@ impl Stack {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::TokenOutOfRange { id, vocab });
         }
-        if !cache
-            .specs()
-            .iter()
-            .map(|s| &s.name)
-            .eq(self.state_names.iter())
+        if positions[positions.len() - n..]
+            .windows(2)
+            .any(|w| w[1] <= w[0])
         {
-            return Err(ModelError::InvalidCall(
-                "the cache was not built from this model's state specs".into(),
-            ));
-        }
-        let offset = positions.len() - n;
-        if offset != cache.len() {
-            return Err(tq_cache::CacheError::OffsetMismatch {
-                cached: cache.len(),
-                offset,
-            }
-            .into());
-        }
-        let new_positions = &positions[offset..];
-        if new_positions.windows(2).any(|w| w[1] <= w[0]) {
             return Err(ModelError::InvalidCall(
                 "positions must increase".to_string(),
             ));
         }
+        Ok(())
+    }
+
+    /// The layers, over checked inputs.
+    fn run<'s>(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        mut mixing: Mixing<'_>,
+        logits: Logits,
+        scratch: &'s mut HybridScratch,
+    ) -> Result<&'s [f32], ModelError> {
+        let n = tokens.len();
+        let vocab = self.vocab();
         let e = self.embed.cols();
         let s = scratch;
         resize(&mut s.x, n * e);
@@ -147,9 +207,23 @@ impl Stack {
             // The mixer reads `h` and writes `delta`; both are moved out of the scratch for the
             // call so the mixer may use the rest of it.
             let (h, mut delta) = (std::mem::take(&mut s.h), std::mem::take(&mut s.delta));
-            let result = match &block.mixer {
-                Mixer::Attention(a) => a.forward(&h, n, positions, cache, kernel, s, &mut delta),
-                Mixer::DeltaNet(d) => d.forward(&h, n, cache, s, &mut delta),
+            let result = match (&block.mixer, &mut mixing) {
+                (Mixer::Attention(a), Mixing::Cache(cache, kernel)) => {
+                    let mut cpu = CpuAttention {
+                        cache,
+                        kernel: *kernel,
+                    };
+                    a.forward(&h, n, positions, &mut cpu, s, &mut delta)
+                }
+                (Mixer::Attention(a), Mixing::Backend(backend)) => {
+                    a.forward(&h, n, positions, *backend, s, &mut delta)
+                }
+                (Mixer::DeltaNet(d), Mixing::Cache(cache, _)) => {
+                    d.forward(&h, n, cache, s, &mut delta)
+                }
+                (Mixer::DeltaNet(_), Mixing::Backend(_)) => Err(ModelError::InvalidCall(
+                    "a recurrent layer needs its fixed states (a ModelCache)".into(),
+                )),
             };
             (s.h, s.delta) = (h, delta);
             result?;

@@ -29,6 +29,25 @@ pub trait AttentionBackend {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), ModelError>;
+
+    /// The attention of a KV-sharing `layer` (a [`StateKind::SharedKv`] state: it reads the
+    /// cache its producer layer wrote and writes nothing): `queries` of the newest `n` tokens
+    /// over the sequence the producer holds, `positions` covering it (the producer must have
+    /// run this step). Backends that hold no shared states refuse it (the default).
+    ///
+    /// [`StateKind::SharedKv`]: tq_cache::states::StateKind::SharedKv
+    fn attend_shared(
+        &mut self,
+        layer: usize,
+        _queries: &[f32],
+        _positions: &[u32],
+        _shape: AttentionShape,
+        _out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        Err(ModelError::InvalidCall(format!(
+            "layer {layer} reads a shared KV state, which this attention backend does not hold"
+        )))
+    }
 }
 
 /// Attention on the CPU over a `tq-cache` [`ModelCache`] with the chosen kernel.
@@ -60,6 +79,19 @@ impl AttentionBackend for CpuAttention<'_> {
             self.kernel,
             out,
         )?;
+        Ok(())
+    }
+
+    fn attend_shared(
+        &mut self,
+        layer: usize,
+        queries: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.cache
+            .forward_layer(layer, queries, None, positions, shape, self.kernel, out)?;
         Ok(())
     }
 }

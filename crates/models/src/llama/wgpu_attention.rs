@@ -9,9 +9,14 @@
 //! chunk, never the whole cache) and runs decode attention on the device; only the attention
 //! output comes back.
 //!
+//! KV-sharing layers ([`StateKind::SharedKv`]) read their producer's GPU cache
+//! ([`attend_shared`](AttentionBackend::attend_shared), each query with the recent window it
+//! had in the producer's step); nothing is stored for them.
+//!
 //! What the GPU kernels do not implement is a typed error when the backend is built
 //! ([`ModelError::Gpu`] wrapping [`GpuError::Unsupported`]): two tiers with QJL tiers,
-//! shared-KV or fixed states, and sink or window copies in f32.
+//! fixed states (the recurrent layers' own states, which their layers update on the CPU),
+//! and sink or window copies in f32.
 
 use std::sync::Arc;
 
@@ -24,17 +29,21 @@ use super::ModelError;
 use super::attention_backend::AttentionBackend;
 use super::model::Llama;
 
-/// Attention on the GPU: one [`GpuKvCache`] per layer, all on one [`GpuContext`].
+/// Attention on the GPU: one [`GpuKvCache`] per KV state, all on one [`GpuContext`].
 pub struct WgpuAttention {
     ctx: Arc<GpuContext>,
-    layers: Vec<GpuKvCache>,
+    /// One per KV state, in declaration order.
+    caches: Vec<GpuKvCache>,
+    /// Per layer: its cache in `caches`, and whether it shares it (reads its producer's).
+    routes: Vec<(usize, bool)>,
 }
 
 impl std::fmt::Debug for WgpuAttention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuAttention")
             .field("adapter", &self.ctx.adapter_info().name)
-            .field("layers", &self.layers.len())
+            .field("layers", &self.routes.len())
+            .field("kv_states", &self.caches.len())
             .field("len", &self.len())
             .finish()
     }
@@ -42,34 +51,70 @@ impl std::fmt::Debug for WgpuAttention {
 
 impl WgpuAttention {
     /// Empty GPU caches with the layouts and codecs of `template`'s KV states (its tokens are
-    /// not copied; see [`from_cache`](Self::from_cache)).
+    /// not copied; see [`from_cache`](Self::from_cache)); its KV-sharing layers read their
+    /// producers' caches.
     ///
-    /// Errors: a state other than one KV cache per layer (shared KV, fixed), or a codec
-    /// configuration the GPU kernels do not implement (`GpuError::Unsupported`).
+    /// Errors: a fixed state, a layer without a state or with two, a sharer of a layer that
+    /// has no KV state, or a codec configuration the GPU kernels do not implement
+    /// (`GpuError::Unsupported`).
     pub fn new(ctx: &Arc<GpuContext>, template: &ModelCache) -> Result<Self, ModelError> {
-        let mut layers = Vec::new();
+        let layer_count = tq_cache::states::layer_count(template.specs());
+        let mut caches = Vec::new();
+        let mut owner: Vec<Option<usize>> = vec![None; layer_count];
+        let mut routes: Vec<Option<(usize, bool)>> = vec![None; layer_count];
+        let declared_twice =
+            |layer: usize| ModelError::InvalidCall(format!("layer {layer} declares two states"));
         for spec in template.specs() {
-            let StateKind::Kv { layer, .. } = spec.kind else {
-                return Err(GpuError::Unsupported(format!(
-                    "state `{}` is not a per-layer KV cache (shared-KV and fixed states \
-                     stay on the CPU)",
-                    spec.name
-                ))
-                .into());
-            };
-            // Layers must be declared in order so that `attend(layer, ..)` finds its cache
-            // by index; a model declaring them otherwise is not one this backend runs.
-            if layer != layers.len() {
-                return Err(ModelError::InvalidCall(format!(
-                    "KV state of layer {layer} declared at index {}",
-                    layers.len()
-                )));
+            match spec.kind {
+                StateKind::Kv { layer, .. } => {
+                    if routes[layer].is_some() {
+                        return Err(declared_twice(layer));
+                    }
+                    owner[layer] = Some(caches.len());
+                    routes[layer] = Some((caches.len(), false));
+                    caches.push(GpuKvCache::new(ctx, template.kv(layer)?)?);
+                }
+                StateKind::SharedKv { layer, .. } => {
+                    if routes[layer].is_some() {
+                        return Err(declared_twice(layer));
+                    }
+                    // Resolved below, once every producer has its cache.
+                    routes[layer] = Some((usize::MAX, true));
+                }
+                StateKind::Fixed { .. } => {
+                    return Err(GpuError::Unsupported(format!(
+                        "state `{}` is a fixed state (recurrent layers update theirs on the CPU)",
+                        spec.name
+                    ))
+                    .into());
+                }
             }
-            layers.push(GpuKvCache::new(ctx, template.kv(layer)?)?);
         }
+        for spec in template.specs() {
+            if let StateKind::SharedKv {
+                layer,
+                source_layer,
+            } = spec.kind
+            {
+                let source = owner.get(source_layer).copied().flatten().ok_or_else(|| {
+                    ModelError::InvalidCall(format!(
+                        "layer {layer} shares layer {source_layer}, which has no KV state"
+                    ))
+                })?;
+                routes[layer] = Some((source, true));
+            }
+        }
+        let routes = routes
+            .into_iter()
+            .enumerate()
+            .map(|(layer, r)| {
+                r.ok_or_else(|| ModelError::InvalidCall(format!("layer {layer} has no KV state")))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             ctx: Arc::clone(ctx),
-            layers,
+            caches,
+            routes,
         })
     }
 
@@ -77,8 +122,10 @@ impl WgpuAttention {
     /// the CPU started (e.g. a prompt prefilled on the CPU).
     pub fn from_cache(ctx: &Arc<GpuContext>, cache: &ModelCache) -> Result<Self, ModelError> {
         let mut backend = Self::new(ctx, cache)?;
-        for (layer, gpu) in backend.layers.iter_mut().enumerate() {
-            gpu.upload_all(cache.kv(layer)?)?;
+        for (layer, &(index, shared)) in backend.routes.iter().enumerate() {
+            if !shared {
+                backend.caches[index].upload_all(cache.kv(layer)?)?;
+            }
         }
         Ok(backend)
     }
@@ -102,7 +149,7 @@ impl WgpuAttention {
 
     /// Tokens the caches hold (every layer holds the same count between forward calls).
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, GpuKvCache::len)
+        self.caches.first().map_or(0, GpuKvCache::len)
     }
 
     /// Whether no token was appended.
@@ -110,27 +157,38 @@ impl WgpuAttention {
         self.len() == 0
     }
 
-    /// Layers (one GPU cache each).
+    /// Layers (a GPU cache each, its own or its producer's).
     pub fn layers(&self) -> usize {
-        self.layers.len()
+        self.routes.len()
     }
 
-    /// The GPU cache of `layer`.
+    /// The GPU cache `layer` reads (a sharer's is its producer's).
     pub fn layer(&self, layer: usize) -> Option<&GpuKvCache> {
-        self.layers.get(layer)
+        self.routes
+            .get(layer)
+            .map(|&(index, _)| &self.caches[index])
     }
 
-    /// Bytes of cache pages allocated on the device, all layers.
+    /// Bytes of cache pages allocated on the device, all layers (a shared cache once).
     pub fn device_bytes(&self) -> u64 {
-        self.layers.iter().map(GpuKvCache::device_bytes).sum()
+        self.caches.iter().map(GpuKvCache::device_bytes).sum()
     }
 
     /// Drops every token from `new_len` on, in every layer.
     pub fn truncate(&mut self, new_len: usize) -> Result<(), ModelError> {
-        for gpu in &mut self.layers {
+        for gpu in &mut self.caches {
             gpu.truncate(new_len)?;
         }
         Ok(())
+    }
+
+    /// The cache of `layer` and whether the layer shares it.
+    fn route(&mut self, layer: usize) -> Result<(&mut GpuKvCache, bool), ModelError> {
+        let layers = self.routes.len();
+        let &(index, shared) = self.routes.get(layer).ok_or_else(|| {
+            ModelError::InvalidCall(format!("layer {layer} of a {layers}-layer GPU cache"))
+        })?;
+        Ok((&mut self.caches[index], shared))
     }
 }
 
@@ -145,10 +203,12 @@ impl AttentionBackend for WgpuAttention {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
-        let layers = self.layers.len();
-        let gpu = self.layers.get_mut(layer).ok_or_else(|| {
-            ModelError::InvalidCall(format!("layer {layer} of a {layers}-layer GPU cache"))
-        })?;
+        let (gpu, shared) = self.route(layer)?;
+        if shared {
+            return Err(ModelError::InvalidCall(format!(
+                "layer {layer} reads a shared KV state and writes nothing (attend_shared)"
+            )));
+        }
         let width = shape.q_heads * gpu.head_dim();
         if width == 0 || !queries.len().is_multiple_of(width) {
             return Err(GpuError::Shape {
@@ -172,6 +232,36 @@ impl AttentionBackend for WgpuAttention {
             )));
         }
         gpu.forward(queries, keys, values, &positions[offset..], shape, out)?;
+        Ok(())
+    }
+
+    fn attend_shared(
+        &mut self,
+        layer: usize,
+        queries: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (gpu, shared) = self.route(layer)?;
+        if !shared {
+            return Err(ModelError::InvalidCall(format!(
+                "layer {layer} writes its own KV state (attend, with its keys and values)"
+            )));
+        }
+        let width = shape.q_heads * gpu.head_dim();
+        let n = queries.len().checked_div(width).unwrap_or(0);
+        if width == 0 || queries.len() != n * width || positions.len() != gpu.len() || n > gpu.len()
+        {
+            return Err(ModelError::InvalidCall(format!(
+                "layer {layer}: {} query values over {} positions, the shared cache holds {} \
+                 tokens of {width} query values each",
+                queries.len(),
+                positions.len(),
+                gpu.len()
+            )));
+        }
+        gpu.attend_in_step(queries, &positions[positions.len() - n..], shape, out)?;
         Ok(())
     }
 }
