@@ -69,7 +69,7 @@ pub fn rope_rows(x: &mut [f32], geometry: &AttentionGeometry, heads: usize, posi
     }
 }
 
-/// Softmax attention whose keys and values live in a [`ModelCache`] state: a producer layer
+/// Softmax attention whose keys and values live in a [`ModelCache`](tq_cache::states::ModelCache) state: a producer layer
 /// projects and stores its own K/V; a KV-sharing layer projects only queries and reads the
 /// producer's cache.
 #[derive(Clone, Debug)]
