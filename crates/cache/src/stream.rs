@@ -123,9 +123,9 @@ pub struct StreamLayout {
     /// `Some(slots)` for a ring buffer of that many records.
     pub ring_slots: Option<usize>,
     /// The memory order asked of the body's records: [`RecordOrder::FastScan`] stores them
-    /// the way the fast-scan kernel reads them. TQ_mse bodies whose records are whole words
-    /// and fitted bases take it (codes of 3 and 5 to 8 bits as bit planes); every other body
-    /// keeps rows ([`body_order`]), which reads the same tokens.
+    /// the way the fast-scan kernel reads them. TQ_mse bodies whose records are whole words,
+    /// fitted bases and two tiers of TQ_mse take it (codes of 3 and 5 to 8 bits as bit
+    /// planes); every other body keeps rows ([`body_order`]), which reads the same tokens.
     #[serde(default, skip_serializing_if = "is_rows")]
     pub order: RecordOrder,
 }
@@ -143,8 +143,9 @@ fn is_rows(order: &RecordOrder) -> bool {
 /// records are whole words (`d·b` a multiple of 32) and to fitted bases (each group starts on
 /// a word boundary): codes of 1, 2 or 4 bits fill whole nibbles (four, two or one code per
 /// nibble), codes of 3 and 5 to 8 bits are stored as bit planes of 4, 2 and 1 bits
-/// ([`body_planes`]). Two tiers, QJL sign bits and a basis group whose planes do not fit its
-/// words keep rows.
+/// ([`body_planes`]); two tiers of TQ_mse take it too (each tier's codes a run from its first
+/// word). QJL sign bits, debiased tiers and a group whose planes do not fit its words keep
+/// rows.
 ///
 /// ```
 /// use tq_cache::record_order::RecordOrder;
@@ -195,6 +196,25 @@ pub fn body_planes(codec: &TokenCodec) -> Option<Option<BitPlanes>> {
                 words: g.words(),
             })
             .collect(),
+        // Two tiers of TQ_mse: each tier's codes a run from its first word (its own norm;
+        // the kernels score the tiers as parts of different scales).
+        TokenCodec::TwoTier(c) => match (c.outlier(), c.rest()) {
+            (TokenCodec::Mse(outlier), TokenCodec::Mse(rest)) => vec![
+                CodeRun {
+                    bits: outlier.spec().bits,
+                    dim: outlier.dim(),
+                    first_word: 0,
+                    words: outlier.words_per_vector(),
+                },
+                CodeRun {
+                    bits: rest.spec().bits,
+                    dim: rest.dim(),
+                    first_word: c.outlier().record_words(),
+                    words: rest.words_per_vector(),
+                },
+            ],
+            _ => return None,
+        },
         _ => return None,
     };
     BitPlanes::new(codec.record_words(), &runs).ok()

@@ -108,6 +108,12 @@ const WINDOWS_Q8: &str = "sink_tokens = 2\nrecent_fp_tokens = 50\nrecent_dtype =
     key = { codec = \"mse\", bits = 4, center = \"first-chunk\", ORDER }\n\
     value = { codec = \"mse\", bits = 4, norm_correction = true, ORDER }";
 
+/// Two tiers of TQ_mse (a quarter of the channels, the outliers, one bit wider), each tier's
+/// codes a part with its own norm: 4/3-bit keys (nibbles, then 2 + 1 bit planes), 3/2-bit
+/// values.
+const TIERS: &str = "outliers = { fraction = 0.25, key = { bits = 4 }, value = { bits = 3 } }\n\
+    key = { codec = \"mse\", bits = 3, ORDER }\nvalue = { codec = \"mse\", bits = 2, ORDER }";
+
 /// The widths whose codes fill whole nibbles (one, two or four codes each).
 const NIBBLE_WIDTHS: [u8; 3] = [4, 2, 1];
 
@@ -262,17 +268,26 @@ fn fast_scan_values_sum_the_integer_weights() {
 /// `B_j = (Σ_b (s_b/2)·Σ_{t∈b} (|c_tj| + γ/2) + Σ_t w_t·γ/2) / Σ_t p_t`, and an output
 /// coordinate (an orthogonal map back) by at most `‖B‖₂` — here computed from the exact
 /// softmax of the f16 keys (1% slack for the kernel's f32 weights) plus f32 rounding.
+///
+/// Two tiers are two such sums, each with its own norms and codebook, mapped back onto
+/// disjoint channels: the bound is the root of the sum of their squares.
 #[test]
 fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
     for bits in NIBBLE_WIDTHS {
-        values_within_the_integer_bound_of_rows(bits);
+        values_within_the_integer_bound_of_rows(
+            &at_bits(VALUES_ONLY, bits),
+            &format!("{bits} bits"),
+        );
     }
+    // 4/3-bit tiers (a nibble part, then 2 + 1 bit planes) with f16 keys.
+    let tiers = "outliers = { fraction = 0.25, value = { bits = 4 } }\n\
+        key = { codec = \"f16\", ORDER }\nvalue = { codec = \"mse\", bits = 3, ORDER }";
+    values_within_the_integer_bound_of_rows(tiers, "two tiers");
 }
 
-fn values_within_the_integer_bound_of_rows(bits: u8) {
+fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let group = q_heads / kv;
-    let body = at_bits(VALUES_ONLY, bits);
     let fast = cache(growing(kv, D), &body, true, tokens, 3);
     let rows = cache(growing(kv, D), &body, false, tokens, 3);
     let positions = [0u32, 40, 700, 1299];
@@ -286,11 +301,7 @@ fn values_within_the_integer_bound_of_rows(bits: u8) {
         let expected = run(isa, &rows, q_heads, &positions, 4);
         for g in 0..kv {
             let values = fast.values(g);
-            let TokenCodec::Mse(codec) = values.codec() else {
-                panic!("TQ_mse values")
-            };
-            let centroids = codec.codebook().centroids_f32();
-            let gamma = f64::from(centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0);
+            assert_eq!(values.body().order(), RecordOrder::FastScan, "{name}");
             let mut codes = vec![0u8; D];
             for (i, &p) in positions.iter().enumerate() {
                 for h in 0..group {
@@ -307,36 +318,40 @@ fn values_within_the_integer_bound_of_rows(bits: u8) {
                     let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
                     let probabilities: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                     let total: f64 = probabilities.iter().sum();
-                    let mut bound = vec![0.0f64; D];
-                    for (b, chunk) in probabilities.chunks(BLOCK).enumerate() {
-                        let weights: Vec<(f64, Vec<u8>)> = chunk
-                            .iter()
-                            .enumerate()
-                            .map(|(i, pr)| {
-                                let (words, scales) =
-                                    values.body().record_copy(b * BLOCK + i).unwrap();
-                                tq_cache::codec::packing::unpack(&words, bits, &mut codes).unwrap();
-                                (pr * f64::from(scales[0].to_f32()), codes.clone())
-                            })
-                            .collect();
-                        let step = weights.iter().fold(0.0f64, |m, (w, _)| m.max(*w)) / 127.0;
-                        for (w, codes) in &weights {
-                            for (bj, &c) in bound.iter_mut().zip(codes) {
-                                let c = f64::from(centroids[usize::from(c)]).abs();
-                                *bj += step / 2.0 * (c + gamma / 2.0) + w * gamma / 2.0;
+                    let mut squares = 0.0f64;
+                    for tier in tiers(values.codec()) {
+                        let (dim, bits) = (tier.codec.dim(), tier.codec.spec().bits);
+                        let centroids = tier.codec.codebook().centroids_f32();
+                        let gamma =
+                            f64::from(centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0);
+                        let mut bound = vec![0.0f64; dim];
+                        for (b, chunk) in probabilities.chunks(BLOCK).enumerate() {
+                            let weights: Vec<(f64, Vec<u8>)> = chunk
+                                .iter()
+                                .enumerate()
+                                .map(|(i, pr)| {
+                                    let (words, scales) =
+                                        values.body().record_copy(b * BLOCK + i).unwrap();
+                                    let codes = &mut codes[..dim];
+                                    let words =
+                                        &words[tier.word..][..tier.codec.words_per_vector()];
+                                    tq_cache::codec::packing::unpack(words, bits, codes).unwrap();
+                                    (pr * f64::from(scales[tier.scale].to_f32()), codes.to_vec())
+                                })
+                                .collect();
+                            let step = weights.iter().fold(0.0f64, |m, (w, _)| m.max(*w)) / 127.0;
+                            for (w, codes) in &weights {
+                                for (bj, &c) in bound.iter_mut().zip(codes) {
+                                    let c = f64::from(centroids[usize::from(c)]).abs();
+                                    *bj += step / 2.0 * (c + gamma / 2.0) + w * gamma / 2.0;
+                                }
                             }
                         }
+                        squares += bound.iter().map(|b| (b / total).powi(2)).sum::<f64>();
                     }
-                    let limit = 1.01
-                        * bound
-                            .iter()
-                            .map(|b| (b / total).powi(2))
-                            .sum::<f64>()
-                            .sqrt();
+                    let limit = 1.01 * squares.sqrt();
                     close(
-                        &format!(
-                            "{bits} bits, {isa:?}, head {g}/{h}, position {p} (bound {limit})"
-                        ),
+                        &format!("{name}, {isa:?}, head {g}/{h}, position {p} (bound {limit})"),
                         &got[row * D..(row + 1) * D],
                         &expected[row * D..(row + 1) * D],
                         limit as f32 + rounding,
@@ -454,6 +469,15 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
             growing(2, D),
         ),
         ("7-bit planes ring", at_bits(BOTH, 7), sliding(2, D, 200, 0)),
+        ("two tiers", TIERS.to_string(), growing(2, D)),
+        (
+            "two tiers ring, 6/5 and 5/4 bits",
+            TIERS
+                .replace("bits = 4", "bits = 6")
+                .replace("bits = 3", "bits = 5")
+                .replace("bits = 2", "bits = 4"),
+            sliding(2, D, 200, 0),
+        ),
     ];
     for (name, body, layout) in bodies {
         // The value table is the last line that names a codec.
@@ -463,13 +487,52 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
             let (head, value) = body.rsplit_once("value = ").unwrap();
             format!("{head}value = {}", value.replace(", ORDER", ""))
         };
-        out.push((
-            name,
-            cache(layout, &body, true, 1300, 7),
-            cache(layout, &body, false, 1300, 7),
-        ));
+        let fast = cache(layout, &body, true, 1300, 7);
+        assert_eq!(fast.keys(0).body().order(), RecordOrder::FastScan, "{name}");
+        out.push((name, fast, cache(layout, &body, false, 1300, 7)));
     }
     out
+}
+
+/// One tier of a stream's codec: its TQ_mse codec, its channels (`None`: all), the index of
+/// its norm among a record's scales and its first word in a record.
+struct Tier<'a> {
+    codec: &'a tq_cache::codec::TqMse,
+    channels: Option<&'a [u16]>,
+    scale: usize,
+    word: usize,
+}
+
+/// The tiers of a TQ_mse codec (one) or of two tiers of TQ_mse.
+fn tiers(codec: &TokenCodec) -> Vec<Tier<'_>> {
+    match codec {
+        TokenCodec::Mse(c) => vec![Tier {
+            codec: c,
+            channels: None,
+            scale: 0,
+            word: 0,
+        }],
+        TokenCodec::TwoTier(c) => {
+            let (TokenCodec::Mse(outlier), TokenCodec::Mse(rest)) = (c.outlier(), c.rest()) else {
+                panic!("TQ_mse tiers")
+            };
+            vec![
+                Tier {
+                    codec: outlier,
+                    channels: Some(c.channels()),
+                    scale: 0,
+                    word: 0,
+                },
+                Tier {
+                    codec: rest,
+                    channels: Some(c.rest_channels()),
+                    scale: 1,
+                    word: c.outlier().record_words(),
+                },
+            ]
+        }
+        _ => panic!("TQ_mse or two tiers of it"),
+    }
 }
 
 #[test]
@@ -541,27 +604,40 @@ fn fast_scan_keys_stay_within_the_score_bound() {
         let mut epsilon = 0.0f32;
         for g in 0..2 {
             let keys = fast.keys(g);
-            let TokenCodec::Mse(codec) = keys.codec() else {
-                panic!("TQ_mse keys")
-            };
-            let bits = codec.spec().bits;
-            let norm = (0..keys.body().len()).fold(0.0f32, |m, t| {
-                m.max(keys.body().record_copy(t).unwrap().1[0].to_f32())
-            });
             for q in queries.chunks_exact(D) {
                 let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
-                let mut rotated = vec![0.0f32; D];
-                codec.rotation().apply(&q, &mut rotated).unwrap();
-                // The cache's table: codes of 3, 6 and 7 bits as bit planes.
-                let part = tq_cache::attention::fast_scan::TablePart {
-                    query: &rotated,
-                    centroids: codec.codebook().centroids_f32(),
-                    bits,
-                    lanes: 8 * codec.words_per_vector(),
-                };
-                let mut table = ScoreTable::default();
-                table.rebuild_parts(&[part], part.lanes).unwrap();
-                epsilon = epsilon.max(norm * table.error_bound());
+                // Two tiers are scored by a table each, so their bounds add.
+                let mut bound = 0.0f32;
+                for Tier {
+                    codec,
+                    channels,
+                    scale: scale_index,
+                    ..
+                } in tiers(keys.codec())
+                {
+                    let gathered: Vec<f32> = match channels {
+                        Some(c) => c.iter().map(|&i| q[usize::from(i)]).collect(),
+                        None => q.clone(),
+                    };
+                    let mut rotated = vec![0.0f32; codec.dim()];
+                    codec.rotation().apply(&gathered, &mut rotated).unwrap();
+                    // The cache's table: codes of 3 and 5–7 bits as bit planes.
+                    let part = tq_cache::attention::fast_scan::TablePart {
+                        query: &rotated,
+                        centroids: codec.codebook().centroids_f32(),
+                        bits: codec.spec().bits,
+                        lanes: 8 * codec.words_per_vector(),
+                    };
+                    let mut table = ScoreTable::default();
+                    table
+                        .rebuild_parts(&[part], part.lanes.next_multiple_of(4))
+                        .unwrap();
+                    let norm = (0..keys.body().len()).fold(0.0f32, |m, t| {
+                        m.max(keys.body().record_copy(t).unwrap().1[scale_index].to_f32())
+                    });
+                    bound += norm * table.error_bound();
+                }
+                epsilon = epsilon.max(bound);
             }
         }
         let bound = ((2.0 * epsilon).exp() - 1.0) * max_abs_value(&rows)
@@ -589,6 +665,7 @@ fn a_saved_fast_scan_cache_reloads_bit_identical() {
         (growing(2, D), WINDOWS_Q8),
         (sliding(2, D, 200, 0), BOTH),
         (growing(2, D), two_bits.as_str()),
+        (growing(2, D), TIERS),
     ] {
         let specs = vec![StateSpec {
             name: "l0".into(),
@@ -755,6 +832,12 @@ fn the_fast_scan_lever_files_order_what_they_say() {
             fast,
         ),
         ("rec2.5-uniform.toml", lever("rec2.5-rows.toml"), fast, fast),
+        (
+            "tq3.5-fast-scan.toml",
+            Allocation::preset("tq3.5").unwrap(),
+            fast,
+            fast,
+        ),
     ] {
         let lever = lever(file);
         let text = lever.to_toml_string().unwrap();

@@ -329,7 +329,8 @@ fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
 /// Whether every part of a record is codes of 1 to 8 bits without sign bits, each part's
 /// words following the previous part's: what the fast-scan runs read, a part's nibble lanes
 /// (or bit planes, [`record_order::plane_spans`](crate::record_order::plane_spans)) starting
-/// at 8 per word before it.
+/// at 8 per word before it. Parts may read different scales (two tiers: a norm each); the
+/// keys are then scored once per scale ([`PreparedGroup::table_scales`]).
 fn fast_scan_parts(parts: &Parts<'_>) -> bool {
     let mut words = 0;
     !parts.is_empty()
@@ -339,7 +340,7 @@ fn fast_scan_parts(parts: &Parts<'_>) -> bool {
                 sketch: None,
                 code_words,
                 ..
-            } if part.word_offset == words && part.scale_offset == 0 => {
+            } if part.word_offset == words => {
                 words += code_words;
                 true
             }
@@ -389,9 +390,16 @@ struct PreparedGroup {
     window: Vec<f32>,
     /// One per key part (only the first `parts.len()` of the current codec are meaningful).
     parts: Vec<PreparedPart>,
-    /// For a key body in the fast-scan order, each head's byte table of the part's rotated
-    /// query ([`fast_scan::ScoreTable`]); empty otherwise.
+    /// For a key body in the fast-scan order, each head's byte table of the parts' rotated
+    /// queries ([`fast_scan::ScoreTable`]), one set of heads per scale the parts read
+    /// (`[table_scales.len(), heads]`); empty otherwise.
     tables: Vec<fast_scan::ScoreTable>,
+    /// The scale (index within a record's scales) each set of `tables` is multiplied by: one
+    /// set for parts that share a norm (a plain or basis record), one per tier for two tiers,
+    /// whose table holds that tier's part and zeros for the other's.
+    table_scales: Vec<usize>,
+    /// Zeros, the query of a part a set of tables does not score.
+    zeros: Vec<f32>,
 }
 
 /// [`PreparedGroup::tables`] for the keys of one KV head: per query head, one table over
@@ -411,43 +419,64 @@ fn prepare_tables(
     };
     let record_lanes = 8 * keys.codec().record_words();
     let heads = out.plain.len() / keys.codec().dim().max(1);
+    // The scales the parts read, in their order: one set of tables each.
+    out.table_scales.clear();
+    for part in parts.iter() {
+        if !out.table_scales.contains(&part.scale_offset) {
+            out.table_scales.push(part.scale_offset);
+        }
+    }
+    let widest = parts.iter().map(|p| p.dim).max().unwrap_or(0);
+    if out.zeros.len() < widest {
+        out.zeros.resize(widest, 0.0);
+    }
     // Kept between calls and rebuilt in place: a decode step allocates no table.
-    out.tables.truncate(heads);
+    let sets = out.table_scales.len();
+    out.tables.truncate(sets * heads);
     let empty = fast_scan::TablePart {
         query: &[],
         centroids: &[],
         bits: 0,
         lanes: 0,
     };
-    for h in 0..heads {
-        // `head_plan` admits only coded parts in this order.
-        let mut table_parts = [empty; MAX_PARTS];
-        for ((slot, part), prepared) in table_parts.iter_mut().zip(parts.iter()).zip(&out.parts) {
-            let Body::Codes {
-                bits,
-                centroids,
-                code_words,
-                ..
-            } = part.body
-            else {
-                return Err(CacheError::InvalidConfig(
-                    "a fast-scan body must hold codes".into(),
-                ));
-            };
-            *slot = fast_scan::TablePart {
-                query: &prepared.keys.queries()[h * part.dim..(h + 1) * part.dim],
-                centroids,
-                bits,
-                lanes: 8 * code_words,
-            };
+    for (set, &scale) in out.table_scales.iter().enumerate() {
+        for h in 0..heads {
+            // `head_plan` admits only coded parts in this order.
+            let mut table_parts = [empty; MAX_PARTS];
+            for ((slot, part), prepared) in table_parts.iter_mut().zip(parts.iter()).zip(&out.parts)
+            {
+                let Body::Codes {
+                    bits,
+                    centroids,
+                    code_words,
+                    ..
+                } = part.body
+                else {
+                    return Err(CacheError::InvalidConfig(
+                        "a fast-scan body must hold codes".into(),
+                    ));
+                };
+                let query = if part.scale_offset == scale {
+                    &prepared.keys.queries()[h * part.dim..(h + 1) * part.dim]
+                } else {
+                    &out.zeros[..part.dim]
+                };
+                *slot = fast_scan::TablePart {
+                    query,
+                    centroids,
+                    bits,
+                    lanes: 8 * code_words,
+                };
+            }
+            let table_parts = &table_parts[..parts.len()];
+            let at = set * heads + h;
+            if at == out.tables.len() {
+                out.tables.push(fast_scan::ScoreTable::default());
+            }
+            out.tables[at]
+                .rebuild_parts(table_parts, record_lanes)
+                .map_err(table_error)?;
         }
-        let table_parts = &table_parts[..parts.len()];
-        if h == out.tables.len() {
-            out.tables.push(fast_scan::ScoreTable::default());
-        }
-        out.tables[h]
-            .rebuild_parts(table_parts, record_lanes)
-            .map_err(table_error)?;
     }
     Ok(())
 }
@@ -897,8 +926,14 @@ fn run_block_with(
             let record_words = words.len() / n;
             if let Record::FastScan { codes, lead } = record {
                 scales.load(isa, halves, n);
-                let norms = (&scales.all[..], scales.per_token);
-                fast_scan::score_run(isa, &prepared.tables, codes, lead, n, norms, out, len);
+                // One set of tables per scale (two tiers: the second set adds its tier).
+                let sets = prepared.table_scales.len();
+                let heads = prepared.tables.len() / sets.max(1);
+                for (set, &scale) in prepared.table_scales.iter().enumerate() {
+                    let tables = &prepared.tables[set * heads..(set + 1) * heads];
+                    let norms = (&scales.all[scale..], scales.per_token);
+                    fast_scan::score_run(isa, tables, codes, lead, n, norms, out, len, set > 0);
+                }
                 return;
             }
             if let Record::Q8 = record {
@@ -997,12 +1032,12 @@ fn run_block_with(
             let i = t - start;
             let record_words = words.len() / n;
             if let Record::FastScan { codes, lead } = record {
-                // Coded parts sharing one norm: `head_plan` refuses any other
-                // fast-scan body.
+                // Coded parts only (`head_plan` refuses any other fast-scan body), each
+                // weighted by its own scale (two tiers: a norm each).
                 scales.load(isa, halves, n);
-                let norms = (&scales.all[..], scales.per_token);
                 let record_words = plan.values.codec().record_words();
                 for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
+                    let norms = (&scales.all[part.scale_offset..], scales.per_token);
                     let Body::Codes {
                         centroids, bits, ..
                     } = &part.body

@@ -57,14 +57,15 @@ pub(crate) fn score_run(
     norms: (&[f32], usize),
     out: &mut [f32],
     row: usize,
+    add: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     if super::avx2_kernels(isa) {
         // SAFETY: AVX2 was detected at run time (`avx2_kernels`).
-        unsafe { score_run_avx2(isa, tables, codes, lead, n, norms, out, row) };
+        unsafe { score_run_avx2(isa, tables, codes, lead, n, norms, out, row, add) };
         return;
     }
-    score_run_body::<false>(isa, tables, codes, lead, n, norms, out, row);
+    score_run_body::<false>(isa, tables, codes, lead, n, norms, out, row, add);
 }
 
 /// [`score_run_body`] compiled for AVX2.
@@ -83,13 +84,15 @@ unsafe fn score_run_avx2(
     norms: (&[f32], usize),
     out: &mut [f32],
     row: usize,
+    add: bool,
 ) {
-    score_run_body::<true>(isa, tables, codes, lead, n, norms, out, row);
+    score_run_body::<true>(isa, tables, codes, lead, n, norms, out, row, add);
 }
 
 /// `out[h·row + k] = norm_k · (δ_h · sum_h(k) + o_h)` for the `n` tokens `k` of the run whose
 /// blocks are `codes` (from slot `lead`), `tables[h]` the table of head `h`; `norms[k·stride]`
-/// is token `k`'s norm.
+/// is token `k`'s norm. With `add` the product is added to `out` instead (the tables of a
+/// second scale: two tiers), the same float steps on every instruction set.
 ///
 /// # Panics
 /// If `codes` is not whole blocks of the tables' width, or `out` / `norms` are too short.
@@ -104,6 +107,7 @@ fn score_run_body<const AVX2: bool>(
     (norms, stride): (&[f32], usize),
     out: &mut [f32],
     row: usize,
+    add: bool,
 ) {
     let Some(first) = tables.first() else {
         return;
@@ -131,19 +135,20 @@ fn score_run_body<const AVX2: bool>(
                 ) {
                     // SAFETY: `AVX2` is set only in `score_run_avx2`, which runs where AVX2
                     // was detected.
-                    unsafe { super::x86::dequantize_block_avx2(table, sums, norms, out) };
+                    unsafe { super::x86::dequantize_block_avx2(table, sums, norms, out, add) };
                     continue;
                 }
+                let put = |o: &mut f32, v: f32| *o = if add { *o + v } else { v };
                 // One scale per token (the usual case) reads the norms as a slice, which
                 // compiles to vector instructions; the strided loop stays scalar.
                 if stride == 1 {
                     let norms = &norms[k0..k0 + hi - lo];
                     for ((o, &norm), &sum) in out.iter_mut().zip(norms).zip(sums) {
-                        *o = norm * table.dequantize(sum);
+                        put(o, norm * table.dequantize(sum));
                     }
                 } else {
                     for (i, (o, &sum)) in out.iter_mut().zip(sums).enumerate() {
-                        *o = norms[(k0 + i) * stride] * table.dequantize(sum);
+                        put(o, norms[(k0 + i) * stride] * table.dequantize(sum));
                     }
                 }
             }

@@ -524,9 +524,9 @@ pub(super) unsafe fn block_weight_bytes_avx2(
     scale
 }
 
-/// A whole block's scores `norm_t · table.dequantize(sum_t)`: the same conversion,
-/// multiplication by the step, addition of the offset and multiplication by the norm (no
-/// fused multiply-add), eight tokens at a time.
+/// A whole block's scores `norm_t · table.dequantize(sum_t)` (added to `out` with `add`): the
+/// same conversion, multiplication by the step, addition of the offset, multiplication by the
+/// norm and addition (no fused multiply-add), eight tokens at a time.
 ///
 /// # Safety
 /// AVX2 must be available.
@@ -536,6 +536,7 @@ pub(super) unsafe fn dequantize_block_avx2(
     sums: &[u32; BLOCK],
     norms: &[f32; BLOCK],
     out: &mut [f32; BLOCK],
+    add: bool,
 ) {
     let (step, offset) = (
         _mm256_set1_ps(table.sum_step()),
@@ -548,7 +549,11 @@ pub(super) unsafe fn dequantize_block_avx2(
             let sum = _mm256_cvtepi32_ps(_mm256_loadu_si256(sums.as_ptr().add(i).cast()));
             let score = _mm256_add_ps(_mm256_mul_ps(step, sum), offset);
             let norm = _mm256_loadu_ps(norms.as_ptr().add(i));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(norm, score));
+            let mut v = _mm256_mul_ps(norm, score);
+            if add {
+                v = _mm256_add_ps(_mm256_loadu_ps(out.as_ptr().add(i)), v);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
         }
     }
 }
