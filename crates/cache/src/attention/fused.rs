@@ -396,10 +396,8 @@ struct PreparedGroup {
     tables: Vec<fast_scan::ScoreTable>,
     /// The scale (index within a record's scales) each set of `tables` is multiplied by: one
     /// set for parts that share a norm (a plain or basis record), one per tier for two tiers,
-    /// whose table holds that tier's part and zeros for the other's.
+    /// whose table scores that tier's part and skips the other's lanes.
     table_scales: Vec<usize>,
-    /// Zeros, the query of a part a set of tables does not score.
-    zeros: Vec<f32>,
 }
 
 /// [`PreparedGroup::tables`] for the keys of one KV head: per query head, one table over
@@ -425,10 +423,6 @@ fn prepare_tables(
         if !out.table_scales.contains(&part.scale_offset) {
             out.table_scales.push(part.scale_offset);
         }
-    }
-    let widest = parts.iter().map(|p| p.dim).max().unwrap_or(0);
-    if out.zeros.len() < widest {
-        out.zeros.resize(widest, 0.0);
     }
     // Kept between calls and rebuilt in place: a decode step allocates no table.
     let sets = out.table_scales.len();
@@ -456,10 +450,11 @@ fn prepare_tables(
                         "a fast-scan body must hold codes".into(),
                     ));
                 };
+                // A part of another scale: its lanes skipped (an empty query).
                 let query = if part.scale_offset == scale {
                     &prepared.keys.queries()[h * part.dim..(h + 1) * part.dim]
                 } else {
-                    &out.zeros[..part.dim]
+                    &[]
                 };
                 *slot = fast_scan::TablePart {
                     query,

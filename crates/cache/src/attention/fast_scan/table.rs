@@ -271,6 +271,12 @@ impl ScoreTable {
         let mut used_wide = 0;
         let fine = step / unit as f32;
         for part in parts {
+            if part.query.is_empty() {
+                // A part another table scores (two tiers): its lanes hold no entries and no
+                // kernel reads them.
+                first += part.lanes;
+                continue;
+            }
             let (c_min, c_max) = part.range();
             if wide(part.bits) {
                 let planes =
@@ -437,7 +443,9 @@ impl ScoreTable {
 /// One coded part of a record, for [`ScoreTable::rebuild_parts`].
 #[derive(Clone, Copy, Debug)]
 pub struct TablePart<'a> {
-    /// The part's rotated query (with any scale folded in), one value per coordinate.
+    /// The part's rotated query (with any scale folded in), one value per coordinate; empty
+    /// for a part this table skips (its lanes scored by another table: a tier with its own
+    /// norm).
     pub query: &'a [f32],
     /// The part's codebook, `2^bits` values.
     pub centroids: &'a [f32],
