@@ -288,8 +288,8 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
 fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
     let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
     let group = q_heads / kv;
-    let fast = cache(growing(kv, D), &body, true, tokens, 3);
-    let rows = cache(growing(kv, D), &body, false, tokens, 3);
+    let fast = cache(growing(kv, D), body, true, tokens, 3);
+    let rows = cache(growing(kv, D), body, false, tokens, 3);
     let positions = [0u32, 40, 700, 1299];
     let queries = vectors(positions.len() * q_heads, D, 4);
     let scale = shape(q_heads).scale;
@@ -302,7 +302,7 @@ fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
         for g in 0..kv {
             let values = fast.values(g);
             assert_eq!(values.body().order(), RecordOrder::FastScan, "{name}");
-            let mut codes = vec![0u8; D];
+            let mut codes = [0u8; D];
             for (i, &p) in positions.iter().enumerate() {
                 for h in 0..group {
                     let row = (i * kv + g) * group + h;
