@@ -808,6 +808,8 @@ fn ensure(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
 struct Scales {
     all: Vec<f32>,
     per_token: usize,
+    /// One scale of every record, gathered (`contiguous`).
+    column: Vec<f32>,
 }
 
 impl Scales {
@@ -817,6 +819,19 @@ impl Scales {
         reserve_for(&mut self.all, MAX_BLOCK_TOKENS.max(n) * self.per_token);
         self.all.resize(halves.len(), 0.0);
         simd::f16_to_f32(isa, halves, &mut self.all);
+    }
+
+    /// Scale `which` of each of the run's `n` records, contiguous, and stride 1: the slice of
+    /// `all` where records have one scale, else a gathered copy (two tiers: the fast-scan
+    /// kernels read a block's norms eight at a time from a contiguous slice; the same values).
+    fn contiguous(&mut self, which: usize, n: usize) -> (&[f32], usize) {
+        if self.per_token == 1 {
+            return (&self.all[..], 1);
+        }
+        self.column.clear();
+        self.column
+            .extend(self.all.iter().skip(which).step_by(self.per_token).take(n));
+        (&self.column[..], 1)
     }
 
     /// The scales of `part`, from its first one: record `i`'s at `[i·per_token]`.
@@ -926,7 +941,7 @@ fn run_block_with(
                 let heads = prepared.tables.len() / sets.max(1);
                 for (set, &scale) in prepared.table_scales.iter().enumerate() {
                     let tables = &prepared.tables[set * heads..(set + 1) * heads];
-                    let norms = (&scales.all[scale..], scales.per_token);
+                    let norms = scales.contiguous(scale, n);
                     fast_scan::score_run(isa, tables, codes, lead, n, norms, out, len, set > 0);
                 }
                 return;
@@ -1032,7 +1047,7 @@ fn run_block_with(
                 scales.load(isa, halves, n);
                 let record_words = plan.values.codec().record_words();
                 for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
-                    let norms = (&scales.all[part.scale_offset..], scales.per_token);
+                    let norms = scales.contiguous(part.scale_offset, n);
                     let Body::Codes {
                         centroids, bits, ..
                     } = &part.body
