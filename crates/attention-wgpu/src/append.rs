@@ -192,17 +192,18 @@ impl GpuKvCache {
         }
         let n = self.check_vectors(which, x)?;
         let vectors = n * self.kv_heads;
-        let stream = self.stream(which).clone();
+        let (record_words, per_token) = {
+            let stream = self.stream(which);
+            (stream.record_words, stream.scales)
+        };
         let ctx = Arc::clone(&self.ctx);
         let input = self.scratch.get(&ctx, "encode input", 4 * x.len() as u64);
-        let records = self.scratch.get(
-            &ctx,
-            "encoded records",
-            4 * (vectors * stream.record_words) as u64,
-        );
+        let records =
+            self.scratch
+                .get(&ctx, "encoded records", 4 * (vectors * record_words) as u64);
         let scales = self
             .scratch
-            .get(&ctx, "encoded scales", 4 * (vectors * stream.scales) as u64);
+            .get(&ctx, "encoded scales", 4 * (vectors * per_token) as u64);
         ctx.write(&input, 0, bytemuck::cast_slice(x));
         ctx.submit("encode", |encoder| {
             self.record_encode(encoder, which, vectors, &input, &records, &scales)
@@ -210,12 +211,12 @@ impl GpuKvCache {
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&ctx.read(
             &records,
             0,
-            4 * (vectors * stream.record_words) as u64,
+            4 * (vectors * record_words) as u64,
         )?);
         let halves: Vec<u32> = bytemuck::pod_collect_to_vec(&ctx.read(
             &scales,
             0,
-            4 * (vectors * stream.scales) as u64,
+            4 * (vectors * per_token) as u64,
         )?);
         Ok((
             words,
@@ -242,25 +243,25 @@ impl GpuKvCache {
         }
         let vectors = n * self.kv_heads;
         let ctx = Arc::clone(&self.ctx);
-        let (key, value) = (self.key.clone(), self.value.clone());
+        // Sizes only (a stream's layout also holds its bit planes: not copied per step).
+        let (key_words, key_scales) = (self.key.record_words, self.key.scales);
+        let (value_words, value_scales) = (self.value.record_words, self.value.scales);
         let kin = self.scratch.get(&ctx, "key input", 4 * keys.len() as u64);
         let vin = self
             .scratch
             .get(&ctx, "value input", 4 * values.len() as u64);
         let kr = self
             .scratch
-            .get(&ctx, "key records", 4 * (vectors * key.record_words) as u64);
+            .get(&ctx, "key records", 4 * (vectors * key_words) as u64);
         let ks = self
             .scratch
-            .get(&ctx, "key scales", 4 * (vectors * key.scales) as u64);
-        let vr = self.scratch.get(
-            &ctx,
-            "value records",
-            4 * (vectors * value.record_words) as u64,
-        );
+            .get(&ctx, "key scales", 4 * (vectors * key_scales) as u64);
+        let vr = self
+            .scratch
+            .get(&ctx, "value records", 4 * (vectors * value_words) as u64);
         let vs = self
             .scratch
-            .get(&ctx, "value scales", 4 * (vectors * value.scales) as u64);
+            .get(&ctx, "value scales", 4 * (vectors * value_scales) as u64);
         ctx.write(&kin, 0, bytemuck::cast_slice(keys));
         ctx.write(&vin, 0, bytemuck::cast_slice(values));
         self.scatter(positions, |this, encoder| {
