@@ -21,10 +21,10 @@
 //! and a value page the same without positions. Each record is bit for bit the CPU cache's
 //! record (`tq_cache::token_codec`): the GPU reads the packed codes, sign bits and f16 scales
 //! directly. A stream whose CPU body takes the fast-scan order (`tq_cache::record_order`: a
-//! TQ_mse codec of whole words, a fitted basis or two tiers of TQ_mse, asked for
+//! TQ_mse codec of whole words, a fitted basis, two tiers of TQ_mse or TQ_prod, asked for
 //! `record_order = "fast-scan"`) keeps its words in that order here too — per KV head, blocks
 //! of 32 slots, each the `32·record_words` words 32 rows would take, nibble-major, codes of 3
-//! and 5–8 bits as bit planes — the CPU store's bytes, so a body uploads block by block as it
+//! and 5–8 bits as bit planes, TQ_prod's signs as 1-bit codes — the CPU store's bytes, so a body uploads block by block as it
 //! is and the kernels read the layout the CPU kernel reads (pages are whole blocks: their sizes
 //! are multiples of `B`; under a binding limit too small for a page of 32 slots the records go
 //! in rows).

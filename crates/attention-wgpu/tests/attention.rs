@@ -769,7 +769,7 @@ fn sliding_window_rings_match_reference() {
 }
 
 /// Streams in the fast-scan order keep it on the GPU (blocks of 32 slots, codes of 3 and 5–8
-/// bits as bit planes; two tiers of TQ_mse too): uploaded block by block from the CPU store, appended by the GPU's
+/// bits as bit planes; two tiers of TQ_mse and TQ_prod's signs too): uploaded block by block from the CPU store, appended by the GPU's
 /// encoder and by the CPU's (the scatter kernel writes nibbles through the planes), across
 /// block and page boundaries and around a ring; the records read back equal the CPU's and
 /// attention matches the reference after each step.
@@ -778,18 +778,23 @@ fn fast_scan_streams_match_the_cpu_cache() {
     let Some(ctx) = context() else { return };
     // Two tiers of TQ_mse (4/3-bit keys, 3/2-bit values: a part per tier, each its own norm).
     let tiers = "outliers = { fraction = 0.25, key = { bits = 4 }, value = { bits = 3 } }\n";
-    for (kb, vb, sliding_layer, outliers) in [
-        (3u8, 6u8, false, ""),
-        (5, 7, false, ""),
-        (8, 4, true, ""),
-        (7, 3, true, ""),
-        (3, 2, false, tiers),
-        (3, 2, true, tiers),
+    // TQ_prod (QJL signs a run of 1-bit codes after the codes): 5-bit keys, 4-bit values.
+    let prod = "qjl = \"haar\", ";
+    for (kb, vb, sliding_layer, outliers, codec) in [
+        (3u8, 6u8, false, "", ""),
+        (5, 7, false, "", ""),
+        (8, 4, true, "", ""),
+        (7, 3, true, "", ""),
+        (3, 2, false, tiers, ""),
+        (3, 2, true, tiers, ""),
+        (5, 4, false, "", prod),
+        (5, 4, true, "", prod),
     ] {
+        let kind = if codec.is_empty() { "mse" } else { "prod" };
         let alloc = Allocation::from_toml_str(&format!(
             "name = \"fast-k{kb}v{vb}\"\n{outliers}\
-             key = {{ codec = \"mse\", bits = {kb}, record_order = \"fast-scan\" }}\n\
-             value = {{ codec = \"mse\", bits = {vb}, record_order = \"fast-scan\" }}"
+             key = {{ codec = \"{kind}\", bits = {kb}, {codec}record_order = \"fast-scan\" }}\n\
+             value = {{ codec = \"{kind}\", bits = {vb}, {codec}record_order = \"fast-scan\" }}"
         ))
         .unwrap();
         let layout = if sliding_layer {
@@ -797,7 +802,7 @@ fn fast_scan_streams_match_the_cpu_cache() {
         } else {
             growing(2, 64)
         };
-        let name = format!("k{kb}v{vb} sliding {sliding_layer} {outliers}");
+        let name = format!("{kind} k{kb}v{vb} sliding {sliding_layer} {outliers}");
         let mut cpu = KvCache::with_allocation(layout, &alloc, 0, 1).unwrap();
         fill(&mut cpu, 0, 100, u64::from(kb));
         for h in 0..2 {
@@ -806,7 +811,8 @@ fn fast_scan_streams_match_the_cpu_cache() {
                 tq_cache::record_order::RecordOrder::FastScan,
                 "{name}"
             );
-            let nibbles = vb == 4 && outliers.is_empty();
+            // Planes: codes of 3 and 5–8 bits (TQ_prod's 4-bit values are 3-bit codes).
+            let nibbles = outliers.is_empty() && kind == "mse" && vb == 4;
             assert_eq!(cpu.values(h).body().planes().is_some(), !nibbles, "{name}");
         }
         let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();

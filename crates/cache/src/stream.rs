@@ -124,7 +124,7 @@ pub struct StreamLayout {
     pub ring_slots: Option<usize>,
     /// The memory order asked of the body's records: [`RecordOrder::FastScan`] stores them
     /// the way the fast-scan kernel reads them. TQ_mse bodies whose records are whole words,
-    /// fitted bases and two tiers of TQ_mse take it (codes of 3 and 5 to 8 bits as bit
+    /// fitted bases, two tiers of TQ_mse and TQ_prod take it (codes of 3 and 5 to 8 bits as bit
     /// planes); every other body keeps rows ([`body_order`]), which reads the same tokens.
     #[serde(default, skip_serializing_if = "is_rows")]
     pub order: RecordOrder,
@@ -143,9 +143,9 @@ fn is_rows(order: &RecordOrder) -> bool {
 /// records are whole words (`d·b` a multiple of 32) and to fitted bases (each group starts on
 /// a word boundary): codes of 1, 2 or 4 bits fill whole nibbles (four, two or one code per
 /// nibble), codes of 3 and 5 to 8 bits are stored as bit planes of 4, 2 and 1 bits
-/// ([`body_planes`]); two tiers of TQ_mse take it too (each tier's codes a run from its first
-/// word). QJL sign bits, debiased tiers and a group whose planes do not fit its words keep
-/// rows.
+/// ([`body_planes`]); two tiers of TQ_mse and TQ_prod take it too (each tier's codes a run
+/// from its first word; TQ_prod's QJL signs a run of 1-bit codes after its MSE codes). Debiased
+/// codecs, tiers with QJL signs and a group whose planes do not fit its words keep rows.
 ///
 /// ```
 /// use tq_cache::record_order::RecordOrder;
@@ -196,6 +196,22 @@ pub fn body_planes(codec: &TokenCodec) -> Option<Option<BitPlanes>> {
                 words: g.words(),
             })
             .collect(),
+        // TQ_prod: the MSE codes, then the QJL signs as 1-bit codes (`γ` their scale; the
+        // kernels score them as parts of different scales).
+        TokenCodec::Prod(c) => vec![
+            CodeRun {
+                bits: c.mse().spec().bits,
+                dim: c.mse().dim(),
+                first_word: 0,
+                words: c.mse().words_per_vector(),
+            },
+            CodeRun {
+                bits: 1,
+                dim: c.sketch().rows(),
+                first_word: c.mse().words_per_vector(),
+                words: c.sign_words_per_vector(),
+            },
+        ],
         // Two tiers of TQ_mse: each tier's codes a run from its first word (its own norm;
         // the kernels score the tiers as parts of different scales).
         TokenCodec::TwoTier(c) => match (c.outlier(), c.rest()) {

@@ -114,6 +114,11 @@ const WINDOWS_Q8: &str = "sink_tokens = 2\nrecent_fp_tokens = 50\nrecent_dtype =
 const TIERS: &str = "outliers = { fraction = 0.25, key = { bits = 4 }, value = { bits = 3 } }\n\
     key = { codec = \"mse\", bits = 3, ORDER }\nvalue = { codec = \"mse\", bits = 2, ORDER }";
 
+/// TQ_prod keys (4-bit codes and Haar QJL signs, `γ` their own scale) and values (3-bit codes
+/// as bit planes, Gaussian signs).
+const PROD: &str = "key = { codec = \"prod\", bits = 5, qjl = \"haar\", ORDER }\n\
+    value = { codec = \"prod\", bits = 4, qjl = \"gaussian\", ORDER }";
+
 /// The widths whose codes fill whole nibbles (one, two or four codes each).
 const NIBBLE_WIDTHS: [u8; 3] = [4, 2, 1];
 
@@ -283,6 +288,10 @@ fn fast_scan_values_stay_within_the_integer_bound_of_rows() {
     let tiers = "outliers = { fraction = 0.25, value = { bits = 4 } }\n\
         key = { codec = \"f16\", ORDER }\nvalue = { codec = \"mse\", bits = 3, ORDER }";
     values_within_the_integer_bound_of_rows(tiers, "two tiers");
+    // TQ_prod values: 3-bit codes (bit planes) and Haar QJL signs (their own scale, `γ`).
+    let prod = "key = { codec = \"f16\", ORDER }\n\
+        value = { codec = \"prod\", bits = 4, qjl = \"haar\", ORDER }";
+    values_within_the_integer_bound_of_rows(prod, "prod");
 }
 
 fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
@@ -302,7 +311,6 @@ fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
         for g in 0..kv {
             let values = fast.values(g);
             assert_eq!(values.body().order(), RecordOrder::FastScan, "{name}");
-            let mut codes = [0u8; D];
             for (i, &p) in positions.iter().enumerate() {
                 for h in 0..group {
                     let row = (i * kv + g) * group + h;
@@ -318,25 +326,28 @@ fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
                     let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
                     let probabilities: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                     let total: f64 = probabilities.iter().sum();
-                    let mut squares = 0.0f64;
-                    for tier in tiers(values.codec()) {
-                        let (dim, bits) = (tier.codec.dim(), tier.codec.spec().bits);
-                        let centroids = tier.codec.codebook().centroids_f32();
+                    // `Σ_j (B_j / Σp)²` of one part: `dim` codes of `bits` bits from word `word`
+                    // (`words` of them) against `centroids`, weighted by scale `scale`.
+                    let part_squares = |dim: usize,
+                                        bits: u8,
+                                        centroids: &[f32],
+                                        (word, words): (usize, usize),
+                                        scale: usize| {
                         let gamma =
                             f64::from(centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0);
+                        let mut codes = vec![0u8; dim];
                         let mut bound = vec![0.0f64; dim];
                         for (b, chunk) in probabilities.chunks(BLOCK).enumerate() {
                             let weights: Vec<(f64, Vec<u8>)> = chunk
                                 .iter()
                                 .enumerate()
                                 .map(|(i, pr)| {
-                                    let (words, scales) =
+                                    let (record, scales) =
                                         values.body().record_copy(b * BLOCK + i).unwrap();
-                                    let codes = &mut codes[..dim];
-                                    let words =
-                                        &words[tier.word..][..tier.codec.words_per_vector()];
-                                    tq_cache::codec::packing::unpack(words, bits, codes).unwrap();
-                                    (pr * f64::from(scales[tier.scale].to_f32()), codes.to_vec())
+                                    let packed = &record[word..][..words];
+                                    tq_cache::codec::packing::unpack(packed, bits, &mut codes)
+                                        .unwrap();
+                                    (pr * f64::from(scales[scale].to_f32()), codes.clone())
                                 })
                                 .collect();
                             let step = weights.iter().fold(0.0f64, |m, (w, _)| m.max(*w)) / 127.0;
@@ -347,9 +358,42 @@ fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
                                 }
                             }
                         }
-                        squares += bound.iter().map(|b| (b / total).powi(2)).sum::<f64>();
+                        bound.iter().map(|b| (b / total).powi(2)).sum::<f64>()
+                    };
+                    let mut squares = 0.0f64;
+                    for tier in tiers(values.codec()) {
+                        squares += part_squares(
+                            tier.codec.dim(),
+                            tier.codec.spec().bits,
+                            tier.codec.codebook().centroids_f32(),
+                            (tier.word, tier.codec.words_per_vector()),
+                            tier.scale,
+                        );
                     }
-                    let limit = 1.01 * squares.sqrt();
+                    // TQ_prod: its codes' error turned back by Πᵀ, its signs' by `α·s·Πᵀ·Sᵀ`
+                    // (Haar: `‖Sᵀ‖ = 1`), so the two bounds add.
+                    let mut signs = 0.0f64;
+                    if let TokenCodec::Prod(c) = values.codec() {
+                        let mse = c.mse();
+                        squares += part_squares(
+                            mse.dim(),
+                            mse.spec().bits,
+                            mse.codebook().centroids_f32(),
+                            (0, mse.words_per_vector()),
+                            0,
+                        );
+                        let sketch = c.sketch();
+                        signs = sketch.gain()
+                            * part_squares(
+                                sketch.rows(),
+                                1,
+                                &[-1.0, 1.0],
+                                (mse.words_per_vector(), sketch.words()),
+                                1,
+                            )
+                            .sqrt();
+                    }
+                    let limit = 1.01 * (squares.sqrt() + signs);
                     close(
                         &format!("{name}, {isa:?}, head {g}/{h}, position {p} (bound {limit})"),
                         &got[row * D..(row + 1) * D],
@@ -368,6 +412,112 @@ fn values_within_the_integer_bound_of_rows(body: &str, name: &str) {
 fn fast_scan_keys_score_with_the_byte_tables() {
     for bits in NIBBLE_WIDTHS {
         keys_score_with_the_byte_tables(bits);
+    }
+}
+
+/// TQ_prod keys in the fast-scan order: each score is `norm·(its codes' table sum) + γ·(its
+/// signs' table sum)`, the signs read as 1-bit codes (`+1` for a set bit) against the query
+/// `α·s·S·Π·q` — computed here token by token from each token's codes and signs through two
+/// public tables and [`block_sums`]; the softmax of those scores against the cache's output.
+/// A sign read the wrong way round, the wrong scale or a lost sign term moves it (checked).
+#[test]
+fn prod_keys_score_with_a_table_for_codes_and_one_for_signs() {
+    let (kv, q_heads, tokens) = (2usize, 6usize, 1300usize);
+    let group = q_heads / kv;
+    let body = "key = { codec = \"prod\", bits = 5, qjl = \"haar\", ORDER }\n\
+        value = { codec = \"f16\" }";
+    let cache = cache(growing(kv, D), body, true, tokens, 5);
+    let positions = [0u32, 40, 700, 1299];
+    let queries = vectors(positions.len() * q_heads, D, 6);
+    let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
+    let scale = shape(q_heads).scale;
+    let mut scratch = CodecScratch::new(D);
+    let mut v = vec![0.0f32; D];
+    for g in 0..kv {
+        let keys = cache.keys(g);
+        assert_eq!(keys.body().order(), RecordOrder::FastScan);
+        let TokenCodec::Prod(codec) = keys.codec() else {
+            panic!("TQ_prod keys")
+        };
+        let (mse, sketch) = (codec.mse(), codec.sketch());
+        let (bits, m, code_words) = (mse.spec().bits, sketch.rows(), mse.words_per_vector());
+        // Every token's codes and signs, into two standalone layouts.
+        let mut code_blocks = FastScanBlocks::new(D, bits).unwrap();
+        let mut sign_blocks = FastScanBlocks::new(m, 1).unwrap();
+        let (mut codes, mut signs) = (vec![0u8; D], vec![0u8; m]);
+        let mut gammas = Vec::with_capacity(tokens);
+        for t in 0..tokens {
+            let (words, scales) = keys.body().record_copy(t).unwrap();
+            tq_cache::codec::packing::unpack(&words[..code_words], bits, &mut codes).unwrap();
+            tq_cache::codec::packing::unpack(&words[code_words..], 1, &mut signs).unwrap();
+            code_blocks.push(&codes, scales[0].to_f32()).unwrap();
+            sign_blocks.push(&signs, scales[1].to_f32()).unwrap();
+            gammas.push(scales[1].to_f32());
+        }
+        let values: Vec<Vec<f32>> = (0..tokens)
+            .map(|t| {
+                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
+                v.clone()
+            })
+            .collect();
+        for isa in Isa::available() {
+            let got = run(isa, &cache, q_heads, &positions, 6);
+            for (i, &p) in positions.iter().enumerate() {
+                for h in 0..group {
+                    let row = (i * kv + g) * group + h;
+                    let q: Vec<f32> = queries[row * D..(row + 1) * D]
+                        .iter()
+                        .map(|x| x * scale)
+                        .collect();
+                    let mut rotated = vec![0.0f32; D];
+                    mse.rotation().apply(&q, &mut rotated).unwrap();
+                    let mut projected = vec![0.0f32; m];
+                    sketch.project(&rotated, &mut projected).unwrap();
+                    let gain = sketch.gain() as f32;
+                    projected.iter_mut().for_each(|x| *x *= gain);
+                    let code_table =
+                        ScoreTable::new(&rotated, mse.codebook().centroids_f32(), bits).unwrap();
+                    let sign_table = ScoreTable::new(&projected, &[-1.0, 1.0], 1).unwrap();
+                    let visible = p as usize + 1;
+                    let mut scores = Vec::with_capacity(visible);
+                    let (mut code_sums, mut sign_sums) = ([0u32; BLOCK], [0u32; BLOCK]);
+                    for (t, &gamma) in gammas.iter().enumerate().take(visible) {
+                        if t % BLOCK == 0 {
+                            let b = t / BLOCK;
+                            block_sums(Isa::Scalar, &code_table, &code_blocks, b, &mut code_sums)
+                                .unwrap();
+                            block_sums(Isa::Scalar, &sign_table, &sign_blocks, b, &mut sign_sums)
+                                .unwrap();
+                        }
+                        let norm = keys.body().record_copy(t).unwrap().1[0].to_f32();
+                        let k = t % BLOCK;
+                        scores.push(
+                            f64::from(norm * code_table.dequantize(code_sums[k]))
+                                + f64::from(gamma * sign_table.dequantize(sign_sums[k])),
+                        );
+                    }
+                    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    let expected: Vec<f32> = (0..D)
+                        .map(|j| {
+                            let sum: f64 = weights
+                                .iter()
+                                .zip(&values)
+                                .map(|(w, v)| w * f64::from(v[j]))
+                                .sum();
+                            (sum / total) as f32
+                        })
+                        .collect();
+                    close(
+                        &format!("prod, {isa:?}, head {g}/{h}, position {p}"),
+                        &got[row * D..(row + 1) * D],
+                        &expected,
+                        tolerance,
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -470,6 +620,8 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
         ),
         ("7-bit planes ring", at_bits(BOTH, 7), sliding(2, D, 200, 0)),
         ("two tiers", TIERS.to_string(), growing(2, D)),
+        ("prod", PROD.to_string(), growing(2, D)),
+        ("prod ring", PROD.to_string(), sliding(2, D, 200, 0)),
         (
             "two tiers ring, 6/5 and 5/4 bits",
             TIERS
@@ -492,6 +644,46 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
         out.push((name, fast, cache(layout, &body, false, 1300, 7)));
     }
     out
+}
+
+/// A TQ_prod key stream's score bound for the scaled query `q`: its codes' table's (times the
+/// largest norm) plus its signs' table's (query `α·s·S·Π·q`, times the largest `γ`); 0 for
+/// other codecs.
+fn prod_key_bound(keys: &tq_cache::stream::Stream, q: &[f32]) -> f32 {
+    let TokenCodec::Prod(c) = keys.codec() else {
+        return 0.0;
+    };
+    let largest = |k: usize| {
+        (0..keys.body().len()).fold(0.0f32, |m, t| {
+            m.max(keys.body().record_copy(t).unwrap().1[k].to_f32())
+        })
+    };
+    let mut rotated = vec![0.0f32; D];
+    c.mse().rotation().apply(q, &mut rotated).unwrap();
+    let mut sketch = vec![0.0f32; c.sketch().rows()];
+    c.sketch().project(&rotated, &mut sketch).unwrap();
+    let gain = c.sketch().gain() as f32;
+    sketch.iter_mut().for_each(|s| *s *= gain);
+    let table = |query: &[f32], centroids: &[f32], bits: u8, words: usize| {
+        let part = tq_cache::attention::fast_scan::TablePart {
+            query,
+            centroids,
+            bits,
+            lanes: 8 * words,
+        };
+        let mut t = ScoreTable::default();
+        t.rebuild_parts(&[part], part.lanes.next_multiple_of(4))
+            .unwrap();
+        t.error_bound()
+    };
+    let codes = table(
+        &rotated,
+        c.mse().codebook().centroids_f32(),
+        c.mse().spec().bits,
+        c.mse().words_per_vector(),
+    );
+    let signs = table(&sketch, &[-1.0, 1.0], 1, c.sketch().words());
+    largest(0) * codes + largest(1) * signs
 }
 
 /// One tier of a stream's codec: its TQ_mse codec, its channels (`None`: all), the index of
@@ -531,7 +723,8 @@ fn tiers(codec: &TokenCodec) -> Vec<Tier<'_>> {
                 },
             ]
         }
-        _ => panic!("TQ_mse or two tiers of it"),
+        TokenCodec::Prod(_) => Vec::new(),
+        _ => panic!("TQ_mse, two tiers of it, or TQ_prod"),
     }
 }
 
@@ -606,8 +799,9 @@ fn fast_scan_keys_stay_within_the_score_bound() {
             let keys = fast.keys(g);
             for q in queries.chunks_exact(D) {
                 let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
-                // Two tiers are scored by a table each, so their bounds add.
-                let mut bound = 0.0f32;
+                // Two tiers are scored by a table each, so their bounds add; so are TQ_prod's
+                // codes (times the norm) and signs (times `γ`).
+                let mut bound = prod_key_bound(keys, &q);
                 for Tier {
                     codec,
                     channels,
@@ -615,6 +809,7 @@ fn fast_scan_keys_stay_within_the_score_bound() {
                     ..
                 } in tiers(keys.codec())
                 {
+                    // (TQ_prod: `prod_key_bound` above.)
                     let gathered: Vec<f32> = match channels {
                         Some(c) => c.iter().map(|&i| q[usize::from(i)]).collect(),
                         None => q.clone(),
@@ -835,6 +1030,12 @@ fn the_fast_scan_lever_files_order_what_they_say() {
         (
             "tq3.5-fast-scan.toml",
             Allocation::preset("tq3.5").unwrap(),
+            fast,
+            fast,
+        ),
+        (
+            "k5v4-fast-scan.toml",
+            Allocation::preset("k5v4").unwrap(),
             fast,
             fast,
         ),

@@ -133,7 +133,14 @@ fn value_coordinate(kvh: u32, local: u32, k: u32, c: u32, at: CodeAt) -> f32 {
         return vscale[2u * k + at.scale] * value_centroid(at.centroid + code);
     }
     let i = c - value.dim;
-    let z = select(-1.0, 1.0, ((vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u) == 1u);
+    var bit: u32;
+    if (value.order != ORDER_ROWS) {
+        // The signs: a run of 1-bit codes after the codes' words.
+        bit = value_code_fs(kvh, local, CodeAt(1u, 0u, 0u, 0u, 8u * value.code_words, value.dim, i));
+    } else {
+        bit = (vpage[rb + value.code_words + i / 32u] >> (i % 32u)) & 1u;
+    }
+    let z = select(-1.0, 1.0, bit == 1u);
     return vscale[2u * k + 1u] * z;
 }
 

@@ -319,7 +319,14 @@ fn key_scores(row0: u32, kvh: u32, local: u32) -> array<f32, MAX_GROUP> {
             sign_sum[g] = 0.0;
         }
         for (var i = 0u; i < d; i += 1u) {
-            let z = select(-1.0, 1.0, ((kpage[sb + i / 32u] >> (i % 32u)) & 1u) == 1u);
+            var bit: u32;
+            if (key.order != ORDER_ROWS) {
+                // The signs: a run of 1-bit codes after the codes' words.
+                bit = key_code_fs(kvh, local, 8u * key.code_words, d, i, 1u);
+            } else {
+                bit = (kpage[sb + i / 32u] >> (i % 32u)) & 1u;
+            }
+            let z = select(-1.0, 1.0, bit == 1u);
             for (var g = 0u; g < CHUNK; g += 1u) {
                 sign_sum[g] += prepared[(row0 + g) * qs + d + i] * z;
             }

@@ -337,16 +337,20 @@ fn fast_scan_parts(parts: &Parts<'_>) -> bool {
         && parts.iter().all(|part| match part.body {
             Body::Codes {
                 bits: 1..=8,
-                sketch: None,
+                sketch,
                 code_words,
                 ..
             } if part.word_offset == words => {
-                words += code_words;
+                // TQ_prod's signs follow its codes: 1-bit codes of their own scale (`γ`).
+                words += code_words + sketch.map_or(0, QjlSketch::words);
                 true
             }
             _ => false,
         })
 }
+
+/// The centroids of a QJL sign read as a 1-bit code: bit 1 is `+1`, bit 0 is `−1`.
+const SIGN_CENTROIDS: [f32; 2] = [-1.0, 1.0];
 
 /// Where part `part` of a record of `record_words` words lies in a fast-scan block.
 fn run_part(part: &Part<'_>, record_words: usize) -> fast_scan::RunPart {
@@ -417,11 +421,21 @@ fn prepare_tables(
     };
     let record_lanes = 8 * keys.codec().record_words();
     let heads = out.plain.len() / keys.codec().dim().max(1);
-    // The scales the parts read, in their order: one set of tables each.
+    // The scales the parts read (a TQ_prod part's signs read the next one, `γ`), in their
+    // order: one set of tables each.
     out.table_scales.clear();
     for part in parts.iter() {
-        if !out.table_scales.contains(&part.scale_offset) {
-            out.table_scales.push(part.scale_offset);
+        let signs = part.sketch_dim() > 0;
+        for scale in [
+            Some(part.scale_offset),
+            signs.then_some(part.scale_offset + 1),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if !out.table_scales.contains(&scale) {
+                out.table_scales.push(scale);
+            }
         }
     }
     // Kept between calls and rebuilt in place: a decode step allocates no table.
@@ -435,14 +449,16 @@ fn prepare_tables(
     };
     for (set, &scale) in out.table_scales.iter().enumerate() {
         for h in 0..heads {
-            // `head_plan` admits only coded parts in this order.
-            let mut table_parts = [empty; MAX_PARTS];
-            for ((slot, part), prepared) in table_parts.iter_mut().zip(parts.iter()).zip(&out.parts)
-            {
+            // `head_plan` admits only coded parts in this order; a TQ_prod part is two table
+            // parts, its codes and its signs.
+            let mut table_parts = [empty; 2 * MAX_PARTS];
+            let mut count = 0;
+            for (part, prepared) in parts.iter().zip(&out.parts) {
                 let Body::Codes {
                     bits,
                     centroids,
                     code_words,
+                    sketch,
                     ..
                 } = part.body
                 else {
@@ -456,14 +472,30 @@ fn prepare_tables(
                 } else {
                     &[]
                 };
-                *slot = fast_scan::TablePart {
+                table_parts[count] = fast_scan::TablePart {
                     query,
                     centroids,
                     bits,
                     lanes: 8 * code_words,
                 };
+                count += 1;
+                if let Some(sketch) = sketch {
+                    let m = sketch.rows();
+                    let query = if part.scale_offset + 1 == scale {
+                        &prepared.keys.sketch()[h * m..(h + 1) * m]
+                    } else {
+                        &[]
+                    };
+                    table_parts[count] = fast_scan::TablePart {
+                        query,
+                        centroids: &SIGN_CENTROIDS,
+                        bits: 1,
+                        lanes: 8 * sketch.words(),
+                    };
+                    count += 1;
+                }
             }
-            let table_parts = &table_parts[..parts.len()];
+            let table_parts = &table_parts[..count];
             let at = set * heads + h;
             if at == out.tables.len() {
                 out.tables.push(fast_scan::ScoreTable::default());
@@ -1049,7 +1081,11 @@ fn run_block_with(
                 for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
                     let norms = scales.contiguous(part.scale_offset, n);
                     let Body::Codes {
-                        centroids, bits, ..
+                        centroids,
+                        bits,
+                        sketch,
+                        code_words,
+                        ..
                     } = &part.body
                     else {
                         continue;
@@ -1068,6 +1104,32 @@ fn run_block_with(
                         fast,
                         values,
                     );
+                    // TQ_prod: `Σ_t p_t·γ_t·z_t` in the sketch's coordinates, the signs
+                    // weighted by `γ` (the next scale), as the rows kernel sums them.
+                    if let Some(sketch) = sketch {
+                        let m = sketch.rows();
+                        let signs = ensure(&mut acc.signs, group * m);
+                        let gammas = scales.contiguous(part.scale_offset + 1, n);
+                        let sign_part = fast_scan::RunPart {
+                            block_lanes: 8 * record_words,
+                            first_lane: 8 * (part.word_offset + code_words),
+                            lanes: 8 * sketch.words(),
+                            dim: m,
+                            bits: 1,
+                        };
+                        fast_scan::accumulate_run(
+                            isa,
+                            codes,
+                            lead,
+                            n,
+                            sign_part,
+                            &fast_scan::ValueTables::new(&SIGN_CENTROIDS, 1),
+                            (&exp_scores[i..], len, group),
+                            gammas,
+                            fast,
+                            signs,
+                        );
+                    }
                 }
                 return;
             }
