@@ -326,11 +326,12 @@ fn head_plan(cache: &KvCache, g: usize) -> Result<HeadPlan<'_>, CacheError> {
     Ok(plan)
 }
 
-/// Whether every part of a record is codes of 1 to 8 bits without sign bits, each part's
-/// words following the previous part's: what the fast-scan runs read, a part's nibble lanes
-/// (or bit planes, [`record_order::plane_spans`](crate::record_order::plane_spans)) starting
-/// at 8 per word before it. Parts may read different scales (two tiers: a norm each); the
-/// keys are then scored once per scale ([`PreparedGroup::table_scales`]).
+/// Whether every part of a record is codes of 1 to 8 bits (TQ_prod's sign words after them,
+/// read as 1-bit codes), each part's words following the previous part's: what the fast-scan
+/// runs read, a part's nibble lanes (or bit planes,
+/// [`record_order::plane_spans`](crate::record_order::plane_spans)) starting at 8 per word
+/// before it. Parts may read different scales (two tiers: a norm each; TQ_prod's signs: `γ`);
+/// the keys are then scored once per scale ([`PreparedGroup::table_scales`]).
 fn fast_scan_parts(parts: &Parts<'_>) -> bool {
     let mut words = 0;
     !parts.is_empty()
@@ -399,8 +400,9 @@ struct PreparedGroup {
     /// (`[table_scales.len(), heads]`); empty otherwise.
     tables: Vec<fast_scan::ScoreTable>,
     /// The scale (index within a record's scales) each set of `tables` is multiplied by: one
-    /// set for parts that share a norm (a plain or basis record), one per tier for two tiers,
-    /// whose table scores that tier's part and skips the other's lanes.
+    /// set for parts that share a norm (a plain or basis record), one per tier for two tiers
+    /// and one each for TQ_prod's codes (the norm) and signs (`γ`), each table scoring its
+    /// scale's lanes and skipping the others'.
     table_scales: Vec<usize>,
 }
 
@@ -857,6 +859,7 @@ impl Scales {
     /// `all` where records have one scale, else a gathered copy (two tiers: the fast-scan
     /// kernels read a block's norms eight at a time from a contiguous slice; the same values).
     fn contiguous(&mut self, which: usize, n: usize) -> (&[f32], usize) {
+        debug_assert!(which < self.per_token.max(1));
         if self.per_token == 1 {
             return (&self.all[..], 1);
         }
