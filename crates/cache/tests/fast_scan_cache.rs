@@ -96,6 +96,35 @@ fn close(what: &str, got: &[f32], expected: &[f32], tolerance: f32) {
     }
 }
 
+/// The first `tokens` values of KV head `g`, decoded.
+fn decoded_values(cache: &KvCache, g: usize, tokens: usize) -> Vec<Vec<f32>> {
+    let mut scratch = CodecScratch::new(D);
+    let mut v = vec![0.0f32; D];
+    (0..tokens)
+        .map(|t| {
+            cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
+            v.clone()
+        })
+        .collect()
+}
+
+/// The softmax of `scores` (f64) applied to `values`: what attention outputs for them.
+fn softmax_mix(scores: &[f64], values: &[Vec<f32>]) -> Vec<f32> {
+    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..D)
+        .map(|j| {
+            let sum: f64 = weights
+                .iter()
+                .zip(values)
+                .map(|(w, v)| w * f64::from(v[j]))
+                .sum();
+            (sum / total) as f32
+        })
+        .collect()
+}
+
 const VALUES_ONLY: &str =
     "key = { codec = \"f16\", ORDER }\nvalue = { codec = \"mse\", bits = 4, ORDER }";
 const KEYS_ONLY: &str =
@@ -431,8 +460,6 @@ fn prod_keys_score_with_a_table_for_codes_and_one_for_signs() {
     let queries = vectors(positions.len() * q_heads, D, 6);
     let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
     let scale = shape(q_heads).scale;
-    let mut scratch = CodecScratch::new(D);
-    let mut v = vec![0.0f32; D];
     for g in 0..kv {
         let keys = cache.keys(g);
         assert_eq!(keys.body().order(), RecordOrder::FastScan);
@@ -454,12 +481,7 @@ fn prod_keys_score_with_a_table_for_codes_and_one_for_signs() {
             sign_blocks.push(&signs, scales[1].to_f32()).unwrap();
             gammas.push(scales[1].to_f32());
         }
-        let values: Vec<Vec<f32>> = (0..tokens)
-            .map(|t| {
-                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
-                v.clone()
-            })
-            .collect();
+        let values = decoded_values(&cache, g, tokens);
         for isa in Isa::available() {
             let got = run(isa, &cache, q_heads, &positions, 6);
             for (i, &p) in positions.iter().enumerate() {
@@ -496,19 +518,7 @@ fn prod_keys_score_with_a_table_for_codes_and_one_for_signs() {
                                 + f64::from(gamma * sign_table.dequantize(sign_sums[k])),
                         );
                     }
-                    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
-                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let total: f64 = weights.iter().sum();
-                    let expected: Vec<f32> = (0..D)
-                        .map(|j| {
-                            let sum: f64 = weights
-                                .iter()
-                                .zip(&values)
-                                .map(|(w, v)| w * f64::from(v[j]))
-                                .sum();
-                            (sum / total) as f32
-                        })
-                        .collect();
+                    let expected = softmax_mix(&scores, &values);
                     close(
                         &format!("prod, {isa:?}, head {g}/{h}, position {p}"),
                         &got[row * D..(row + 1) * D],
@@ -529,8 +539,6 @@ fn keys_score_with_the_byte_tables(bits: u8) {
     let queries = vectors(positions.len() * q_heads, D, 6);
     let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
     let scale = shape(q_heads).scale;
-    let mut scratch = CodecScratch::new(D);
-    let mut v = vec![0.0f32; D];
     for g in 0..kv {
         let keys = cache.keys(g);
         let TokenCodec::Mse(codec) = keys.codec() else {
@@ -544,12 +552,7 @@ fn keys_score_with_the_byte_tables(bits: u8) {
             tq_cache::codec::packing::unpack(&words, bits, &mut codes).unwrap();
             blocks.push(&codes, scales[0].to_f32()).unwrap();
         }
-        let values: Vec<Vec<f32>> = (0..tokens)
-            .map(|t| {
-                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
-                v.clone()
-            })
-            .collect();
+        let values = decoded_values(&cache, g, tokens);
         for isa in Isa::available() {
             let got = run(isa, &cache, q_heads, &positions, 6);
             for (i, &p) in positions.iter().enumerate() {
@@ -573,19 +576,7 @@ fn keys_score_with_the_byte_tables(bits: u8) {
                         let norm = keys.body().record_copy(t).unwrap().1[0].to_f32();
                         scores.push(f64::from(norm * table.dequantize(sums[t % BLOCK])));
                     }
-                    let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
-                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let total: f64 = weights.iter().sum();
-                    let expected: Vec<f32> = (0..D)
-                        .map(|j| {
-                            let sum: f64 = weights
-                                .iter()
-                                .zip(&values)
-                                .map(|(w, v)| w * f64::from(v[j]))
-                                .sum();
-                            (sum / total) as f32
-                        })
-                        .collect();
+                    let expected = softmax_mix(&scores, &values);
                     close(
                         &format!("{isa:?}, head {g}/{h}, position {p}"),
                         &got[row * D..(row + 1) * D],
@@ -646,44 +637,47 @@ fn fast_caches(values: bool) -> Vec<(&'static str, KvCache, KvCache)> {
     out
 }
 
-/// A TQ_prod key stream's score bound for the scaled query `q`: its codes' table's (times the
-/// largest norm) plus its signs' table's (query `α·s·S·Π·q`, times the largest `γ`); 0 for
-/// other codecs.
-fn prod_key_bound(keys: &tq_cache::stream::Stream, q: &[f32]) -> f32 {
-    let TokenCodec::Prod(c) = keys.codec() else {
-        return 0.0;
+/// The largest of scale `k` (a norm, or TQ_prod's `γ`) over a stream's stored records.
+fn largest_scale(stream: &tq_cache::stream::Stream, k: usize) -> f32 {
+    (0..stream.body().len()).fold(0.0f32, |m, t| {
+        m.max(stream.body().record_copy(t).unwrap().1[k].to_f32())
+    })
+}
+
+/// The score bound per unit scale (`ScoreTable::error_bound`) of the cache's table for one part:
+/// `query` against `centroids`, `bits`-bit codes in `words` words (3 and 5–8 bits as planes).
+fn part_error_bound(query: &[f32], centroids: &[f32], bits: u8, words: usize) -> f32 {
+    let part = tq_cache::attention::fast_scan::TablePart {
+        query,
+        centroids,
+        bits,
+        lanes: 8 * words,
     };
-    let largest = |k: usize| {
-        (0..keys.body().len()).fold(0.0f32, |m, t| {
-            m.max(keys.body().record_copy(t).unwrap().1[k].to_f32())
-        })
-    };
+    let mut table = ScoreTable::default();
+    table
+        .rebuild_parts(&[part], part.lanes.next_multiple_of(4))
+        .unwrap();
+    table.error_bound()
+}
+
+/// A TQ_prod key codec's score bound for the scaled query `q`, `largest` the largest norm and
+/// `γ`: its codes' table's times the norm plus its signs' table's (query `α·s·S·Π·q`) times
+/// `γ`.
+fn prod_key_bound(c: &tq_cache::codec::TqProd, q: &[f32], largest: [f32; 2]) -> f32 {
     let mut rotated = vec![0.0f32; D];
     c.mse().rotation().apply(q, &mut rotated).unwrap();
     let mut sketch = vec![0.0f32; c.sketch().rows()];
     c.sketch().project(&rotated, &mut sketch).unwrap();
     let gain = c.sketch().gain() as f32;
     sketch.iter_mut().for_each(|s| *s *= gain);
-    let table = |query: &[f32], centroids: &[f32], bits: u8, words: usize| {
-        let part = tq_cache::attention::fast_scan::TablePart {
-            query,
-            centroids,
-            bits,
-            lanes: 8 * words,
-        };
-        let mut t = ScoreTable::default();
-        t.rebuild_parts(&[part], part.lanes.next_multiple_of(4))
-            .unwrap();
-        t.error_bound()
-    };
-    let codes = table(
+    let codes = part_error_bound(
         &rotated,
         c.mse().codebook().centroids_f32(),
         c.mse().spec().bits,
         c.mse().words_per_vector(),
     );
-    let signs = table(&sketch, &[-1.0, 1.0], 1, c.sketch().words());
-    largest(0) * codes + largest(1) * signs
+    let signs = part_error_bound(&sketch, &[-1.0, 1.0], 1, c.sketch().words());
+    largest[0] * codes + largest[1] * signs
 }
 
 /// One tier of a stream's codec: its TQ_mse codec, its channels (`None`: all), the index of
@@ -797,11 +791,17 @@ fn fast_scan_keys_stay_within_the_score_bound() {
         let mut epsilon = 0.0f32;
         for g in 0..2 {
             let keys = fast.keys(g);
+            let largest: Vec<f32> = (0..keys.codec().scales_per_token())
+                .map(|k| largest_scale(keys, k))
+                .collect();
             for q in queries.chunks_exact(D) {
                 let q: Vec<f32> = q.iter().map(|x| x * scale).collect();
                 // Two tiers are scored by a table each, so their bounds add; so are TQ_prod's
                 // codes (times the norm) and signs (times `γ`).
-                let mut bound = prod_key_bound(keys, &q);
+                let mut bound = match keys.codec() {
+                    TokenCodec::Prod(c) => prod_key_bound(c, &q, [largest[0], largest[1]]),
+                    _ => 0.0,
+                };
                 for Tier {
                     codec,
                     channels,
@@ -809,28 +809,19 @@ fn fast_scan_keys_stay_within_the_score_bound() {
                     ..
                 } in tiers(keys.codec())
                 {
-                    // (TQ_prod: `prod_key_bound` above.)
                     let gathered: Vec<f32> = match channels {
                         Some(c) => c.iter().map(|&i| q[usize::from(i)]).collect(),
                         None => q.clone(),
                     };
                     let mut rotated = vec![0.0f32; codec.dim()];
                     codec.rotation().apply(&gathered, &mut rotated).unwrap();
-                    // The cache's table: codes of 3 and 5–7 bits as bit planes.
-                    let part = tq_cache::attention::fast_scan::TablePart {
-                        query: &rotated,
-                        centroids: codec.codebook().centroids_f32(),
-                        bits: codec.spec().bits,
-                        lanes: 8 * codec.words_per_vector(),
-                    };
-                    let mut table = ScoreTable::default();
-                    table
-                        .rebuild_parts(&[part], part.lanes.next_multiple_of(4))
-                        .unwrap();
-                    let norm = (0..keys.body().len()).fold(0.0f32, |m, t| {
-                        m.max(keys.body().record_copy(t).unwrap().1[scale_index].to_f32())
-                    });
-                    bound += norm * table.error_bound();
+                    bound += largest[scale_index]
+                        * part_error_bound(
+                            &rotated,
+                            codec.codebook().centroids_f32(),
+                            codec.spec().bits,
+                            codec.words_per_vector(),
+                        );
                 }
                 epsilon = epsilon.max(bound);
             }
@@ -1245,8 +1236,6 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
     let queries = vectors(positions.len() * q_heads, D, 27);
     let tolerance = 2e-4 * max_abs_value(&cache) + 1e-5;
     let scale = shape(q_heads).scale;
-    let mut scratch = CodecScratch::new(D);
-    let mut v = vec![0.0f32; D];
     let outputs: Vec<(Isa, Vec<f32>)> = Isa::available()
         .into_iter()
         .map(|isa| (isa, run(isa, &cache, q_heads, &positions, 27)))
@@ -1256,12 +1245,7 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
         let codec = fitted_basis(keys, widths);
         let records = stored_records(keys);
         let planes_expected = matches!(widths, Widths::SomeWide);
-        let values: Vec<Vec<f32>> = (0..tokens)
-            .map(|t| {
-                cache.values(g).decode(t, &mut scratch, &mut v).unwrap();
-                v.clone()
-            })
-            .collect();
+        let values = decoded_values(&cache, g, tokens);
         for (i, &p) in positions.iter().enumerate() {
             for h in 0..group_size {
                 let row = (i * kv + g) * group_size + h;
@@ -1324,19 +1308,7 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
                         f64::from(norm * table.dequantize(unit * nibbles + planes))
                     })
                     .collect();
-                let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                let expected: Vec<f32> = (0..D)
-                    .map(|j| {
-                        let sum: f64 = weights
-                            .iter()
-                            .zip(&values)
-                            .map(|(w, v)| w * f64::from(v[j]))
-                            .sum();
-                        (sum / total) as f32
-                    })
-                    .collect();
+                let expected = softmax_mix(&scores, &values);
                 for (isa, got) in &outputs {
                     close(
                         &format!("{isa:?}, head {g}/{h}, position {p}"),
