@@ -32,20 +32,21 @@
 
 mod gguf_common;
 mod wgpu_common;
+mod wgpu_paired;
 
 use std::sync::Arc;
 
 use gguf_common::reference_model_or_skip;
 use tq_attention_wgpu::GpuContext;
 use tq_cache::allocation::Allocation;
-use tq_cache::attention::{AttentionKernel, AttentionShape};
+use tq_cache::attention::AttentionKernel;
 use tq_models::llama::generate::{generate, generate_with};
 use tq_models::llama::{
-    AttentionBackend, CpuAttention, ForwardScratch, GenerationOptions, Llama, Logits, ModelError,
-    Sampler, WgpuAttention,
+    CpuAttention, ForwardScratch, GenerationOptions, Llama, Logits, Sampler, WgpuAttention,
 };
 use tq_models::tokenizer::Tokenizer;
 use wgpu_common::context_or_skip;
+use wgpu_paired::Paired;
 
 const PRESETS: [&str; 7] = [
     "mse-k4v4",
@@ -111,50 +112,6 @@ fn setup() -> Option<(Llama, Vec<u32>, Arc<GpuContext>)> {
     Some((model, prompt, ctx))
 }
 
-/// Runs both backends on identical inputs at every layer and keeps the largest difference of
-/// their outputs relative to the call's largest |output|; the model carries on with the CPU
-/// output, so every call's inputs are the CPU run's.
-struct Paired<'c> {
-    cpu: CpuAttention<'c>,
-    gpu: WgpuAttention,
-    gpu_out: Vec<f32>,
-    worst: f32,
-    calls: usize,
-}
-
-impl AttentionBackend for Paired<'_> {
-    fn attend(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        self.cpu
-            .attend(layer, queries, keys, values, positions, shape, out)?;
-        self.gpu_out.resize(out.len(), 0.0);
-        self.gpu.attend(
-            layer,
-            queries,
-            keys,
-            values,
-            positions,
-            shape,
-            &mut self.gpu_out,
-        )?;
-        let top = out.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        assert!(top > 0.0, "layer {layer}: attention output is all zeros");
-        for (a, b) in self.gpu_out.iter().zip(out.iter()) {
-            self.worst = self.worst.max((a - b).abs() / top);
-        }
-        self.calls += 1;
-        Ok(())
-    }
-}
-
 fn argmax(x: &[f32]) -> u32 {
     let mut best = 0;
     for (i, v) in x.iter().enumerate() {
@@ -173,16 +130,13 @@ fn wgpu_attention_equals_cpu_layer_by_layer() {
     const DECODE_STEPS: usize = 3;
     for (preset, allocation) in allocations() {
         let mut cache = model.new_cache(&allocation, 64).unwrap();
-        let mut paired = Paired {
-            cpu: CpuAttention {
+        let mut paired = Paired::new(
+            CpuAttention {
                 cache: &mut cache,
                 kernel: AttentionKernel::Fused,
             },
-            gpu: WgpuAttention::for_model(&ctx, &model, &allocation).unwrap(),
-            gpu_out: Vec::new(),
-            worst: 0.0,
-            calls: 0,
-        };
+            WgpuAttention::for_model(&ctx, &model, &allocation).unwrap(),
+        );
         let mut scratch = ForwardScratch::default();
         let positions: Vec<u32> = (0..(prompt.len() + DECODE_STEPS) as u32).collect();
         let mut done = 0;

@@ -19,12 +19,14 @@
 //! Needs a GPU adapter (skipped with a message when absent, failing when `CI=true`).
 
 mod wgpu_common;
+mod wgpu_paired;
 
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::{AttentionKernel, AttentionShape};
 use tq_models::hybrid::{GemmaLike, GemmaLikeConfig, HybridScratch};
 use tq_models::llama::{AttentionBackend, CpuAttention, Logits, ModelError, WgpuAttention};
 use wgpu_common::context_or_skip;
+use wgpu_paired::Paired;
 
 const PROMPT: usize = 30;
 const CHUNK: usize = 8;
@@ -52,73 +54,6 @@ fn allocations() -> Vec<Allocation> {
     out.insert(1, fast);
     out.push(short_windows);
     out
-}
-
-/// Both backends on identical inputs at every layer; the model carries on with the CPU output.
-struct Paired<'c> {
-    cpu: CpuAttention<'c>,
-    gpu: WgpuAttention,
-    gpu_out: Vec<f32>,
-    worst: f32,
-    calls: usize,
-    shared_calls: usize,
-}
-
-impl Paired<'_> {
-    fn record(&mut self, layer: usize, out: &[f32]) {
-        let top = out.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        assert!(top > 0.0, "layer {layer}: attention output is all zeros");
-        for (a, b) in self.gpu_out.iter().zip(out) {
-            self.worst = self.worst.max((a - b).abs() / top);
-        }
-        self.calls += 1;
-    }
-}
-
-impl AttentionBackend for Paired<'_> {
-    fn attend(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        self.cpu
-            .attend(layer, queries, keys, values, positions, shape, out)?;
-        self.gpu_out.resize(out.len(), 0.0);
-        self.gpu.attend(
-            layer,
-            queries,
-            keys,
-            values,
-            positions,
-            shape,
-            &mut self.gpu_out,
-        )?;
-        self.record(layer, out);
-        Ok(())
-    }
-
-    fn attend_shared(
-        &mut self,
-        layer: usize,
-        queries: &[f32],
-        positions: &[u32],
-        shape: AttentionShape,
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        self.cpu
-            .attend_shared(layer, queries, positions, shape, out)?;
-        self.gpu_out.resize(out.len(), 0.0);
-        self.gpu
-            .attend_shared(layer, queries, positions, shape, &mut self.gpu_out)?;
-        self.record(layer, out);
-        self.shared_calls += 1;
-        Ok(())
-    }
 }
 
 fn prompt() -> Vec<u32> {
@@ -171,17 +106,13 @@ fn shared_kv_layers_read_their_producers_gpu_caches() {
         let mut cache = model.new_cache(&allocation, capacity).unwrap();
         let gpu = WgpuAttention::new(&ctx, &cache).unwrap();
         assert_eq!(gpu.layers(), layers, "{name}");
-        let mut paired = Paired {
-            cpu: CpuAttention {
+        let mut paired = Paired::new(
+            CpuAttention {
                 cache: &mut cache,
                 kernel: AttentionKernel::Reference,
             },
             gpu,
-            gpu_out: Vec::new(),
-            worst: 0.0,
-            calls: 0,
-            shared_calls: 0,
-        };
+        );
         let cpu_logits = drive(&model, |tokens, positions, scratch| {
             model
                 .forward_with(tokens, positions, &mut paired, Logits::Last, scratch)
