@@ -167,8 +167,9 @@ impl StreamLayoutGpu {
 }
 
 /// Appends one stream's tables (all heads) to `data`, its records in the order the CPU body
-/// takes when `asked` for `asked` ([`tq_cache::stream::body_order`]: the fast-scan order for a
-/// TQ_mse codec of whole words or a fitted basis, rows otherwise); returns its layout.
+/// takes when asked for `asked` ([`tq_cache::stream::body_order`]: the fast-scan order for a
+/// TQ_mse codec of whole words, a fitted basis, two tiers of TQ_mse or TQ_prod, rows
+/// otherwise); returns its layout.
 pub(crate) fn build_stream(
     codecs: &[&TokenCodec],
     asked: RecordOrder,

@@ -187,7 +187,11 @@ impl ModelCache {
         &self.specs
     }
 
-    pub(crate) fn kv_index(&self, layer: usize) -> Result<(usize, bool), CacheError> {
+    /// The KV state `layer` attends over: its index among the [`specs`](Self::specs), and
+    /// whether the layer shares it (a KV-sharing layer's is its producer's state).
+    ///
+    /// Errors: a layer without a KV state ([`CacheError::InvalidConfig`]).
+    pub fn kv_index(&self, layer: usize) -> Result<(usize, bool), CacheError> {
         let index = self
             .layer_state
             .get(layer)

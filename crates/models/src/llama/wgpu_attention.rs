@@ -32,7 +32,7 @@ use super::model::Llama;
 /// Attention on the GPU: one [`GpuKvCache`] per KV state, all on one [`GpuContext`].
 pub struct WgpuAttention {
     ctx: Arc<GpuContext>,
-    /// One per KV state, in declaration order.
+    /// One per KV state, in the order of the first layer that attends over it.
     caches: Vec<GpuKvCache>,
     /// Per layer: its cache in `caches`, and whether it shares it (reads its producer's).
     routes: Vec<(usize, bool)>,
@@ -54,63 +54,38 @@ impl WgpuAttention {
     /// not copied; see [`from_cache`](Self::from_cache)); its KV-sharing layers read their
     /// producers' caches.
     ///
-    /// Errors: a fixed state, a layer without a state or with two, a sharer of a layer that
-    /// has no KV state, or a codec configuration the GPU kernels do not implement
-    /// (`GpuError::Unsupported`).
+    /// Errors: a fixed state or a codec configuration the GPU kernels do not implement
+    /// (`GpuError::Unsupported`), a layer without a KV state.
     pub fn new(ctx: &Arc<GpuContext>, template: &ModelCache) -> Result<Self, ModelError> {
-        let layer_count = tq_cache::states::layer_count(template.specs());
+        if let Some(spec) = template
+            .specs()
+            .iter()
+            .find(|s| matches!(s.kind, StateKind::Fixed { .. }))
+        {
+            return Err(GpuError::Unsupported(format!(
+                "state `{}` is a fixed state (recurrent layers update theirs on the CPU)",
+                spec.name
+            ))
+            .into());
+        }
+        // The template resolves each layer to the KV state it attends over (a sharer to its
+        // producer's; the specs were checked when it was built): one GPU cache per state.
+        let specs = template.specs();
         let mut caches = Vec::new();
-        let mut owner: Vec<Option<usize>> = vec![None; layer_count];
-        let mut routes: Vec<Option<(usize, bool)>> = vec![None; layer_count];
-        let declared_twice =
-            |layer: usize| ModelError::InvalidCall(format!("layer {layer} declares two states"));
-        for spec in template.specs() {
-            match spec.kind {
-                StateKind::Kv { layer, .. } => {
-                    if routes[layer].is_some() {
-                        return Err(declared_twice(layer));
-                    }
-                    owner[layer] = Some(caches.len());
-                    routes[layer] = Some((caches.len(), false));
+        let mut cache_of_state: Vec<Option<usize>> = vec![None; specs.len()];
+        let mut routes = Vec::new();
+        for layer in 0..tq_cache::states::layer_count(specs) {
+            let (state, shared) = template.kv_index(layer)?;
+            let cache = match cache_of_state[state] {
+                Some(cache) => cache,
+                None => {
                     caches.push(GpuKvCache::new(ctx, template.kv(layer)?)?);
+                    cache_of_state[state] = Some(caches.len() - 1);
+                    caches.len() - 1
                 }
-                StateKind::SharedKv { layer, .. } => {
-                    if routes[layer].is_some() {
-                        return Err(declared_twice(layer));
-                    }
-                    // Resolved below, once every producer has its cache.
-                    routes[layer] = Some((usize::MAX, true));
-                }
-                StateKind::Fixed { .. } => {
-                    return Err(GpuError::Unsupported(format!(
-                        "state `{}` is a fixed state (recurrent layers update theirs on the CPU)",
-                        spec.name
-                    ))
-                    .into());
-                }
-            }
+            };
+            routes.push((cache, shared));
         }
-        for spec in template.specs() {
-            if let StateKind::SharedKv {
-                layer,
-                source_layer,
-            } = spec.kind
-            {
-                let source = owner.get(source_layer).copied().flatten().ok_or_else(|| {
-                    ModelError::InvalidCall(format!(
-                        "layer {layer} shares layer {source_layer}, which has no KV state"
-                    ))
-                })?;
-                routes[layer] = Some((source, true));
-            }
-        }
-        let routes = routes
-            .into_iter()
-            .enumerate()
-            .map(|(layer, r)| {
-                r.ok_or_else(|| ModelError::InvalidCall(format!("layer {layer} has no KV state")))
-            })
-            .collect::<Result<_, _>>()?;
         Ok(Self {
             ctx: Arc::clone(ctx),
             caches,
