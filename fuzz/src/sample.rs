@@ -32,6 +32,7 @@ pub fn specs() -> Vec<StateSpec> {
         kind,
         max_rewind: 2,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     vec![
         StateSpec {

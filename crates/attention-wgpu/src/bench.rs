@@ -87,6 +87,7 @@ pub fn decode_step_timing(
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     let template = KvCache::with_allocation(layout, &allocation, 1, 3)?;
     let mut gpu = GpuKvCache::new(ctx, &template)?;

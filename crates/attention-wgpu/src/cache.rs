@@ -175,6 +175,7 @@ fn build_tables(
 ///     kind: KvKind::Growing { growth: Growth::Doubling { initial: 64 } },
 ///     max_rewind: 0,
 ///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+///     rope_base: Default::default(),
 /// };
 /// let cpu = KvCache::with_allocation(layout, &Allocation::preset("k5v4")?, 0, 1)?;
 /// let mut gpu = GpuKvCache::from_cache(&ctx, &cpu)?; // upload once
@@ -395,12 +396,20 @@ impl GpuKvCache {
     /// as the CPU cache does and writing the copies (binary16 sinks; binary16 or 8-bit windows,
     /// one per stream and KV head).
     ///
-    /// Errors: sinks or windows with f32 copies, sink counts that differ between streams, a
+    /// Errors: RoPE-aware key centering (`center = "rope"`), sinks or windows with f32 copies, sink counts that differ between streams, a
     /// two-tier codec with a QJL or debiased tier, heads of one stream with different codec
     /// kinds, a head dimension above 512, or a page of one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
+        // The kernels score keys without a per-block correction, which a RoPE-aware center
+        // needs (`q·c(t)` per block of 16 keys).
+        if (0..heads).any(|h| cache.keys(h).center().turns_with_position()) {
+            return Err(GpuError::Unsupported(
+                "RoPE-aware key centering (center = \"rope\") on the GPU; use \"first-chunk\""
+                    .into(),
+            ));
+        }
         let (sinks, windows) = windows_of(cache);
         let window_q8 = windows.any()
             && (0..heads)

@@ -61,6 +61,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         max_rewind: 0,
         rope_pairs: RopePairs::Adjacent,
+        // Llama's base, so `center = "rope"` allocations run (the Gaussian tokens give them
+        // a center near zero: what is measured is the correction's cost).
+        rope_base: tq_cache::rope_center::RopeBase::new(10_000.0),
     };
     let mut cache = match config.as_str() {
         "f16" => KvCache::uniform(layout, CodecSpec::F16 { dim: D }, CodecSpec::F16 { dim: D })?,

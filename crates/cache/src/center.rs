@@ -71,9 +71,20 @@ pub enum CenterPolicy {
     None,
     /// Subtract the mean of the stream's first appended batch (`first-chunk`).
     FirstChunk,
+    /// Keys only: subtract a mean that turns with RoPE, fitted on the first batch in the
+    /// un-rotated domain and turned to each block of 16 tokens; the kernels add each block's
+    /// `q·c` back (`rope`; see [`rope_center`](crate::rope_center)).
+    Rope,
 }
 
 impl CenterPolicy {
+    /// Whether the center depends on the token's position ([`CenterPolicy::Rope`]): the
+    /// kernels then add `q·c(t)` back per block instead of relying on the softmax's shift
+    /// invariance.
+    pub fn turns_with_position(self) -> bool {
+        matches!(self, CenterPolicy::Rope)
+    }
+
     /// Whether the stream stores `x − μ`.
     pub fn is_centered(self) -> bool {
         !matches!(self, CenterPolicy::None)
@@ -84,6 +95,7 @@ impl CenterPolicy {
         match self {
             CenterPolicy::None => "none",
             CenterPolicy::FirstChunk => "first-chunk",
+            CenterPolicy::Rope => "rope",
         }
     }
 

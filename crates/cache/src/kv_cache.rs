@@ -55,6 +55,11 @@ pub struct KvLayout {
     /// existed load as [`RopePairs::Adjacent`](crate::basis::RopePairs::Adjacent)).
     #[serde(default)]
     pub rope_pairs: crate::basis::RopePairs,
+    /// The model's RoPE base (read only by RoPE-aware key centering, `center = "rope"`, which
+    /// a layout without one refuses; files saved before it existed load as
+    /// [`RopeBase::UNKNOWN`](crate::rope_center::RopeBase::UNKNOWN)).
+    #[serde(default)]
+    pub rope_base: crate::rope_center::RopeBase,
 }
 
 impl KvLayout {
@@ -108,6 +113,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             basis_fit: None,
             basis_bits: crate::basis::GroupWidths::ALL,
             rope_pairs: layout.rope_pairs,
+            rope_base: layout.rope_base,
             fp: CodecSpec::F16 {
                 dim: layout.head_dim,
             },
@@ -192,6 +198,7 @@ impl KvCache {
     ///     kind: KvKind::Growing { growth: Growth::Doubling { initial: 16 } },
     ///     max_rewind: 0,
     ///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+    ///     rope_base: Default::default(),
     /// };
     /// let f32 = CodecSpec::F32 { dim: 8 };
     /// let mut cache = KvCache::uniform(layout, f32, f32).unwrap();

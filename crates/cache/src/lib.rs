@@ -37,6 +37,7 @@ pub mod center;
 mod forward;
 pub mod kv_cache;
 pub mod persist;
+pub mod rope_center;
 pub mod states;
 pub mod stream;
 pub mod two_tier;

@@ -18,11 +18,12 @@
 //! Versions: 2 added the centering fields to the stream layouts, 3 the data-aware basis
 //! (`basis` policy and `basis_fit`: the f16 rows, groups and f32 scales as integer bit
 //! patterns, one codebook identity per group), 4 the plane basis (`basis = "planes"`: a fit
-//! whose `components` list its coordinates) and the layouts' `rope_pairs`. This build writes
-//! version 4 and reads 1 to 4 (older headers lack the newer fields, which default to "not
-//! centered", "no basis" and adjacent RoPE pairs, exactly what those writers stored); an older
-//! build refuses a newer file by its version rather than silently decoding a basis stream as a
-//! plain one.
+//! whose `components` list its coordinates) and the layouts' `rope_pairs`, 5 the RoPE-aware
+//! key center (`center = "rope"`, its `m` in `mean_bits`) and the layouts' `rope_base`. This
+//! build writes version 5 and reads 1 to 5 (older headers lack the newer fields, which default
+//! to "not centered", "no basis", adjacent RoPE pairs and no RoPE base, exactly what those
+//! writers stored); an older build refuses a newer file by its version rather than silently
+//! decoding a basis stream as a plain one or a RoPE-centered one as first-chunk centered.
 //! [`save`] is crash-safe ([`write_atomically`]): a save that fails or is killed leaves the
 //! previous file intact. [`load_matching`] also checks that the file is a cache of the expected
 //! model and allocation ([`PersistError::Mismatch`] otherwise).
@@ -45,7 +46,7 @@ use crate::token_store::TokenStore;
 pub const MAGIC: &[u8; 8] = b"TQCACHE\0";
 
 /// The version this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The oldest version this build reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
@@ -187,7 +188,7 @@ fn codebooks(
 /// use tq_cache::states::{ModelCache, StateKind, StateSpec};
 /// use tq_cache::token_store::Growth;
 /// use tq_cache::CodecSpec;
-/// let layout = KvLayout { kv_heads: 1, head_dim: 8, kind: KvKind::Growing { growth: Growth::Doubling { initial: 4 } }, max_rewind: 0, rope_pairs: Default::default() };
+/// let layout = KvLayout { kv_heads: 1, head_dim: 8, kind: KvKind::Growing { growth: Growth::Doubling { initial: 4 } }, max_rewind: 0, rope_pairs: Default::default(), rope_base: Default::default() };
 /// let specs = vec![StateSpec { name: "l0".into(), kind: StateKind::Kv { layer: 0, layout } }];
 /// let cache = ModelCache::new(specs, |_, l| {
 ///     let c = CodecSpec::F16 { dim: 8 };

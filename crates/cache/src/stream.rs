@@ -98,6 +98,10 @@ pub struct StreamLayout {
     /// from [`KvLayout::rope_pairs`](crate::kv_cache::KvLayout::rope_pairs)).
     #[serde(default)]
     pub rope_pairs: crate::basis::RopePairs,
+    /// The model's RoPE base (what a `center = "rope"` stream turns its mean with; from
+    /// [`KvLayout::rope_base`](crate::kv_cache::KvLayout::rope_base)).
+    #[serde(default)]
+    pub rope_base: crate::rope_center::RopeBase,
     /// Precision of sink and recent copies (`F16` or `F32` of the same dimension).
     pub fp: CodecSpec,
     /// The recent window's copies when they are stored otherwise than `fp`: `Q8` (8 bits, and
@@ -269,6 +273,10 @@ pub struct Stream {
     /// working memory kept so a push allocates nothing, not counted in the stream's bytes (like
     /// the encoder scratch).
     centered: Vec<f32>,
+    /// For a `center = "rope"` stream: the process-wide table of block angles (shared, not
+    /// counted), kept so a push or a query does not look it up each time; refreshed when a
+    /// token lies beyond it.
+    center_angles: Option<std::sync::Arc<crate::rope_center::CenterAngles>>,
     /// A record and its scales as the codec writes them, before the body stores them (working
     /// memory: a fast-scan body takes whole records).
     staged: (Vec<u32>, Vec<f16>),
@@ -420,7 +428,17 @@ impl StreamLayout {
         let head_dim = self.head_dim();
         let mut layout = self.clone();
         if self.needs_mean() {
-            layout.mean = Some(crate::center::first_chunk_mean(tokens, head_dim)?);
+            layout.mean = Some(match (self.center, self.rope_base.get()) {
+                (CenterPolicy::Rope, Some(base)) => {
+                    crate::rope_center::rope_mean(tokens, head_dim, self.rope_pairs, base)?
+                }
+                (CenterPolicy::Rope, None) => {
+                    return Err(CacheError::InvalidConfig(
+                        "center = \"rope\" needs the model's RoPE base".into(),
+                    ));
+                }
+                _ => crate::center::first_chunk_mean(tokens, head_dim)?,
+            });
         }
         // The batch as the codec will store it (centered on μ), for the channel choice or the
         // basis fit. A ragged batch goes on as it is, so each of them refuses it with its own
@@ -431,10 +449,25 @@ impl StreamLayout {
                     && head_dim > 0
                     && tokens.len().is_multiple_of(head_dim) =>
             {
-                tokens
-                    .chunks_exact(head_dim)
-                    .flat_map(|row| row.iter().zip(mean).map(|(&x, &m)| x - m))
-                    .collect()
+                let mut center = vec![0.0f32; head_dim];
+                let mut stored = Vec::with_capacity(tokens.len());
+                for (t, row) in tokens.chunks_exact(head_dim).enumerate() {
+                    let c = match self.center_angles(t) {
+                        Some(angles) => {
+                            crate::rope_center::center_at(
+                                mean,
+                                t,
+                                self.rope_pairs,
+                                &angles,
+                                &mut center,
+                            );
+                            &center[..]
+                        }
+                        None => &mean[..],
+                    };
+                    stored.extend(row.iter().zip(c).map(|(&x, &m)| x - m));
+                }
+                stored.into()
             }
             _ => tokens.into(),
         };
@@ -464,6 +497,18 @@ impl StreamLayout {
             });
         }
         Ok(layout)
+    }
+
+    /// For a `center = "rope"` stream, a table of block angles covering token `t`
+    /// ([`rope_center`](crate::rope_center)); `None` for any other stream.
+    pub fn center_angles(
+        &self,
+        t: usize,
+    ) -> Option<std::sync::Arc<crate::rope_center::CenterAngles>> {
+        let base = self.rope_base.get()?;
+        self.center
+            .turns_with_position()
+            .then(|| crate::rope_center::center_angles(base, self.head_dim(), t + 1))
     }
 
     /// The head dimension the stream stores.
@@ -573,6 +618,15 @@ impl Stream {
             }
             _ => {}
         }
+        if layout.center.turns_with_position()
+            && (layout.rope_base.get().is_none() || !head_dim.is_multiple_of(2))
+        {
+            return Err(CacheError::InvalidConfig(format!(
+                "center = \"rope\" needs the model's RoPE base and an even head dimension \
+                 (base {:?}, head_dim {head_dim})",
+                layout.rope_base.get()
+            )));
+        }
         let ring = layout.ring_slots;
         if ring == Some(0) {
             return Err(CacheError::InvalidConfig(
@@ -660,6 +714,7 @@ impl Stream {
             sinks: store_of(&fp_codec, sink_tokens)?,
             recent: store_of(&recent_codec, recent_slots)?,
             centered,
+            center_angles: None,
             evicted: if deferred {
                 vec![0.0; head_dim]
             } else {
@@ -803,6 +858,33 @@ impl Stream {
         self.layout.center
     }
 
+    /// For a `center = "rope"` stream whose `m` is chosen: `m`, the RoPE pairs and a table of
+    /// block angles covering its tokens — what a kernel needs to add each block's `q·c(t)` back
+    /// ([`rope_center::score_bias`](crate::rope_center::score_bias)); `None` otherwise.
+    pub fn rope_center(
+        &self,
+    ) -> Option<(
+        &[f32],
+        crate::basis::RopePairs,
+        std::sync::Arc<crate::rope_center::CenterAngles>,
+    )> {
+        let mean = self.layout.mean.as_deref()?;
+        let angles = self.angles_covering(self.len.max(1) - 1)?;
+        Some((mean, self.layout.rope_pairs, angles))
+    }
+
+    /// The block angles of a `center = "rope"` stream covering token `t`: the kept table when
+    /// it does, else the process-wide one; `None` for any other stream.
+    fn angles_covering(
+        &self,
+        t: usize,
+    ) -> Option<std::sync::Arc<crate::rope_center::CenterAngles>> {
+        match &self.center_angles {
+            Some(a) if a.blocks() * crate::rope_center::CENTER_BLOCK > t => Some(a.clone()),
+            _ => self.layout.center_angles(t),
+        }
+    }
+
     /// The mean `μ` a centered stream subtracts from every vector it stores, once chosen from
     /// its first batch (all zero if that batch was too short); `None` for a stream that is not
     /// centered or has not seen a token since it was created or emptied.
@@ -810,11 +892,21 @@ impl Stream {
         self.layout.mean.as_deref()
     }
 
-    /// Appends one token. A centered stream stores `x − μ` (body, sink and recent copies).
+    /// Appends one token. A centered stream stores `x − μ` (body, sink and recent copies); a
+    /// `center = "rope"` stream `x − c(t)`, its mean turned to token `t`'s block.
     pub fn push(&mut self, x: &[f32], scratch: &mut CodecScratch) -> Result<(), CacheError> {
         // Taken out for the push (and put back) so the stored vector can borrow it while the
         // stores are written.
         let mut centered = std::mem::take(&mut self.centered);
+        let t = self.len;
+        if self.layout.center.turns_with_position()
+            && self
+                .center_angles
+                .as_ref()
+                .is_none_or(|a| a.blocks() * crate::rope_center::CENTER_BLOCK <= t)
+        {
+            self.center_angles = self.layout.center_angles(t);
+        }
         let stored = match &self.layout.mean {
             Some(mean) => {
                 if x.len() != mean.len() {
@@ -825,8 +917,19 @@ impl Stream {
                         actual: x.len(),
                     }));
                 }
-                for ((c, &v), &m) in centered.iter_mut().zip(x).zip(mean) {
-                    *c = v - m;
+                match &self.center_angles {
+                    Some(angles) => {
+                        let pairs = self.layout.rope_pairs;
+                        crate::rope_center::center_at(mean, t, pairs, angles, &mut centered);
+                        for (c, &v) in centered.iter_mut().zip(x) {
+                            *c = v - *c;
+                        }
+                    }
+                    None => {
+                        for ((c, &v), &m) in centered.iter_mut().zip(x).zip(mean) {
+                            *c = v - m;
+                        }
+                    }
                 }
                 &centered[..]
             }
@@ -1197,12 +1300,32 @@ impl Stream {
         out: &mut [f32],
     ) -> Result<(), CacheError> {
         self.decode(t, scratch, out)?;
-        if let Some(mean) = self.mean() {
-            for (o, m) in out.iter_mut().zip(mean) {
-                *o += m;
+        self.add_center(t, out);
+        Ok(())
+    }
+
+    /// Adds to `out` (a decoded token `t` in the stored domain) what a centered stream
+    /// subtracted from it: `μ`, or for `center = "rope"` the center `c(t)` of its block
+    /// ([`rope_center`](crate::rope_center)); nothing for a stream that is not centered.
+    pub fn add_center(&self, t: usize, out: &mut [f32]) {
+        let Some(mean) = self.mean() else {
+            return;
+        };
+        match self.angles_covering(t) {
+            Some(angles) => {
+                let mut center = vec![0.0f32; mean.len()];
+                let pairs = self.layout.rope_pairs;
+                crate::rope_center::center_at(mean, t, pairs, &angles, &mut center);
+                for (o, m) in out.iter_mut().zip(&center) {
+                    *o += m;
+                }
+            }
+            None => {
+                for (o, m) in out.iter_mut().zip(mean) {
+                    *o += m;
+                }
             }
         }
-        Ok(())
     }
 
     /// Whether the next append must calibrate first: choose the outlier channels of a two-tier

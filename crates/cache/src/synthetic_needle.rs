@@ -159,6 +159,7 @@ pub fn run(allocation: &Allocation, setup: &NeedleSetup) -> Result<NeedleOutcome
         },
         max_rewind: 0,
         rope_pairs: crate::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     // One middle layer of a 30-layer model, so boundary rules don't apply.
     let mut cache = KvCache::with_allocation(layout, allocation, 15, 30)?;

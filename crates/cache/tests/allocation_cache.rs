@@ -21,6 +21,7 @@ fn layout(kv_heads: usize, head_dim: usize) -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

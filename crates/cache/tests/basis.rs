@@ -238,6 +238,7 @@ fn layout() -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

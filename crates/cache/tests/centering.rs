@@ -98,6 +98,7 @@ fn growing(max_rewind: usize) -> KvLayout {
         },
         max_rewind,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 
@@ -1008,6 +1009,7 @@ fn centered_bytes_match_the_formula() {
                 kind,
                 max_rewind: 2,
                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                rope_base: Default::default(),
             };
             let spec = codec(codec_kind, D, 4, 5);
             let build = |center| {

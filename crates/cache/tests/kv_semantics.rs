@@ -212,6 +212,7 @@ fn byte_formula_equals_allocation() {
                 kind: KvKind::Growing { growth },
                 max_rewind: 4,
                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                rope_base: Default::default(),
             };
             let streams = |c: CodecSpec| -> Vec<StreamLayout> {
                 uniform_streams(&layout, c)
@@ -278,6 +279,7 @@ fn bad_calls_are_typed_errors() {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     let mut cache = KvCache::uniform(layout, f32, f32).unwrap();
     let (q, k, v) = token_tensors(0, 1);

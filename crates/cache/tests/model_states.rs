@@ -19,6 +19,7 @@ fn full(head_dim: usize) -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

@@ -23,6 +23,7 @@ fn specs() -> Vec<StateSpec> {
         },
         max_rewind: 4,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     vec![
         StateSpec {

@@ -274,6 +274,7 @@ fn layout() -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

@@ -209,6 +209,7 @@ impl Params {
                 },
                 max_rewind: self.growing_rewind,
                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                rope_base: Default::default(),
             },
             KvLayout {
                 kv_heads: KV,
@@ -218,6 +219,7 @@ impl Params {
                 },
                 max_rewind: self.ring_rewind,
                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                rope_base: Default::default(),
             },
         ]
     }

@@ -32,6 +32,7 @@ fn cache(allocation: &str) -> ModelCache {
                     },
                     max_rewind: 0,
                     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                    rope_base: Default::default(),
                 },
             },
         })

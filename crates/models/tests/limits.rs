@@ -31,6 +31,7 @@ fn full_cache(allocation: &Allocation) -> ModelCache {
                     },
                     max_rewind: 0,
                     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                    rope_base: Default::default(),
                 },
             },
         })
@@ -103,6 +104,7 @@ fn mixed_cache(allocation: &Allocation) -> ModelCache {
         kind,
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     let growing = KvKind::Growing {
         growth: Growth::Static { capacity: TOKENS },

@@ -30,6 +30,7 @@ fn specs() -> Vec<StateSpec> {
                     },
                     max_rewind: 0,
                     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                    rope_base: Default::default(),
                 },
             },
         })

@@ -33,6 +33,7 @@ fn kv_spec(layer: usize) -> StateSpec {
                 },
                 max_rewind: 0,
                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                rope_base: Default::default(),
             },
         },
     }
@@ -112,6 +113,19 @@ fn unsupported_configurations_are_typed_errors() {
     .unwrap();
     let what = unsupported(WgpuAttention::new(&ctx, &fixed));
     assert!(what.contains("blk.1.conv"), "{what}");
+    // RoPE-aware key centering needs a per-block score correction the shaders do not add.
+    let mut spec = kv_spec(0);
+    if let StateKind::Kv { layout, .. } = &mut spec.kind {
+        layout.rope_base = tq_cache::rope_center::RopeBase::new(10_000.0);
+    }
+    let rope = Allocation::from_toml_str(
+        "name = \"rope\"\nkey = { codec = \"mse\", bits = 4, center = \"rope\" }\n\
+         value = { codec = \"mse\", bits = 4 }\n",
+    )
+    .unwrap();
+    let rope = ModelCache::with_allocation(vec![spec], &rope).unwrap();
+    let what = unsupported(WgpuAttention::new(&ctx, &rope));
+    assert!(what.contains("rope"), "{what}");
 }
 
 #[test]

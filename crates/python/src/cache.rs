@@ -105,6 +105,7 @@ fn layout(
         // The Python API takes keys as the caller rotated them; only the plane basis reads
         // this, and it is not exposed there.
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     })
 }
 

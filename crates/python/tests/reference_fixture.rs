@@ -330,6 +330,7 @@ fn growing(kv_heads: usize, head_dim: usize) -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

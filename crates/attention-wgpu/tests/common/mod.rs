@@ -111,6 +111,7 @@ pub fn growing(kv_heads: usize, head_dim: usize) -> KvLayout {
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 
@@ -121,6 +122,7 @@ pub fn sliding(kv_heads: usize, head_dim: usize, window: usize, max_rewind: usiz
         kind: KvKind::Sliding { window },
         max_rewind,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     }
 }
 

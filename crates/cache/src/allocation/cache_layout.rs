@@ -30,6 +30,12 @@ impl Allocation {
             .map(|head| {
                 let resolved =
                     self.resolve_stream_in(layer, kind, num_layers, head, layout.head_dim, stream)?;
+                if resolved.center.turns_with_position() && layout.rope_base.get().is_none() {
+                    return Err(AllocationError::Shape(format!(
+                        "layer {layer}: center = \"rope\" needs the model's RoPE base, and this \
+                         cache layout has none (KvLayout::rope_base)"
+                    )));
+                }
                 let (codec, outliers) = match resolved.plan {
                     StreamPlan::Single(spec) => (spec, None),
                     // The rest tier's spec stands in the `codec` field; the tiers are used.
@@ -45,6 +51,7 @@ impl Allocation {
                     basis_fit: None,
                     basis_bits: resolved.basis_bits,
                     rope_pairs: layout.rope_pairs,
+                    rope_base: layout.rope_base,
                     fp: self.fp_codec(layout.head_dim),
                     recent: Some(self.recent_codec(layout.head_dim))
                         .filter(|r| *r != self.fp_codec(layout.head_dim)),
@@ -74,6 +81,7 @@ impl KvCache {
     ///     kind: KvKind::Growing { growth: Growth::Static { capacity: 1024 } },
     ///     max_rewind: 0,
     ///     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+    ///     rope_base: Default::default(),
     /// };
     /// let cache = KvCache::with_allocation(layout, &Allocation::preset("k5v4")?, 0, 30)?;
     /// // 3 heads × (K: 32 code + 8 sign bytes + 2 f16 scales; V: 32 + one f16) + a 4-byte position

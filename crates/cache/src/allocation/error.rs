@@ -178,6 +178,12 @@ pub enum FieldProblem {
          use basis = \"pca\" or none for values"
     )]
     PlanesOnValues,
+    /// `center = "rope"` on a value stream: values carry no RoPE, so their mean does not turn.
+    #[error(
+        "center = \"rope\" applies to keys only (values carry no RoPE); use \"first-chunk\" \
+         or \"none\" for values"
+    )]
+    RopeCenterOnValues,
     /// A basis on a stream with `norm_correction = true`: a basis codec keeps the plain norm
     /// and scales each group by its fitted scale, so the option would be silently ignored.
     #[error(

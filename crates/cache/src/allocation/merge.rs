@@ -187,6 +187,15 @@ impl Merged {
         };
         let kind = codec.value;
         whole_stream_only(self.center.map(|c| c.origin), "center")?;
+        if let Some(c) = self.center
+            && c.value == CenterPolicy::Rope
+            && self.stream == StreamKind::Value
+        {
+            return Err(AllocationError::field(
+                c.origin.path("center"),
+                FieldProblem::RopeCenterOnValues,
+            ));
+        }
         whole_stream_only(self.basis.map(|b| b.origin), "basis")?;
         whole_stream_only(self.basis_bits.map(|b| b.origin), "basis_bits")?;
         if let Some(b) = self.basis_bits

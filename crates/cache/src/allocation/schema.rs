@@ -248,8 +248,9 @@ pub struct StreamSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm_correction: Option<bool>,
     /// Mean-centering of the whole stream, any codec (default `none`; see
-    /// [`center`](crate::center)). Not allowed in `[outliers]`: both tiers store one centered
-    /// vector.
+    /// [`center`](crate::center)); `rope` (keys only) centers on a mean that turns with RoPE
+    /// ([`rope_center`](crate::rope_center)). Not allowed in `[outliers]`: both tiers store
+    /// one centered vector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub center: Option<CenterPolicy>,
     /// A data-aware basis fitted to the stream's first batch (`mse` only, default `none`; see

@@ -404,6 +404,29 @@ struct PreparedGroup {
     /// and one each for TQ_prod's codes (the norm) and signs (`γ`), each table scoring its
     /// scale's lanes and skipping the others'.
     table_scales: Vec<usize>,
+    /// For keys with a RoPE-aware center (`center = "rope"`): per head, the coefficients of
+    /// `q·c(t)` ([`rope_center::bias_coefficients`](crate::rope_center::bias_coefficients),
+    /// `[group, d]`) and the table of block angles they are summed against; empty / `None`
+    /// otherwise.
+    center: Vec<f32>,
+    center_angles: Option<std::sync::Arc<crate::rope_center::CenterAngles>>,
+}
+
+/// [`PreparedGroup::center`] for the keys of one KV head (after [`prepare`]).
+fn prepare_center(keys: &Stream, d: usize, out: &mut PreparedGroup) {
+    out.center.clear();
+    out.center_angles = None;
+    if let Some((m, pairs, angles)) = keys.rope_center() {
+        out.center.resize(out.plain.len(), 0.0);
+        for (q, c) in out
+            .plain
+            .chunks_exact(d)
+            .zip(out.center.chunks_exact_mut(d))
+        {
+            crate::rope_center::bias_coefficients(q, m, pairs, c);
+        }
+        out.center_angles = Some(angles);
+    }
 }
 
 /// [`PreparedGroup::tables`] for the keys of one KV head: per query head, one table over
@@ -1033,6 +1056,23 @@ fn run_block_with(
             }
         },
     );
+    // A RoPE-aware key center: each block of `CENTER_BLOCK` tokens gets its `q·c` back (one
+    // sum per block and head, the same f32 whichever block of the kernel a token falls in).
+    if let Some(angles) = &prepared.center_angles {
+        for (h, coefficients) in prepared.center.chunks_exact(d).enumerate() {
+            let row = &mut scores[h * len..(h + 1) * len];
+            let mut t = start;
+            while t < range.end {
+                let b = t / crate::rope_center::CENTER_BLOCK;
+                let end = ((b + 1) * crate::rope_center::CENTER_BLOCK).min(range.end);
+                let bias = crate::rope_center::score_bias(coefficients, angles, b);
+                row[t - start..end - start]
+                    .iter_mut()
+                    .for_each(|s| *s += bias);
+                t = end;
+            }
+        }
+    }
     let BlockPartial {
         max,
         sum,
@@ -1318,6 +1358,7 @@ fn attend_with(
                 let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
                 prepare(isa, &plan.key_parts, q, d, shape.scale, p)?;
                 prepare_tables(plan.keys, &plan.key_parts, p)?;
+                prepare_center(plan.keys, d, p);
                 prepare_window(plan.keys, d, p)
             })?;
         let wave_prepared = &prepared[..wave];

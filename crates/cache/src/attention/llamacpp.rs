@@ -113,6 +113,13 @@ pub(super) fn run(
                         .into(),
                 ));
             }
+            if stream.center().turns_with_position() {
+                return Err(CacheError::InvalidConfig(
+                    "the llama.cpp-compatible kernel cannot add back a RoPE-aware key center \
+                     (center = \"rope\"); use the fused or reference kernel"
+                        .into(),
+                ));
+            }
         }
     }
     let d = layout.head_dim;
@@ -432,6 +439,7 @@ mod tests {
                     },
                     max_rewind: 0,
                     rope_pairs: crate::basis::RopePairs::Adjacent,
+                    rope_base: Default::default(),
                 };
                 let streams = uniform_streams(&layout, crate::CodecSpec::F16 { dim: d });
                 let mut cache = KvCache::new(layout, &streams, &streams).unwrap();

@@ -38,15 +38,24 @@ pub(super) fn run(
             let mut k = vec![0.0f32; d];
             let mut v = vec![0.0f32; d];
             let mut scores = Vec::with_capacity(range.len());
+            // A RoPE-aware center `c(t)` was subtracted from each stored key: `q·c(t)` back.
+            let rope = keys.rope_center();
+            let mut center = vec![0.0f32; d];
+            let dot = |a: &[f32], b: &[f32]| -> f64 {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                    .sum()
+            };
             for t in range.clone() {
                 let codec = keys.decode_read(t, key_window, &mut scratch, &mut k)?;
                 let correction = f64::from(codec.score_correction());
-                let dot: f64 = q
-                    .iter()
-                    .zip(&k)
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                    .sum();
-                scores.push(f64::from(shape.scale) * dot * correction);
+                let mut score = dot(q, &k) * correction;
+                if let Some((m, pairs, angles)) = &rope {
+                    crate::rope_center::center_at(m, t, *pairs, angles, &mut center);
+                    score += dot(q, &center);
+                }
+                scores.push(f64::from(shape.scale) * score);
             }
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let mut acc = vec![0.0f64; d];

@@ -303,6 +303,9 @@ fn build(
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        // Llama's base, so `center = "rope"` allocations run (the Gaussian tokens give them
+        // a center near zero: what is measured is the correction's cost).
+        rope_base: tq_cache::rope_center::RopeBase::new(10_000.0),
     };
     let d = shape.head_dim;
     let mut cache = match config {

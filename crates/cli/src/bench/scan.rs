@@ -172,6 +172,7 @@ fn attention_rows(
         },
         max_rewind: 0,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+        rope_base: Default::default(),
     };
     let (key_spec, value_spec) = (MseSpec::new(d, bits, 1), MseSpec::new(d, bits, 2));
     let (key_codec, value_codec) = (TqMse::new(key_spec)?, TqMse::new(value_spec)?);

@@ -342,11 +342,7 @@ fn body_error(
                 stream
                     .codec()
                     .decode_into(&record, scales, &mut scratch, &mut stored)?;
-                if let Some(mean) = stream.mean() {
-                    for (s, m) in stored.iter_mut().zip(mean) {
-                        *s += m;
-                    }
-                }
+                stream.add_center(t, &mut stored);
                 let Some(x) = exact[which].get((t * heads + h) * d..(t * heads + h + 1) * d) else {
                     continue;
                 };

@@ -97,6 +97,7 @@ impl Gemma3 {
                 },
                 max_rewind: self.max_chunk - 1,
                 rope_pairs: tq_cache::basis::RopePairs::Halves,
+                rope_base: tq_cache::rope_center::RopeBase::new(c.rope_base(layer)),
             },
             LayerKind::Global => KvLayout {
                 kv_heads: c.kv_heads,
@@ -104,6 +105,7 @@ impl Gemma3 {
                 kind: KvKind::Growing { growth },
                 max_rewind: 0,
                 rope_pairs: tq_cache::basis::RopePairs::Halves,
+                rope_base: tq_cache::rope_center::RopeBase::new(c.rope_base(layer)),
             },
         }
     }

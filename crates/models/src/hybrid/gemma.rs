@@ -280,6 +280,7 @@ impl GemmaLikeConfig {
                                 // The extra ring slots keep a chunk's first token exact.
                                 max_rewind: self.prefill_chunk - 1,
                                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                                rope_base: Default::default(),
                             },
                             AttentionSpan::Full => KvLayout {
                                 kv_heads: self.kv_heads,
@@ -287,6 +288,7 @@ impl GemmaLikeConfig {
                                 kind: KvKind::Growing { growth },
                                 max_rewind: 0,
                                 rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                                rope_base: Default::default(),
                             },
                         },
                     },

@@ -141,6 +141,7 @@ impl QwenLikeConfig {
                             kind: KvKind::Growing { growth },
                             max_rewind: 0,
                             rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                            rope_base: Default::default(),
                         },
                     },
                 });

@@ -74,6 +74,12 @@ impl Llama {
                         kind: KvKind::Growing { growth },
                         max_rewind: 0,
                         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
+                        // RoPE-aware centering turns every plane; a partial RoPE has none.
+                        rope_base: if self.config.rope_dims == self.config.head_dim {
+                            tq_cache::rope_center::RopeBase::new(self.config.rope_base)
+                        } else {
+                            tq_cache::rope_center::RopeBase::UNKNOWN
+                        },
                     },
                 },
             })

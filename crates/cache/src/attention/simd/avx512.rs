@@ -1540,6 +1540,7 @@ mod tests {
             },
             max_rewind: 0,
             rope_pairs: crate::basis::RopePairs::Adjacent,
+            rope_base: Default::default(),
         }
     }
 
