@@ -32,7 +32,8 @@ pub fn specs() -> Vec<StateSpec> {
         kind,
         max_rewind: 2,
         rope_pairs: tq_cache::basis::RopePairs::Adjacent,
-        rope_base: Default::default(),
+        // A model's base, so allocations with `center = "rope"` build (and fuzz that path).
+        rope_base: tq_cache::rope_center::RopeBase::new(10_000.0),
     };
     vec![
         StateSpec {

@@ -92,7 +92,7 @@ fn theta(base: f32, p: usize, d: usize) -> f64 {
     f64::from(base).powf(-2.0 * p as f64 / d as f64)
 }
 
-/// The middle position of the block of token `t`.
+/// The middle position of block `block` (the angle its center is turned by).
 fn block_middle(block: usize) -> f64 {
     (block * CENTER_BLOCK + CENTER_BLOCK / 2) as f64
 }
