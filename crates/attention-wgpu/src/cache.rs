@@ -396,9 +396,10 @@ impl GpuKvCache {
     /// as the CPU cache does and writing the copies (binary16 sinks; binary16 or 8-bit windows,
     /// one per stream and KV head).
     ///
-    /// Errors: RoPE-aware key centering (`center = "rope"`), sinks or windows with f32 copies, sink counts that differ between streams, a
-    /// two-tier codec with a QJL or debiased tier, heads of one stream with different codec
-    /// kinds, a head dimension above 512, or a page of one token that does not fit one binding.
+    /// Errors: RoPE-aware key centering (`center = "rope"`), sinks or windows with f32 copies,
+    /// sink counts that differ between streams, a two-tier codec with a QJL or debiased tier,
+    /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
+    /// one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
