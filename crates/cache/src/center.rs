@@ -128,20 +128,7 @@ impl std::fmt::Display for CenterPolicy {
 /// # Ok::<(), tq_cache::CacheError>(())
 /// ```
 pub fn first_chunk_mean(tokens: &[f32], head_dim: usize) -> Result<Vec<f32>, CacheError> {
-    if head_dim == 0 || !tokens.len().is_multiple_of(head_dim) {
-        return Err(CacheError::ShapeMismatch {
-            what: "first batch of a centered stream",
-            expected: tokens.len().next_multiple_of(head_dim.max(1)),
-            actual: tokens.len(),
-        });
-    }
-    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
-        return Err(CacheError::Codec(CodecError::NonFinite {
-            index: index % head_dim,
-            value: tokens[index],
-        }));
-    }
-    let n = tokens.len() / head_dim;
+    let n = checked_first_batch(tokens, head_dim, "first batch of a centered stream")?;
     if n < MIN_CENTER_TOKENS {
         return Ok(vec![0.0; head_dim]);
     }
@@ -153,6 +140,31 @@ pub fn first_chunk_mean(tokens: &[f32], head_dim: usize) -> Result<Vec<f32>, Cac
     }
     // A mean of finite f32 values lies within their range, so the cast is finite.
     Ok(sums.iter().map(|s| (s / n as f64) as f32).collect())
+}
+
+/// The tokens in a first batch `tokens` of rows of `head_dim` (what every centering policy
+/// fits its mean on): a length that is not a multiple of `head_dim` is a
+/// [`CacheError::ShapeMismatch`] naming `what`, a non-finite value a [`CodecError::NonFinite`]
+/// (`index` = its channel).
+pub(crate) fn checked_first_batch(
+    tokens: &[f32],
+    head_dim: usize,
+    what: &'static str,
+) -> Result<usize, CacheError> {
+    if head_dim == 0 || !tokens.len().is_multiple_of(head_dim) {
+        return Err(CacheError::ShapeMismatch {
+            what,
+            expected: tokens.len().next_multiple_of(head_dim.max(1)),
+            actual: tokens.len(),
+        });
+    }
+    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
+        return Err(CacheError::Codec(CodecError::NonFinite {
+            index: index % head_dim,
+            value: tokens[index],
+        }));
+    }
+    Ok(tokens.len() / head_dim)
 }
 
 /// Serde for a recorded mean as its f32 bit patterns (`u32`): JSON text need not round-trip an

@@ -45,8 +45,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::basis::RopePairs;
-use crate::center::MIN_CENTER_TOKENS;
-use crate::codec::CodecError;
+use crate::center::{MIN_CENTER_TOKENS, checked_first_batch};
 use crate::error::CacheError;
 
 #[cfg(doc)]
@@ -233,20 +232,16 @@ pub fn rope_mean(
     pairs: RopePairs,
     base: f32,
 ) -> Result<Vec<f32>, CacheError> {
-    if d == 0 || !tokens.len().is_multiple_of(d) || !d.is_multiple_of(2) {
+    const WHAT: &str = "first batch of a RoPE-centered stream";
+    let n = checked_first_batch(tokens, d, WHAT)?;
+    if !d.is_multiple_of(2) {
+        // RoPE turns coordinate pairs: an odd head has no planes.
         return Err(CacheError::ShapeMismatch {
-            what: "first batch of a RoPE-centered stream",
-            expected: tokens.len().next_multiple_of(2 * d.max(1)),
+            what: WHAT,
+            expected: tokens.len().next_multiple_of(2 * d),
             actual: tokens.len(),
         });
     }
-    if let Some(index) = tokens.iter().position(|v| !v.is_finite()) {
-        return Err(CacheError::Codec(CodecError::NonFinite {
-            index: index % d,
-            value: tokens[index],
-        }));
-    }
-    let n = tokens.len() / d;
     if n < MIN_CENTER_TOKENS {
         return Ok(vec![0.0; d]);
     }
@@ -282,6 +277,7 @@ pub fn rope_mean(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::CodecError;
 
     #[test]
     fn a_table_grown_later_holds_the_same_values() {

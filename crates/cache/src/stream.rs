@@ -451,14 +451,16 @@ impl StreamLayout {
             {
                 let mut center = vec![0.0f32; head_dim];
                 let mut stored = Vec::with_capacity(tokens.len());
+                // One table covering the whole batch, not a look-up per token.
+                let angles = self.center_angles(tokens.len() / head_dim);
                 for (t, row) in tokens.chunks_exact(head_dim).enumerate() {
-                    let c = match self.center_angles(t) {
+                    let c = match &angles {
                         Some(angles) => {
                             crate::rope_center::center_at(
                                 mean,
                                 t,
                                 self.rope_pairs,
-                                &angles,
+                                angles,
                                 &mut center,
                             );
                             &center[..]
