@@ -296,22 +296,24 @@ impl GpuKvCache {
             }
         }
         let encoder = calibrated.as_ref().unwrap_or(host);
-        let (key_records, key_scales) = encoder.encode(true, keys)?;
-        let (value_records, value_scales) = encoder.encode(false, values)?;
+        // The batch's first token is the stream's next index (what a RoPE center turns by).
+        let t0 = self.len;
+        let (key_records, key_scales) = encoder.encode(true, keys, t0)?;
+        let (value_records, value_scales) = encoder.encode(false, values, t0)?;
         let n = keys.len() / (self.kv_heads * self.head_dim).max(1);
         let sink_copies = self.sinks.saturating_sub(self.len).min(n);
         let (key_sinks, value_sinks) = if sink_copies > 0 {
             (
-                encoder.encode_sink_copies(true, keys, sink_copies)?,
-                encoder.encode_sink_copies(false, values, sink_copies)?,
+                encoder.encode_sink_copies(true, keys, t0, sink_copies)?,
+                encoder.encode_sink_copies(false, values, t0, sink_copies)?,
             )
         } else {
             (Vec::new(), Vec::new())
         };
         let (key_ring, value_ring) = if self.windows.any() {
             (
-                encoder.encode_ring_copies(true, keys, self.window_q8)?,
-                encoder.encode_ring_copies(false, values, self.window_q8)?,
+                encoder.encode_ring_copies(true, keys, t0, self.window_q8)?,
+                encoder.encode_ring_copies(false, values, t0, self.window_q8)?,
             )
         } else {
             (Vec::new(), Vec::new())

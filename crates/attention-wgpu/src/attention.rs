@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use tq_cache::attention::AttentionShape;
+use tq_cache::rope_center::CENTER_BLOCK;
 
 use crate::cache::GpuKvCache;
 use crate::error::GpuError;
@@ -132,6 +133,17 @@ impl GpuKvCache {
         let q8_query = if q8_coords > 0 { plain_query } else { 0 };
         let qstride = plain_query + q8_coords;
         let fp_values = self.fp_values();
+        // RoPE-centered keys: one score correction per row and center block holding a stored
+        // token (`ensure_center_angles` has the angles on the device).
+        let (center_first_block, center_blocks) = match self.rope_pairs {
+            Some(_) if self.len > 0 => {
+                let ring_oldest = self.ring_slots.map_or(0, |r| self.len.saturating_sub(r));
+                let oldest = self.first_stored.max(ring_oldest).min(self.len - 1);
+                let first = oldest / CENTER_BLOCK;
+                (first, (self.len - 1) / CENTER_BLOCK + 1 - first)
+            }
+            _ => (0, 0),
+        };
         let params = AttnParams {
             key: self.key.desc,
             value: self.value.desc,
@@ -164,6 +176,11 @@ impl GpuKvCache {
             q8_coords: q8_coords as u32,
             // `build_tables` puts Π₈ first.
             q8_rotation: 0,
+            // Set where the prepared buffer's layout is known (`upload_queries`).
+            center_bias: 0,
+            center_first_block: center_first_block as u32,
+            center_blocks: center_blocks as u32,
+            rope_halves: u32::from(self.rope_pairs == Some(tq_cache::basis::RopePairs::Halves)),
         };
         CallPlan {
             params,
@@ -181,12 +198,22 @@ impl GpuKvCache {
         let limit = self.ctx.split_limits().max_binding_bytes;
         let budget = PARTIALS_BUDGET.min(self.ctx.device_limits().max_buffer_size);
         let largest = self.pages.iter().map(|p| p.tokens).max().unwrap_or(0) / self.block_tokens;
+        let device = self.ctx.device_limits();
+        let device_binding = device
+            .max_storage_buffer_binding_size
+            .min(device.max_buffer_size);
         let fits = |nq: usize| {
             let plan = self.plan(nq, shape);
             let stride = 4 * plan.block_stride as u64;
+            // The prepared rows, positions, window starts and center corrections: one binding
+            // (never split, so held to the device's limit, not the split limit).
+            let prepared = plan.params.positions_offset as usize
+                + nq * (1 + 2 * self.kv_heads)
+                + plan.rows * plan.params.center_blocks as usize;
             stride * largest as u64 <= limit
                 && stride * plan.blocks as u64 <= budget
                 && stride <= limit
+                && 4 * prepared as u64 <= device_binding
         };
         if !fits(1) {
             let plan = self.plan(1, shape);
@@ -381,7 +408,10 @@ impl GpuKvCache {
     ) -> (wgpu::Buffer, wgpu::Buffer, wgpu::Buffer) {
         let ctx = Arc::clone(&self.ctx);
         let qin = self.scratch.get(&ctx, "queries", 4 * queries.len() as u64);
-        let prepared_len = plan.params.positions_offset as usize + positions.len() + windows.len();
+        let mut call = plan.params;
+        // The RoPE centers' score corrections follow the positions and window starts.
+        call.center_bias = call.positions_offset + (positions.len() + windows.len()) as u32;
+        let prepared_len = call.center_bias as usize + plan.rows * call.center_blocks as usize;
         let prepared = self
             .scratch
             .get(&ctx, "prepared queries", 4 * prepared_len as u64);
@@ -396,7 +426,7 @@ impl GpuKvCache {
             4 * (u64::from(plan.params.positions_offset) + positions.len() as u64),
             bytemuck::cast_slice(windows),
         );
-        let params = ctx.uniform_init("attention params", bytemuck::bytes_of(&plan.params));
+        let params = ctx.uniform_init("attention params", bytemuck::bytes_of(&call));
         (qin, prepared, params)
     }
 
@@ -469,6 +499,7 @@ impl GpuKvCache {
         shape: AttentionShape,
         out: &mut [f32],
     ) -> Result<(), GpuError> {
+        self.ensure_center_angles()?;
         let plan = self.plan(positions.len(), shape);
         if plan.pages == 0 {
             out.fill(0.0);
@@ -516,6 +547,7 @@ impl GpuKvCache {
         launches.push(self.row_launch(Kernel::Finish, plan.rows)?);
         let (launch_buffer, align) = self.launch_buffer(&launches);
 
+        let angles = self.center_angles.as_ref().map_or(&self.tables, |(_, b)| b);
         ctx.submit("attention", |encoder| {
             let groups: Vec<wgpu::BindGroup> = launches
                 .iter()
@@ -528,9 +560,15 @@ impl GpuKvCache {
                         l.window.1 as u64 * stride_bytes,
                     );
                     match l.kernel {
-                        Kernel::Prepare => {
-                            prepare::bind_group(&ctx, &params, at, &qin, &self.tables, &prepared)
-                        }
+                        Kernel::Prepare => prepare::bind_group(
+                            &ctx,
+                            &params,
+                            at,
+                            &qin,
+                            &self.tables,
+                            &prepared,
+                            angles,
+                        ),
                         Kernel::Attend => {
                             let page = &self.pages[l.page];
                             attend::bind_group(
@@ -576,6 +614,7 @@ impl GpuKvCache {
         let n = query_positions.len();
         let width = shape.q_heads * self.head_dim;
         self.check_attention(queries, query_positions, shape, n * width)?;
+        self.ensure_center_angles()?;
         let plan = self.plan(n, shape);
         let stride = plan.params.score_stride as usize;
         let len = plan.rows * stride;
@@ -597,6 +636,7 @@ impl GpuKvCache {
             launches.push(self.page_launch(Kernel::Scores, 1, i, total, tiles)?);
         }
         let (launch_buffer, align) = self.launch_buffer(&launches);
+        let angles = self.center_angles.as_ref().map_or(&self.tables, |(_, b)| b);
         ctx.submit("scores", |encoder| {
             let groups: Vec<wgpu::BindGroup> = launches
                 .iter()
@@ -604,9 +644,15 @@ impl GpuKvCache {
                 .map(|(i, l)| {
                     let at = (&launch_buffer, i as u64 * align);
                     match l.kernel {
-                        Kernel::Prepare => {
-                            prepare::bind_group(&ctx, &params, at, &qin, &self.tables, &prepared)
-                        }
+                        Kernel::Prepare => prepare::bind_group(
+                            &ctx,
+                            &params,
+                            at,
+                            &qin,
+                            &self.tables,
+                            &prepared,
+                            angles,
+                        ),
                         _ => scores::bind_group(
                             &ctx,
                             &params,

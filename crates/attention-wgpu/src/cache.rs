@@ -114,12 +114,15 @@ impl Scratch {
 
 /// Both streams' descriptors and the device buffer of their tables, checked against the head
 /// dimension and the binding limit. `value_means`: the value stream's mean per KV head for a
-/// centered stream (`None` for a head whose mean is not chosen yet: zeros), empty otherwise.
+/// centered stream (`None` for a head whose mean is not chosen yet: zeros), empty otherwise;
+/// `key_rope_means` the same for `center = "rope"` keys (their `m`).
+#[allow(clippy::too_many_arguments)]
 fn build_tables(
     ctx: &GpuContext,
     key_codecs: &[&tq_cache::TokenCodec],
     value_codecs: &[&tq_cache::TokenCodec],
     value_means: &[Option<&[f32]>],
+    key_rope_means: &[Option<&[f32]>],
     head_dim: usize,
     window_q8: bool,
     orders: [RecordOrder; 2],
@@ -135,17 +138,25 @@ fn build_tables(
             head_dim,
         ));
     }
-    let key = build_stream(key_codecs, orders[0], &mut data)?;
+    let mut key = build_stream(key_codecs, orders[0], &mut data)?;
     let mut value = build_stream(value_codecs, orders[1], &mut data)?;
-    if value_means.iter().any(Option::is_some) {
-        value.desc.centered = 1;
-        value.desc.mean_offset = data.len() as u32;
-        for mean in value_means {
+    let mut append_means = |means: &[Option<&[f32]>]| {
+        let offset = data.len() as u32;
+        for mean in means {
             match mean {
                 Some(m) if m.len() == head_dim => data.extend_from_slice(m),
                 _ => data.extend(std::iter::repeat_n(0.0f32, head_dim)),
             }
         }
+        offset
+    };
+    if value_means.iter().any(Option::is_some) {
+        value.desc.centered = 1;
+        value.desc.mean_offset = append_means(value_means);
+    }
+    if !key_rope_means.is_empty() {
+        key.desc.centered = crate::kernels::CENTER_ROPE;
+        key.desc.mean_offset = append_means(key_rope_means);
     }
     if key.dim != head_dim || value.dim != head_dim {
         return Err(GpuError::Shape {
@@ -230,6 +241,11 @@ pub struct GpuKvCache {
     /// words a slot: codes, then the f16 step) rather than binary16 ones.
     pub(crate) window_q8: bool,
     pub(crate) fp: wgpu::Buffer,
+    /// `center = "rope"` keys: the model's RoPE pair layout (`None`: keys without it).
+    pub(crate) rope_pairs: Option<tq_cache::basis::RopePairs>,
+    /// Their table of block angles on the device and the blocks it covers (from block 0; grown
+    /// as the cache grows, [`ensure_center_angles`](Self::ensure_center_angles)).
+    pub(crate) center_angles: Option<(usize, wgpu::Buffer)>,
 }
 
 impl std::fmt::Debug for GpuKvCache {
@@ -396,21 +412,29 @@ impl GpuKvCache {
     /// as the CPU cache does and writing the copies (binary16 sinks; binary16 or 8-bit windows,
     /// one per stream and KV head).
     ///
-    /// Errors: RoPE-aware key centering (`center = "rope"`), sinks or windows with f32 copies,
+    /// RoPE-aware key centering (`center = "rope"`) is encoded on the host too, each token's
+    /// center turned to its block; the prepare kernel computes each query's score correction
+    /// per center block from a table of block angles kept on the device
+    /// ([`tq_cache::rope_center`]).
+    ///
+    /// Errors: RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
     /// sink counts that differ between streams, a two-tier codec with a QJL or debiased tier,
     /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
     /// one token that does not fit one binding.
     pub fn new(ctx: &Arc<GpuContext>, cache: &KvCache) -> Result<Self, GpuError> {
         let layout = *cache.layout();
         let heads = layout.kv_heads;
-        // The kernels score keys without a per-block correction, which a RoPE-aware center
-        // needs (`q·c(t)` per block of 16 keys).
-        if (0..heads).any(|h| cache.keys(h).center().turns_with_position()) {
+        // RoPE-aware key centering: every KV head's keys or none (one descriptor per stream).
+        let rope_keys = (0..heads)
+            .filter(|&h| cache.keys(h).center().turns_with_position())
+            .count();
+        if rope_keys != 0 && rope_keys != heads {
             return Err(GpuError::Unsupported(
-                "RoPE-aware key centering (center = \"rope\") on the GPU; use \"first-chunk\""
+                "RoPE-aware key centering (center = \"rope\") on some KV heads of a layer only"
                     .into(),
             ));
         }
+        let rope_pairs = (rope_keys != 0).then_some(layout.rope_pairs);
         let (sinks, windows) = windows_of(cache);
         let window_q8 = windows.any()
             && (0..heads)
@@ -442,6 +466,7 @@ impl GpuKvCache {
                 &host.key_codecs(),
                 &host.value_codecs(),
                 &host.value_means(),
+                &host.key_rope_means(),
                 layout.head_dim,
                 window_q8,
                 orders,
@@ -453,6 +478,7 @@ impl GpuKvCache {
                     ctx,
                     &key_codecs,
                     &value_codecs,
+                    &[],
                     &[],
                     layout.head_dim,
                     false,
@@ -509,6 +535,8 @@ impl GpuKvCache {
             positions: Vec::new(),
             scratch: Scratch::default(),
             host,
+            rope_pairs,
+            center_angles: None,
         })
     }
 
@@ -609,6 +637,38 @@ impl GpuKvCache {
         } else {
             head + self.sinks * sink_words + (slot - self.sinks) * self.ring_words()
         }
+    }
+
+    /// For `center = "rope"` keys, makes the device's table of block angles cover every stored
+    /// token: the host's table (`tq_cache::rope_center::center_angles`, grown by doubling, so
+    /// this uploads a few times in a context's life), uploaded whole. Nothing for other keys.
+    pub(crate) fn ensure_center_angles(&mut self) -> Result<(), GpuError> {
+        if self.rope_pairs.is_none() || self.len == 0 {
+            return Ok(());
+        }
+        let last_block = (self.len - 1) / tq_cache::rope_center::CENTER_BLOCK;
+        if matches!(&self.center_angles, Some((blocks, _)) if *blocks > last_block) {
+            return Ok(());
+        }
+        let Some(table) = self
+            .host
+            .as_ref()
+            .and_then(|h| h.key_center_angles(self.len - 1))
+        else {
+            return Err(GpuError::Unsupported(
+                "RoPE-centered keys without their host encoder".into(),
+            ));
+        };
+        let values: Vec<f32> = (0..table.blocks())
+            .flat_map(|b| table.block(b).iter().copied())
+            .collect();
+        self.ctx
+            .check_binding("RoPE center angles", 4 * values.len() as u64)?;
+        let buffer = self
+            .ctx
+            .storage_init("RoPE center angles", bytemuck::cast_slice(&values));
+        self.center_angles = Some((table.blocks(), buffer));
+        Ok(())
     }
 
     /// Makes the copies' ring long enough for `held` tokens held (a window that grows with the
@@ -725,6 +785,7 @@ impl GpuKvCache {
             &host.key_codecs(),
             &host.value_codecs(),
             &host.value_means(),
+            &host.key_rope_means(),
             self.head_dim,
             self.window_q8,
             self.orders,

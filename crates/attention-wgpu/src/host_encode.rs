@@ -2,8 +2,9 @@
 //! (two tiers, data-aware bases, centering, full-precision copies), with the CPU cache's
 //! calibration.
 //!
-//! A centered stream chooses its mean `μ` from its first appended batch and stores `x − μ`; a
-//! two-tier stream chooses its outlier channels, and a basis stream its basis (a plane basis
+//! A centered stream chooses its mean `μ` from its first appended batch and stores `x − μ` (a
+//! `center = "rope"` key stream `x − c(t)`, its mean turned to token `t`'s block, so encoding
+//! takes the batch's first token index); a two-tier stream chooses its outlier channels, and a basis stream its basis (a plane basis
 //! weighed by the batch's queries), from the same batch (centered first), per KV head; all
 //! choose again after a rewind to empty. The encoder keeps each head's stream layout and codec
 //! and calibrates through `StreamLayout::calibrated` and `uncalibrated` — what the CPU stream
@@ -109,6 +110,28 @@ impl HostEncoder {
             .collect()
     }
 
+    /// For `center = "rope"` keys (every KV head's, or none): each head's `m` (`None` until
+    /// chosen: zeros); empty for keys without it.
+    pub(crate) fn key_rope_means(&self) -> Vec<Option<&[f32]>> {
+        if !self
+            .keys
+            .iter()
+            .any(|s| s.layout.center.turns_with_position())
+        {
+            return Vec::new();
+        }
+        self.keys.iter().map(|s| s.layout.mean.as_deref()).collect()
+    }
+
+    /// For `center = "rope"` keys, the table of block angles covering token `t`
+    /// ([`tq_cache::rope_center::center_angles`]); `None` for keys without it.
+    pub(crate) fn key_center_angles(
+        &self,
+        t: usize,
+    ) -> Option<std::sync::Arc<tq_cache::rope_center::CenterAngles>> {
+        self.keys.first()?.layout.center_angles(t)
+    }
+
     /// Whether every stream's codec and layout equals `cache`'s.
     pub(crate) fn matches(&self, cache: &KvCache) -> bool {
         self.keys.len() == cache.layout().kv_heads
@@ -183,7 +206,14 @@ impl HostEncoder {
     /// window the codes are those the CPU stream writes when the token leaves its window: of
     /// the 8-bit copy decoded (they depend on nothing that happens in between, so they go up
     /// with the token; the kernels read the copy while the token is in the window).
-    pub(crate) fn encode(&self, keys: bool, x: &[f32]) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
+    /// `first_token`: the stream index of `x`'s first token (what a RoPE-centered stream
+    /// turns its center by).
+    pub(crate) fn encode(
+        &self,
+        keys: bool,
+        x: &[f32],
+        first_token: usize,
+    ) -> Result<(Vec<u32>, Vec<f16>), GpuError> {
         let streams = if keys { &self.keys } else { &self.values };
         let first = &streams[0].codec;
         let through = if streams.iter().any(HostStream::defers_codes) {
@@ -191,7 +221,14 @@ impl HostEncoder {
         } else {
             None
         };
-        self.encode_with(streams, x, |s| &s.codec, first, through.as_ref())
+        self.encode_with(
+            streams,
+            x,
+            first_token,
+            |s| &s.codec,
+            first,
+            through.as_ref(),
+        )
     }
 
     /// The window copies' codec: 8-bit (`q8`) or the sinks' binary16 (`fp`).
@@ -205,19 +242,22 @@ impl HostEncoder {
     }
 
     /// The copies of the attention sinks (the stream's `fp` codec, binary16 for the GPU) of the
-    /// first `tokens` tokens of `x` (`[n, kv_heads, head_dim]`): `[tokens, kv_heads, ⌈d/2⌉]`
-    /// words.
+    /// first `tokens` tokens of `x` (`[n, kv_heads, head_dim]`, its first token at stream index
+    /// `first_token`): `[tokens, kv_heads, ⌈d/2⌉]` words.
     pub(crate) fn encode_sink_copies(
         &self,
         keys: bool,
         x: &[f32],
+        first_token: usize,
         tokens: usize,
     ) -> Result<Vec<u32>, GpuError> {
         let streams = if keys { &self.keys } else { &self.values };
         let fp = TokenCodec::new(&streams[0].layout.fp)?;
         let width = streams.len() * self.head_dim;
         let x = &x[..(tokens * width).min(x.len())];
-        Ok(self.encode_with(streams, x, |_| &fp, &fp, None)?.0)
+        Ok(self
+            .encode_with(streams, x, first_token, |_| &fp, &fp, None)?
+            .0)
     }
 
     /// The recent window's copies of every token of `x` (`[n, kv_heads, head_dim]`), 8-bit
@@ -227,22 +267,26 @@ impl HostEncoder {
         &self,
         keys: bool,
         x: &[f32],
+        first_token: usize,
         q8: bool,
     ) -> Result<Vec<u32>, GpuError> {
         let streams = if keys { &self.keys } else { &self.values };
         let codec = self.window_codec(q8)?;
-        let (records, scales) = self.encode_with(streams, x, |_| &codec, &codec, None)?;
+        let (records, scales) =
+            self.encode_with(streams, x, first_token, |_| &codec, &codec, None)?;
         Ok(ring_words_of(&codec, &records, &scales))
     }
 
     /// Encodes every vector of `x` with `codec(stream)` of its KV head's stream (`first`: the
-    /// sizes), the stream's mean subtracted first as `Stream::push` does — for a stream that
+    /// sizes), the stream's mean subtracted first as `Stream::push` does (a RoPE-centered
+    /// stream's `c(t)`, `t` counted from `first_token`) — for a stream that
     /// defers its codes, through the 8-bit window codec `through` first (encoded, decoded,
     /// then encoded by the codec, as its token is when it leaves the window).
     fn encode_with<'a>(
         &self,
         streams: &'a [HostStream],
         x: &[f32],
+        first_token: usize,
         codec: impl Fn(&'a HostStream) -> &'a TokenCodec,
         first: &TokenCodec,
         through: Option<&TokenCodec>,
@@ -254,6 +298,11 @@ impl HostEncoder {
         let mut scales = vec![f16::ZERO; vectors * sc];
         let mut scratch = CodecScratch::new(d);
         let mut centered = vec![0.0f32; d];
+        // One table of block angles covering the whole batch (RoPE-centered streams only).
+        let last_token = first_token + (vectors / streams.len().max(1)).saturating_sub(1);
+        let angles = streams
+            .iter()
+            .find_map(|s| s.layout.center_angles(last_token));
         let mut copy = through.map(|c| {
             (
                 vec![0u32; c.record_words()],
@@ -263,15 +312,25 @@ impl HostEncoder {
         });
         for (v, vector) in x.chunks_exact(d).enumerate() {
             let stream = &streams[v % streams.len()];
-            // A centered stream stores `x − μ` (body and copies), computed as `Stream::push` does.
-            let stored = match &stream.layout.mean {
-                Some(mean) => {
+            // A centered stream stores `x − μ` (body and copies), computed as `Stream::push` does;
+            // a RoPE-centered one `x − c(t)`.
+            let stored = match (&stream.layout.mean, &angles) {
+                (Some(mean), Some(angles)) if stream.layout.center.turns_with_position() => {
+                    let t = first_token + v / streams.len();
+                    let pairs = stream.layout.rope_pairs;
+                    tq_cache::rope_center::center_at(mean, t, pairs, angles, &mut centered);
+                    for (c, &a) in centered.iter_mut().zip(vector) {
+                        *c = a - *c;
+                    }
+                    &centered[..]
+                }
+                (Some(mean), _) => {
                     for ((c, &a), &m) in centered.iter_mut().zip(vector).zip(mean) {
                         *c = a - m;
                     }
                     &centered[..]
                 }
-                None => vector,
+                (None, _) => vector,
             };
             let stored = match (through, &mut copy) {
                 (Some(window), Some((record, halves, decoded))) if stream.defers_codes() => {

@@ -22,7 +22,10 @@
 //! values as f32, f16, TQ_mse (b = 1..8), debiased TQ_mse or TQ_prod (b = 2..9; Gaussian, Haar
 //! or Hadamard sketch), one codec per stream (per-head seeds); two tiers of TQ_mse (`tq3.5`,
 //! `tq2.5`); a data-aware basis (`basis = "planes"` or `"pca"`: several code groups of
-//! different widths, the scales folded into the query); mean-centering; attention sinks and
+//! different widths, the scales folded into the query); mean-centering, and RoPE-aware key
+//! centering (`center = "rope"`: the prepare kernel computes each query's score correction per
+//! block of 16 keys from a device table of the blocks' angles, the attention and score kernels
+//! add it); attention sinks and
 //! recent windows (binary16 or 8-bit copies, `recent_dtype = "q8"`; a window per stream and KV
 //! head; a prefill gives every query its own window, as decoding does) — so every preset and
 //! lever file, the recommended `rec*` and their 8-bit-window versions included; head dimension ≤ 512,
@@ -32,7 +35,7 @@
 //! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
 //! tiers; sink and window copies in f32; sink counts that differ between the streams of a
-//! layer. All arithmetic is f32 (no `SHADER_F16` path yet).
+//! layer; RoPE-aware key centering on some KV heads of a layer only. All arithmetic is f32 (no `SHADER_F16` path yet).
 //!
 //! [`upload_all`]: GpuKvCache::upload_all
 //! [`encode_and_append`]: GpuKvCache::encode_and_append

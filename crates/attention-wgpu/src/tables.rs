@@ -169,7 +169,7 @@ impl StreamLayoutGpu {
 /// Appends one stream's tables (all heads) to `data`, its records in the order the CPU body
 /// takes when asked for `asked` ([`tq_cache::stream::body_order`]: the fast-scan order for a
 /// TQ_mse codec of whole words, a fitted basis, two tiers of TQ_mse or TQ_prod, rows
-/// otherwise); returns its layout.
+/// otherwise; rows for every head where the heads' bodies differ); returns its layout.
 pub(crate) fn build_stream(
     codecs: &[&TokenCodec],
     asked: RecordOrder,
@@ -187,9 +187,10 @@ pub(crate) fn build_stream(
         return Ok(layout);
     }
     if planes.iter().any(Option::is_none) {
-        return Err(GpuError::Unsupported(
-            "KV heads of one stream in different record orders".into(),
-        ));
+        // A head whose fitted groups do not fit the fast-scan order keeps rows on the CPU while
+        // the others take blocks. The kernels read one order per stream, so the whole stream
+        // stays in rows here: uploads write such a head's blocks record by record.
+        return Ok(layout);
     }
     let planes: Vec<Option<BitPlanes>> = planes.into_iter().flatten().collect();
     layout.desc.order = ORDER_FAST_SCAN;
@@ -624,6 +625,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A plane basis of 64 coordinates with these groups (length, bits).
+    fn plane_basis(groups: &[(usize, u8)]) -> TokenCodec {
+        use tq_cache::basis::{BasisCodec, BasisGroup, FittedBasis};
+        let rank: usize = groups.iter().map(|g| g.0).sum();
+        let fit = FittedBasis {
+            rows: Vec::new(),
+            groups: groups
+                .iter()
+                .map(|&(len, bits)| BasisGroup { len, bits })
+                .collect(),
+            scales: vec![1.0f32.to_bits(); groups.len()],
+            components: (0..rank as u16).collect(),
+        };
+        let spec = tq_cache::codec::MseSpec::new(64, 4, 3);
+        TokenCodec::Basis(Box::new(BasisCodec::new(spec, fit).unwrap()))
+    }
+
+    /// KV heads whose fitted groups put their CPU bodies in different orders (a last group of 9
+    /// coordinates at 7 bits needs 17 nibble lanes of planes in its 2 words' 16: that head
+    /// keeps rows)
+    /// make a stream the GPU keeps in rows, every head; heads that agree keep their order.
+    #[test]
+    fn heads_in_different_orders_keep_rows() {
+        let blocks = plane_basis(&[(64, 4)]);
+        let rows = plane_basis(&[(48, 4), (9, 7)]);
+        assert!(tq_cache::stream::body_planes(&blocks).is_some());
+        assert!(tq_cache::stream::body_planes(&rows).is_none());
+        let mut data = Vec::new();
+        let mixed = build_stream(&[&blocks, &rows], RecordOrder::FastScan, &mut data).unwrap();
+        assert_eq!(mixed.desc.order, ORDER_ROWS);
+        assert!(mixed.planes.is_empty());
+        let same = build_stream(&[&blocks, &blocks], RecordOrder::FastScan, &mut data).unwrap();
+        assert_eq!(same.desc.order, ORDER_FAST_SCAN);
     }
 
     /// A non-power-of-two Hadamard rotation (three overlapping passes) has no such factors.

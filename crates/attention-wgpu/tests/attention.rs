@@ -18,8 +18,10 @@ use tq_attention_wgpu::{GpuError, GpuKvCache};
 use tq_cache::CodecSpec;
 use tq_cache::allocation::Allocation;
 use tq_cache::attention::{AttentionKernel, AttentionShape, reference_attention};
+use tq_cache::basis::RopePairs;
 use tq_cache::codec::CodecScratch;
 use tq_cache::kv_cache::{KvCache, KvLayout};
+use tq_cache::rope_center::RopeBase;
 
 fn config(cases: u32) -> Config {
     Config {
@@ -49,6 +51,11 @@ fn cpu_scores(
             let mut row = Vec::new();
             for t in cache.visible(p) {
                 keys.decode(t, &mut scratch, &mut k).unwrap();
+                // A RoPE center is added back per block (a fixed key mean is not: it shifts
+                // every score of a row alike, and the kernels leave it out).
+                if keys.center().turns_with_position() {
+                    keys.add_center(t, &mut k);
+                }
                 let correction = f64::from(keys.codec().score_correction());
                 let dot: f64 = q
                     .iter()
@@ -944,4 +951,169 @@ fn large_gqa_groups_split_into_head_chunks() {
     fill(&mut cpu, 0, 70, 32);
     let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
     compare(&mut gpu, &cpu, 32, &[69], 6);
+}
+
+/// Keys whose un-rotated mean is large and turned by RoPE with the position (what `center =
+/// "rope"` removes): `k_t = R(t)·m_h + g_t`, `m_h` of norm ~3·√d per KV head, `g_t` Gaussian;
+/// `[n, kv_heads, d]` for stream indices `start..start + n`.
+fn turning_keys(n: usize, start: usize, layout: &KvLayout, base: f64, seed: u64) -> Vec<f32> {
+    let (heads, d) = (layout.kv_heads, layout.head_dim);
+    let mut keys = vectors(n, heads * d, seed);
+    let means = vectors(heads, d, 0x3EA9);
+    for (i, row) in keys.chunks_exact_mut(heads * d).enumerate() {
+        let t = (start + i) as f64;
+        for (h, k) in row.chunks_exact_mut(d).enumerate() {
+            let m = &means[h * d..(h + 1) * d];
+            for p in 0..d / 2 {
+                let [a, b] = layout.rope_pairs.plane(p, d);
+                let angle = t * base.powf(-2.0 * p as f64 / d as f64);
+                let (sin, cos) = angle.sin_cos();
+                let (x, y) = (3.0 * f64::from(m[a]), 3.0 * f64::from(m[b]));
+                k[a] += (x * cos - y * sin) as f32;
+                k[b] += (x * sin + y * cos) as f32;
+            }
+        }
+    }
+    keys
+}
+
+/// Appends `n` tokens with [`turning_keys`] at positions `start..start + n` to the CPU cache.
+fn fill_turning(cpu: &mut KvCache, start: u32, n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let layout = *cpu.layout();
+    let keys = turning_keys(n, start as usize, &layout, 10_000.0, seed);
+    let values = vectors(n, layout.kv_heads * layout.head_dim, seed ^ 0xFFFF);
+    let positions: Vec<u32> = (start..start + n as u32).collect();
+    cpu.append(&keys, &values, &positions).unwrap();
+    (keys, values)
+}
+
+/// RoPE-aware key centering (`center = "rope"`: f32 keys, plain 4-bit keys, and the
+/// recommended presets' lever files with it — plane bases, sinks, 8-bit windows, centered
+/// values) with both RoPE pair layouts, on keys whose mean turns with the position: a GPU cache
+/// built empty fits the same `m` from the first batch and stores the same records as the CPU
+/// cache (each token centered on its block's turn of `m`), attends alike through a prefill and
+/// decode steps across center blocks, and a copy uploaded from the CPU cache scores and attends
+/// as the reference does (which adds each block's `q·c` back). Without the correction the
+/// scores would be off by `q·c(t)`, of the order of the scores themselves here.
+#[test]
+fn rope_centered_keys_match_the_cpu_cache() {
+    let Some(ctx) = context() else { return };
+    let lever = |name: &str| {
+        let path = format!(
+            "{}/../cache/presets/levers/{name}.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        Allocation::load(path).unwrap()
+    };
+    let f32_keys = Allocation::from_toml_str(
+        "name = \"f32-rope\"\nkey = { codec = \"f32\", center = \"rope\" }\n\
+         value = { codec = \"mse\", bits = 4 }\n",
+    )
+    .unwrap();
+    let cases = [
+        ("f32-rope", f32_keys),
+        ("mse-k4v4-rope", lever("mse-k4v4-rope")),
+        ("rec4.25-rope", lever("rec4.25-rope")),
+        ("rec2.5-rope", lever("rec2.5-rope")),
+    ];
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    for (name, allocation) in &cases {
+        for pairs in [RopePairs::Adjacent, RopePairs::Halves] {
+            let mut layout = growing(2, 64);
+            layout.rope_pairs = pairs;
+            layout.rope_base = RopeBase::new(10_000.0);
+            let mut cpu = KvCache::with_allocation(layout, allocation, 3, 8).unwrap();
+            let mut gpu = GpuKvCache::new(&ctx, &cpu).unwrap();
+            // A prefill of 70 tokens (4 center blocks and a part), then decode steps.
+            for (start, n) in [(0u32, 70usize), (70, 1), (71, 1), (72, 9), (81, 1)] {
+                let seed = u64::from(start) + 40;
+                let keys = turning_keys(n, start as usize, &layout, 10_000.0, seed);
+                let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
+                let queries = vectors(n * 4, 64, seed ^ 7);
+                let all: Vec<u32> = (0..start + n as u32).collect();
+                let mut expected = vec![0.0f32; queries.len()];
+                cpu.forward(
+                    &queries,
+                    &keys,
+                    &values,
+                    &all,
+                    shape,
+                    AttentionKernel::Reference,
+                    &mut expected,
+                )
+                .unwrap();
+                let mut got = vec![0.0f32; queries.len()];
+                gpu.forward(
+                    &queries,
+                    &keys,
+                    &values,
+                    &all[start as usize..],
+                    shape,
+                    &mut got,
+                )
+                .unwrap();
+                let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * top,
+                        "{name} {pairs:?} start {start}: output {i}: gpu {a} vs cpu {b}"
+                    );
+                }
+            }
+            assert!(
+                (0..2).all(|h| cpu
+                    .keys(h)
+                    .mean()
+                    .is_some_and(|m| m.iter().any(|&x| x != 0.0))),
+                "{name}: the keys' m was fitted"
+            );
+            let down = gpu.download().unwrap();
+            let mut kr = vec![];
+            for t in 0..cpu.len() {
+                for h in 0..2 {
+                    kr.extend_from_slice(&body_record(cpu.keys(h), t));
+                }
+            }
+            assert_eq!(down.key_records, kr, "{name} {pairs:?}");
+            compare(&mut gpu, &cpu, 4, &[81], 5);
+            let mut uploaded = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+            compare(&mut uploaded, &cpu, 4, &[40, 81], 6);
+        }
+    }
+}
+
+/// RoPE-centered keys on a sliding layer: the ring's slots hold tokens from ever later center
+/// blocks (stream indices far past the ring), through decode steps, a rewind and a batch
+/// longer than the ring; scores and outputs match the reference after each.
+#[test]
+fn rope_centered_rings_match_reference() {
+    let Some(ctx) = context() else { return };
+    let allocation = Allocation::from_toml_str(
+        "name = \"rope\"\nkey = { codec = \"mse\", bits = 4, center = \"rope\" }\n\
+         value = { codec = \"mse\", bits = 4 }\n",
+    )
+    .unwrap();
+    let mut layout = sliding(2, 64, 50, 3);
+    layout.rope_base = RopeBase::new(10_000.0);
+    let mut cpu = KvCache::with_allocation(layout, &allocation, 3, 8).unwrap();
+    fill_turning(&mut cpu, 0, 130, 9);
+    let mut gpu = GpuKvCache::from_cache(&ctx, &cpu).unwrap();
+    compare(&mut gpu, &cpu, 4, &[129], 1);
+    for p in 130..133u32 {
+        let (k, v) = fill_turning(&mut cpu, p, 1, u64::from(p));
+        gpu.encode_and_append(&k, &v, &[p]).unwrap();
+    }
+    compare(&mut gpu, &cpu, 4, &[132], 2);
+    cpu.truncate(131).unwrap();
+    gpu.truncate(131).unwrap();
+    let (k, v) = fill_turning(&mut cpu, 131, 1, 77);
+    gpu.encode_and_append(&k, &v, &[131]).unwrap();
+    compare(&mut gpu, &cpu, 4, &[131], 3);
+    let (k, v) = fill_turning(&mut cpu, 132, 60, 78);
+    let positions: Vec<u32> = (132..192).collect();
+    gpu.encode_and_append(&k, &v, &positions).unwrap();
+    compare(&mut gpu, &cpu, 4, &[191], 4);
 }

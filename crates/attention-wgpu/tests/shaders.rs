@@ -180,3 +180,16 @@ fn every_kernel_translates_to_msl_with_explicit_bindings() {
         }
     }
 }
+
+/// The kernels add one RoPE center correction per block of the CPU's size
+/// (`tq_cache::rope_center::CENTER_BLOCK`).
+#[test]
+fn kernels_center_blocks_of_the_cpus_size() {
+    let wgsl = format!(
+        "const CENTER_BLOCK: u32 = {}u;",
+        tq_cache::rope_center::CENTER_BLOCK
+    );
+    for kernel in [Kernel::Attend, Kernel::Scores, Kernel::Prepare] {
+        assert!(kernel.source().contains(&wgsl), "{}", kernel.name());
+    }
+}

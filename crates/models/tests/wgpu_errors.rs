@@ -113,14 +113,17 @@ fn unsupported_configurations_are_typed_errors() {
     .unwrap();
     let what = unsupported(WgpuAttention::new(&ctx, &fixed));
     assert!(what.contains("blk.1.conv"), "{what}");
-    // RoPE-aware key centering needs a per-block score correction the shaders do not add.
+    // RoPE-aware key centering runs on the GPU for a layer's every KV head, not some of them
+    // (one key descriptor per layer).
     let mut spec = kv_spec(0);
     if let StateKind::Kv { layout, .. } = &mut spec.kind {
         layout.rope_base = tq_cache::rope_center::RopeBase::new(10_000.0);
+        layout.kv_heads = 2;
     }
     let rope = Allocation::from_toml_str(
-        "name = \"rope\"\nkey = { codec = \"mse\", bits = 4, center = \"rope\" }\n\
-         value = { codec = \"mse\", bits = 4 }\n",
+        "name = \"rope\"\nkey = { codec = \"mse\", bits = 4 }\n\
+         value = { codec = \"mse\", bits = 4 }\n\
+         [[override]]\nlayers = [0]\nheads = [0]\nkey = { center = \"rope\" }\n",
     )
     .unwrap();
     let rope = ModelCache::with_allocation(vec![spec], &rope).unwrap();

@@ -23,7 +23,7 @@ pub(crate) const BINDINGS: [Binding; 6] = [
     b(7, "fp", Access::Read),
 ];
 
-/// `AttnParams` of `attn_params.wgsl` (304 bytes).
+/// `AttnParams` of `attn_params.wgsl` (320 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct AttnParams {
@@ -57,6 +57,10 @@ pub(crate) struct AttnParams {
     pub q8_query: u32,
     pub q8_coords: u32,
     pub q8_rotation: u32,
+    pub center_bias: u32,
+    pub center_first_block: u32,
+    pub center_blocks: u32,
+    pub rope_halves: u32,
 }
 
 /// `DispatchParams` of `attn_params.wgsl`.

@@ -207,6 +207,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             } else {
                 s = key_scores(row0, kvh, local);
             }
+            add_center_corrections(&s, row0, slot);
             for (var g = 0u; g < CHUNK; g += 1u) {
                 p_sh[g * MAX_BLOCK + k] = s[g];
                 local_max[g] = max(local_max[g], s[g]);

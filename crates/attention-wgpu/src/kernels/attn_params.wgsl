@@ -10,6 +10,8 @@ const MAX_GROUP: u32 = 8u;
 const MAX_BLOCK: u32 = 256u;
 /// Stands for −∞ in maxima (WGSL has no infinite constants); real scores are finite.
 const NEG: f32 = -3.0e38;
+/// Tokens per block of one RoPE-aware key center (`tq_cache::rope_center::CENTER_BLOCK`).
+const CENTER_BLOCK: u32 = 16u;
 
 struct AttnParams {
     key: StreamDesc,
@@ -69,6 +71,16 @@ struct AttnParams {
     q8_query: u32,
     q8_coords: u32,
     q8_rotation: u32,
+    /// RoPE-aware key centering (`key.centered` = CENTER_ROPE; 0 blocks otherwise): the
+    /// prepare kernel writes each row's score correction `q·c_b` of the center blocks
+    /// `center_first_block ..+ center_blocks` (every block holding a stored token) to
+    /// `prepared[center_bias + row·center_blocks + (b − center_first_block)]`, and every score
+    /// of a token in block `b` (`t / CENTER_BLOCK`, `t` its stream index) gets it added.
+    center_bias: u32,
+    center_first_block: u32,
+    center_blocks: u32,
+    /// The RoPE planes pair coordinates `(p, p + d/2)` (1) or `(2p, 2p + 1)` (0).
+    rope_halves: u32,
 }
 
 struct DispatchParams {

@@ -65,7 +65,9 @@ struct StreamDesc {
     group_offset: u32,
     /// 1 for a mean-centered value stream: records hold `v − μ`, and the outputs of a row that
     /// saw a token get `μ` (per KV head, `[kv_heads, dim]` at `mean_offset`) added back. Keys
-    /// need nothing: a common shift of a query's scores leaves its softmax unchanged.
+    /// with a fixed mean need nothing: a common shift of a query's scores leaves its softmax
+    /// unchanged. CENTER_ROPE for `center = "rope"` keys: records hold `k − R(φ_b)·m`, `m` per
+    /// KV head at `mean_offset`, and each score gets `q·R(φ_b)·m` back (`AttnParams.center_bias`).
     centered: u32,
     mean_offset: u32,
     /// Record order (ORDER_*): rows (`[kv_heads, page_tokens, record_words]` words), or the
@@ -78,6 +80,9 @@ struct StreamDesc {
     /// record_words`: the plain record bit stored at each permuted bit (65535: padding).
     planes_offset: u32,
 }
+
+/// `StreamDesc.centered` of RoPE-centered keys.
+const CENTER_ROPE: u32 = 2u;
 
 /// Record orders (`StreamDesc.order`).
 const ORDER_ROWS: u32 = 0u;

@@ -200,6 +200,9 @@ pub(crate) struct StreamDesc {
     pub planes_offset: u32,
 }
 
+/// `StreamDesc.centered` of a `center = "rope"` key stream (1: a mean-centered value stream).
+pub(crate) const CENTER_ROPE: u32 = 2;
+
 /// `StreamDesc.order` values: records in rows; in the fast-scan order of `tq_cache`
 /// (`record_order`), as their own nibbles or through bit planes (a permutation table per KV
 /// head at `planes_offset`).

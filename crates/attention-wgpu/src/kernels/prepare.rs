@@ -1,7 +1,9 @@
 //! Dispatch side of `prepare.wgsl`: each query row rotated (and projected) once per call.
 //!
 //! CPU reference: the query preparation of `tq_cache::attention::fused_attention`
-//! (`Π_K·(scale·q)`, `α·s·S·Π_K·(scale·q)`); the attention tests cover it end to end.
+//! (`Π_K·(scale·q)`, `α·s·S·Π_K·(scale·q)`) and, for RoPE-centered keys, each center block's
+//! score correction (`tq_cache::rope_center::score_bias`); the attention tests cover it end to
+//! end.
 
 use super::{Access, Binding, Kernel, b};
 use crate::context::GpuContext;
@@ -9,11 +11,14 @@ use crate::context::GpuContext;
 pub(crate) const SOURCE: &str = include_str!("prepare.wgsl");
 
 /// Bindings 2.. of `prepare.wgsl` (0 and 1 are `attn_params.wgsl`'s); shapes: queries
-/// `[rows, key dim]`, prepared `[rows, qstride]` then the query positions.
-pub(crate) const BINDINGS: [Binding; 3] = [
+/// `[rows, key dim]`, prepared `[rows, qstride]` then the query positions (and the RoPE
+/// centers' corrections), angles `[blocks, key dim]` (RoPE-centered keys; any buffer
+/// otherwise).
+pub(crate) const BINDINGS: [Binding; 4] = [
     b(2, "queries", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "prepared", Access::ReadWrite),
+    b(5, "angles", Access::Read),
 ];
 
 /// The bind group of the prepare dispatch.
@@ -24,6 +29,7 @@ pub(crate) fn bind_group(
     queries: &wgpu::Buffer,
     tables: &wgpu::Buffer,
     prepared: &wgpu::Buffer,
+    angles: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Prepare,
@@ -33,6 +39,7 @@ pub(crate) fn bind_group(
             (2, queries, 0, None),
             (3, tables, 0, None),
             (4, prepared, 0, None),
+            (5, angles, 0, None),
         ],
     )
 }

@@ -4,7 +4,8 @@
 // Bindings (group 0):
 //   2 prepared  storage r  f32 [rows, qstride] prepared queries, then the query positions:
 //                          coded keys: scale·correction·Π_K·q and α·s·S·(scale·Π_K·q);
-//                          plain keys: scale·q
+//                          plain keys: scale·q; after the positions (and window starts),
+//                          RoPE-centered keys' score corrections per row and center block
 //   3 tables    storage r  f32, key and value tables (StreamDesc offsets)
 //   4 kpage     storage r  u32, one key page: words [kv_heads, page_tokens, record_words]
 //                          (or the fast-scan order's blocks, `StreamDesc.order`),
@@ -57,20 +58,25 @@ fn key_scale(kvh: u32, local: u32, k: u32) -> f32 {
     return f16_value((w >> (16u * (i % 2u))) & 0xffffu);
 }
 
+/// The stream index of the token in written slot `slot`: the slot itself on a growing layer,
+/// the newest token living in it on a ring.
+fn slot_token(slot: u32) -> u32 {
+    if (params.ring_slots == 0u) {
+        return slot;
+    }
+    return slot + params.ring_slots * ((params.len - 1u - slot) / params.ring_slots);
+}
+
 /// Whether the token in slot `slot` (`local` within the bound page) is stored and visible to a
 /// query at position `qpos`: causal (position ≤ qpos) and, with a window W, position > qpos − W.
 fn slot_visible(slot: u32, local: u32, qpos: u32) -> bool {
     if (slot >= params.len) {
         return false;
     }
-    var t = slot;
-    if (params.ring_slots != 0u) {
-        if (slot >= params.ring_slots) {
-            return false;
-        }
-        // The newest token living in this slot of the ring.
-        t = slot + params.ring_slots * ((params.len - 1u - slot) / params.ring_slots);
+    if (params.ring_slots != 0u && slot >= params.ring_slots) {
+        return false;
     }
+    let t = slot_token(slot);
     if (t < params.first_stored) {
         return false;
     }
@@ -256,6 +262,19 @@ fn fp_key_scores(row0: u32, kvh: u32, t: u32) -> array<f32, MAX_GROUP> {
         }
     }
     return out;
+}
+
+/// RoPE-centered keys: adds the score correction of the center block of the (visible) token in
+/// slot `slot` to its scores `s` against prepared rows `row0 .. row0 + CHUNK` (written by the
+/// prepare kernel; `AttnParams.center_bias`); nothing for other keys.
+fn add_center_corrections(s: ptr<function, array<f32, MAX_GROUP>>, row0: u32, slot: u32) {
+    if (params.center_blocks == 0u) {
+        return;
+    }
+    let k = slot_token(slot) / CENTER_BLOCK - params.center_first_block;
+    for (var g = 0u; g < CHUNK; g += 1u) {
+        (*s)[g] += prepared[params.center_bias + (row0 + g) * params.center_blocks + k];
+    }
 }
 
 /// Scores of the key at (`kvh`, `local`) against prepared rows `row0 .. row0 + CHUNK`.

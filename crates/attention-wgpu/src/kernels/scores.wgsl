@@ -33,11 +33,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = bitcast<u32>(prepared[params.positions_offset + qi]);
     var s = bitcast<f32>(0xff800000u);
     if (slot_visible(slot, local, qpos)) {
+        var scored: array<f32, MAX_GROUP>;
         if (reads_copy(slot, qi, 0u, kvh)) {
-            s = fp_key_scores(row, kvh, slot)[0];
+            scored = fp_key_scores(row, kvh, slot);
         } else {
-            s = key_scores(row, kvh, local)[0];
+            scored = key_scores(row, kvh, local);
         }
+        add_center_corrections(&scored, row, slot);
+        s = scored[0];
     }
     out[row * params.score_stride + slot] = s;
 }
