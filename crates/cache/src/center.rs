@@ -75,6 +75,13 @@ pub enum CenterPolicy {
     /// un-rotated domain and turned to each block of 16 tokens; the kernels add each block's
     /// `q·c` back (`rope`; see [`rope_center`](crate::rope_center)).
     Rope,
+    /// Keys only, an allocation setting: [`Rope`](CenterPolicy::Rope) on a cache layout that
+    /// knows the model's RoPE base (RoPE over the whole head, an even head dimension),
+    /// [`FirstChunk`](CenterPolicy::FirstChunk) on any other (`rope-or-first-chunk`; what the
+    /// recommended presets use, so they run on layouts without a base too). Resolved when an
+    /// allocation builds a cache's stream layouts ([`resolved`](CenterPolicy::resolved)); a
+    /// stream layout never holds it.
+    RopeOrFirstChunk,
 }
 
 impl CenterPolicy {
@@ -96,6 +103,32 @@ impl CenterPolicy {
             CenterPolicy::None => "none",
             CenterPolicy::FirstChunk => "first-chunk",
             CenterPolicy::Rope => "rope",
+            CenterPolicy::RopeOrFirstChunk => "rope-or-first-chunk",
+        }
+    }
+
+    /// The policy a stream of a cache layout with RoPE base `base` and head dimension
+    /// `head_dim` takes: [`RopeOrFirstChunk`](CenterPolicy::RopeOrFirstChunk) becomes
+    /// [`Rope`](CenterPolicy::Rope) where the base is known and the head dimension even,
+    /// [`FirstChunk`](CenterPolicy::FirstChunk) elsewhere; every other policy stays.
+    ///
+    /// ```
+    /// use tq_cache::center::CenterPolicy;
+    /// use tq_cache::rope_center::RopeBase;
+    /// let auto = CenterPolicy::RopeOrFirstChunk;
+    /// assert_eq!(auto.resolved(RopeBase::new(1e4), 64), CenterPolicy::Rope);
+    /// assert_eq!(auto.resolved(RopeBase::UNKNOWN, 64), CenterPolicy::FirstChunk);
+    /// assert_eq!(CenterPolicy::Rope.resolved(RopeBase::UNKNOWN, 64), CenterPolicy::Rope);
+    /// ```
+    pub fn resolved(self, base: crate::rope_center::RopeBase, head_dim: usize) -> CenterPolicy {
+        match self {
+            CenterPolicy::RopeOrFirstChunk
+                if base.get().is_some() && head_dim.is_multiple_of(2) =>
+            {
+                CenterPolicy::Rope
+            }
+            CenterPolicy::RopeOrFirstChunk => CenterPolicy::FirstChunk,
+            other => other,
         }
     }
 

@@ -620,6 +620,13 @@ impl Stream {
             }
             _ => {}
         }
+        if layout.center == CenterPolicy::RopeOrFirstChunk {
+            return Err(CacheError::InvalidConfig(
+                "center = \"rope-or-first-chunk\" is an allocation setting: resolve it with \
+                 CenterPolicy::resolved (Allocation::stream_layouts does)"
+                    .into(),
+            ));
+        }
         if layout.center.turns_with_position()
             && (layout.rope_base.get().is_none() || !head_dim.is_multiple_of(2))
         {

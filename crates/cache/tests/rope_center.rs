@@ -584,18 +584,23 @@ fn rope_centering_it_cannot_honour_is_a_typed_error() {
     ));
 }
 
-/// The shipped `-rope` lever files are their presets with `center = "rope"` on the keys: on
-/// SmolLM2's shape and Gemma 3's, every stream resolves to the same codec, window and bits as
-/// in the preset, and every key stream (only they) takes the RoPE-aware center.
+/// The recommended presets center their keys with `rope-or-first-chunk`; their shipped
+/// `-rope` lever files ask for `rope` and their `-first-chunk` ones (the presets before) for
+/// `first-chunk`, with nothing else changed: on SmolLM2's shape and Gemma 3's every stream
+/// resolves to the same codec, window and bits, and the values to the same centering.
 #[test]
-fn rope_levers_are_their_presets_with_rope_centered_keys() {
+fn rope_levers_are_their_presets_with_another_key_center() {
     let levers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("presets/levers");
-    for (lever, preset) in [
-        ("rec4.25-rope", "rec4.25"),
-        ("rec3.25-rope", "rec3.25"),
-        ("rec2.5-rope", "rec2.5"),
-        ("mse-k4v4-rope", "mse-k4v4-c"),
-    ] {
+    let cases = [
+        ("rec4.25-rope", "rec4.25", CenterPolicy::Rope),
+        ("rec3.25-rope", "rec3.25", CenterPolicy::Rope),
+        ("rec2.5-rope", "rec2.5", CenterPolicy::Rope),
+        ("rec4.25-first-chunk", "rec4.25", CenterPolicy::FirstChunk),
+        ("rec3.25-first-chunk", "rec3.25", CenterPolicy::FirstChunk),
+        ("rec2.5-first-chunk", "rec2.5", CenterPolicy::FirstChunk),
+        ("mse-k4v4-rope", "mse-k4v4-c", CenterPolicy::Rope),
+    ];
+    for (lever, preset, key_center) in cases {
         let a = Allocation::load(levers.join(format!("{lever}.toml"))).unwrap();
         let b = Allocation::preset(preset).unwrap();
         for (layers, head_dim) in [(30, 64), (18, 256)] {
@@ -610,12 +615,52 @@ fn rope_levers_are_their_presets_with_rope_centered_keys() {
                     assert_eq!(x.plan, y.plan, "{lever} layer {layer} {stream:?}");
                     assert_eq!(x.recent, y.recent, "{lever} layer {layer} {stream:?}");
                     let expected = match stream {
-                        StreamKind::Key => CenterPolicy::Rope,
+                        StreamKind::Key => key_center,
                         StreamKind::Value => y.center,
                     };
                     assert_eq!(x.center, expected, "{lever} layer {layer} {stream:?}");
+                    if stream == StreamKind::Key && preset.starts_with("rec") {
+                        assert_eq!(y.center, CenterPolicy::RopeOrFirstChunk, "{preset}");
+                    }
                 }
             }
         }
     }
+}
+
+/// `rope-or-first-chunk` (the recommended presets' key centering) builds RoPE-centered key
+/// streams on a layout that knows its RoPE base and first-chunk ones on a layout without
+/// (a partial RoPE, a test layout), never an error; values keep their own centering; a stream
+/// layout built by hand with it is a typed error (it is resolved when an allocation builds a
+/// cache).
+#[test]
+fn rope_or_first_chunk_falls_back_where_the_base_is_unknown() {
+    let preset = Allocation::preset("rec4.25").unwrap();
+    for (base, expected) in [
+        (RopeBase::new(10_000.0), CenterPolicy::Rope),
+        (RopeBase::UNKNOWN, CenterPolicy::FirstChunk),
+    ] {
+        let cache =
+            KvCache::with_allocation(layout(RopePairs::Adjacent, base), &preset, 3, 30).unwrap();
+        for h in 0..KV {
+            assert_eq!(cache.keys(h).center(), expected, "{base:?}");
+            assert_eq!(cache.values(h).center(), CenterPolicy::FirstChunk);
+        }
+    }
+    let allocation = Allocation::from_toml_str(
+        "name = \"v\"\nkey = { codec = \"mse\", bits = 4 }\n\
+         value = { codec = \"mse\", bits = 4, center = \"rope-or-first-chunk\" }\n",
+    );
+    assert!(allocation.is_err(), "{allocation:?}");
+    let rope = layout(RopePairs::Adjacent, RopeBase::new(10_000.0));
+    let mut stream = Allocation::preset("rec4.25")
+        .unwrap()
+        .stream_layouts(3, 30, &rope, StreamKind::Key)
+        .unwrap()
+        .remove(0);
+    stream.center = CenterPolicy::RopeOrFirstChunk;
+    assert!(matches!(
+        tq_cache::stream::Stream::new(&stream),
+        Err(CacheError::InvalidConfig(_))
+    ));
 }

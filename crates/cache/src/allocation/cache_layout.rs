@@ -28,8 +28,10 @@ impl Allocation {
         };
         (0..layout.kv_heads)
             .map(|head| {
-                let resolved =
+                let mut resolved =
                     self.resolve_stream_in(layer, kind, num_layers, head, layout.head_dim, stream)?;
+                // `rope-or-first-chunk` takes the RoPE center where this layout knows the base.
+                resolved.center = resolved.center.resolved(layout.rope_base, layout.head_dim);
                 if resolved.center.turns_with_position() && layout.rope_base.get().is_none() {
                     return Err(AllocationError::Shape(format!(
                         "layer {layer}: center = \"rope\" needs the model's RoPE base, and this \

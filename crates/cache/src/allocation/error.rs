@@ -178,10 +178,11 @@ pub enum FieldProblem {
          use basis = \"pca\" or none for values"
     )]
     PlanesOnValues,
-    /// `center = "rope"` on a value stream: values carry no RoPE, so their mean does not turn.
+    /// `center = "rope"` (or `"rope-or-first-chunk"`) on a value stream: values carry no RoPE,
+    /// so their mean does not turn.
     #[error(
-        "center = \"rope\" applies to keys only (values carry no RoPE); use \"first-chunk\" \
-         or \"none\" for values"
+        "center = \"rope\" and \"rope-or-first-chunk\" apply to keys only (values carry no \
+         RoPE); use \"first-chunk\" or \"none\" for values"
     )]
     RopeCenterOnValues,
     /// A basis on a stream with `norm_correction = true`: a basis codec keeps the plain norm

@@ -188,7 +188,7 @@ impl Merged {
         let kind = codec.value;
         whole_stream_only(self.center.map(|c| c.origin), "center")?;
         if let Some(c) = self.center
-            && c.value == CenterPolicy::Rope
+            && matches!(c.value, CenterPolicy::Rope | CenterPolicy::RopeOrFirstChunk)
             && self.stream == StreamKind::Value
         {
             return Err(AllocationError::field(
