@@ -430,6 +430,30 @@ impl GpuKvCache {
         (qin, prepared, params)
     }
 
+    /// The prepare dispatch's bind group: this cache's tables and, for RoPE-centered keys, its
+    /// device table of block angles (the tables stand in for it otherwise: never read).
+    fn prepare_group(
+        &self,
+        params: &wgpu::Buffer,
+        launch: (&wgpu::Buffer, u64),
+        queries: &wgpu::Buffer,
+        prepared: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        let angles = self
+            .center_angles
+            .as_ref()
+            .map_or(&self.tables, |(_, buffer)| buffer);
+        prepare::bind_group(
+            &self.ctx,
+            params,
+            launch,
+            queries,
+            &self.tables,
+            prepared,
+            angles,
+        )
+    }
+
     fn page_launch(
         &self,
         kernel: Kernel,
@@ -547,7 +571,6 @@ impl GpuKvCache {
         launches.push(self.row_launch(Kernel::Finish, plan.rows)?);
         let (launch_buffer, align) = self.launch_buffer(&launches);
 
-        let angles = self.center_angles.as_ref().map_or(&self.tables, |(_, b)| b);
         ctx.submit("attention", |encoder| {
             let groups: Vec<wgpu::BindGroup> = launches
                 .iter()
@@ -560,15 +583,7 @@ impl GpuKvCache {
                         l.window.1 as u64 * stride_bytes,
                     );
                     match l.kernel {
-                        Kernel::Prepare => prepare::bind_group(
-                            &ctx,
-                            &params,
-                            at,
-                            &qin,
-                            &self.tables,
-                            &prepared,
-                            angles,
-                        ),
+                        Kernel::Prepare => self.prepare_group(&params, at, &qin, &prepared),
                         Kernel::Attend => {
                             let page = &self.pages[l.page];
                             attend::bind_group(
@@ -636,7 +651,6 @@ impl GpuKvCache {
             launches.push(self.page_launch(Kernel::Scores, 1, i, total, tiles)?);
         }
         let (launch_buffer, align) = self.launch_buffer(&launches);
-        let angles = self.center_angles.as_ref().map_or(&self.tables, |(_, b)| b);
         ctx.submit("scores", |encoder| {
             let groups: Vec<wgpu::BindGroup> = launches
                 .iter()
@@ -644,15 +658,7 @@ impl GpuKvCache {
                 .map(|(i, l)| {
                     let at = (&launch_buffer, i as u64 * align);
                     match l.kernel {
-                        Kernel::Prepare => prepare::bind_group(
-                            &ctx,
-                            &params,
-                            at,
-                            &qin,
-                            &self.tables,
-                            &prepared,
-                            angles,
-                        ),
+                        Kernel::Prepare => self.prepare_group(&params, at, &qin, &prepared),
                         _ => scores::bind_group(
                             &ctx,
                             &params,

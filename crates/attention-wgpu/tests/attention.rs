@@ -330,11 +330,24 @@ fn host_encoded_caches_calibrate_like_the_cpu_cache() {
 /// same `n` new tokens at `start..` (two KV heads of d = 64, four query heads): the outputs
 /// agree within 1e-4 of the largest.
 fn forward_both(cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, seed: u64) {
+    forward_both_with_keys(cpu, gpu, start, &vectors(n, 2 * 64, seed), seed, "");
+}
+
+/// [`forward_both`] with the new tokens' keys given (`[n, 2, 64]`); `what` names the case in a
+/// failure.
+fn forward_both_with_keys(
+    cpu: &mut KvCache,
+    gpu: &mut GpuKvCache,
+    start: u32,
+    keys: &[f32],
+    seed: u64,
+    what: &str,
+) {
     let shape = AttentionShape {
         q_heads: 4,
         scale: 0.125,
     };
-    let keys = vectors(n, 2 * 64, seed);
+    let n = keys.len() / (2 * 64);
     let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
     let queries = vectors(n * 4, 64, seed ^ 7);
     // The CPU call takes every position of the sequence, the GPU call the new ones.
@@ -343,7 +356,7 @@ fn forward_both(cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, s
     let mut expected = vec![0.0f32; queries.len()];
     cpu.forward(
         &queries,
-        &keys,
+        keys,
         &values,
         &all,
         shape,
@@ -352,13 +365,13 @@ fn forward_both(cpu: &mut KvCache, gpu: &mut GpuKvCache, start: u32, n: usize, s
     )
     .unwrap();
     let mut got = vec![0.0f32; queries.len()];
-    gpu.forward(&queries, &keys, &values, positions, shape, &mut got)
+    gpu.forward(&queries, keys, &values, positions, shape, &mut got)
         .unwrap();
     let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
     for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
         assert!(
             (a - b).abs() <= 1e-4 * top,
-            "start {start}: output {i}: gpu {a} vs cpu {b} (top {top})"
+            "{what} start {start}: output {i}: gpu {a} vs cpu {b} (top {top})"
         );
     }
 }
@@ -1016,10 +1029,6 @@ fn rope_centered_keys_match_the_cpu_cache() {
         ("rec4.25-rope", lever("rec4.25-rope")),
         ("rec2.5-rope", lever("rec2.5-rope")),
     ];
-    let shape = AttentionShape {
-        q_heads: 4,
-        scale: 0.125,
-    };
     for (name, allocation) in &cases {
         for pairs in [RopePairs::Adjacent, RopePairs::Halves] {
             let mut layout = growing(2, 64);
@@ -1031,37 +1040,8 @@ fn rope_centered_keys_match_the_cpu_cache() {
             for (start, n) in [(0u32, 70usize), (70, 1), (71, 1), (72, 9), (81, 1)] {
                 let seed = u64::from(start) + 40;
                 let keys = turning_keys(n, start as usize, &layout, 10_000.0, seed);
-                let values = vectors(n, 2 * 64, seed ^ 0xFFFF);
-                let queries = vectors(n * 4, 64, seed ^ 7);
-                let all: Vec<u32> = (0..start + n as u32).collect();
-                let mut expected = vec![0.0f32; queries.len()];
-                cpu.forward(
-                    &queries,
-                    &keys,
-                    &values,
-                    &all,
-                    shape,
-                    AttentionKernel::Reference,
-                    &mut expected,
-                )
-                .unwrap();
-                let mut got = vec![0.0f32; queries.len()];
-                gpu.forward(
-                    &queries,
-                    &keys,
-                    &values,
-                    &all[start as usize..],
-                    shape,
-                    &mut got,
-                )
-                .unwrap();
-                let top = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-                for (i, (a, b)) in got.iter().zip(&expected).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * top,
-                        "{name} {pairs:?} start {start}: output {i}: gpu {a} vs cpu {b}"
-                    );
-                }
+                let what = format!("{name} {pairs:?}");
+                forward_both_with_keys(&mut cpu, &mut gpu, start, &keys, seed, &what);
             }
             assert!(
                 (0..2).all(|h| cpu
