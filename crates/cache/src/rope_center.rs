@@ -130,6 +130,14 @@ impl CenterAngles {
     pub fn block(&self, b: usize) -> &[f32] {
         &self.values[b * self.d..(b + 1) * self.d]
     }
+
+    /// The `[cos, sin]` pairs of blocks `blocks`, one block after another (`d` values each).
+    ///
+    /// # Panics
+    /// If the range reaches beyond [`blocks`](Self::blocks).
+    pub fn span(&self, blocks: std::ops::Range<usize>) -> &[f32] {
+        &self.values[blocks.start * self.d..blocks.end * self.d]
+    }
 }
 
 /// The process-wide tables, one per (base, head dimension), grown by doubling.

@@ -162,6 +162,47 @@ proptest! {
         }
     }
 
+    /// The RoPE center's block corrections: every path gives `score_bias`'s bits, for head
+    /// dimensions that are multiples of 8 (the vector path) and not (the scalar one), any
+    /// number of blocks (the vector path takes four at a time), and coefficients whose chunks
+    /// are zero in every head (skipped by the vector path) or in some heads only (kept).
+    #[test]
+    fn center_biases_match_score_bias(
+        half in 1usize..80,
+        group in 1usize..5,
+        first in 0usize..40,
+        n in 0usize..13,
+        zero_mask in any::<u32>(),
+        seed in any::<u64>(),
+    ) {
+        let d = 2 * half;
+        let angles = tq_cache::rope_center::center_angles(10_000.0, d, (first + n) * 16);
+        let mut coefficients = floats(group * d, seed);
+        for (h, row) in coefficients.chunks_exact_mut(d).enumerate() {
+            for (j, chunk) in row.chunks_mut(8).enumerate() {
+                // Bit j: the chunk is zero in every head; bit j + 16: in head 0 only.
+                if zero_mask >> (j % 16) & 1 == 1 || (h == 0 && zero_mask >> (16 + j % 16) & 1 == 1) {
+                    chunk.fill(0.0);
+                }
+            }
+        }
+        let mut live = Vec::new();
+        simd::live_center_chunks(&coefficients, d, &mut live);
+        let blocks = first..first + n;
+        let mut reference = Vec::new();
+        for row in coefficients.chunks_exact(d) {
+            for b in blocks.clone() {
+                reference.push(tq_cache::rope_center::score_bias(row, &angles, b).to_bits());
+            }
+        }
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; group * n];
+            simd::center_biases(isa, &coefficients, d, &live, &angles, blocks.clone(), &mut out);
+            let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(&got, &reference, "{:?} d {} group {} blocks {:?}", isa, d, group, blocks);
+        }
+    }
+
     /// Maxima are exact.
     #[test]
     fn max_matches_scalar(len in 0usize..300, seed in any::<u64>()) {

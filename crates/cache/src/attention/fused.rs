@@ -410,11 +410,14 @@ struct PreparedGroup {
     /// otherwise.
     center: Vec<f32>,
     center_angles: Option<std::sync::Arc<crate::rope_center::CenterAngles>>,
+    /// The 8-entry chunks of `center` some head needs ([`simd::live_center_chunks`]).
+    center_live: Vec<u32>,
 }
 
 /// [`PreparedGroup::center`] for the keys of one KV head (after [`prepare`]).
 fn prepare_center(keys: &Stream, d: usize, out: &mut PreparedGroup) {
     out.center.clear();
+    out.center_live.clear();
     out.center_angles = None;
     if let Some((m, pairs, angles)) = keys.rope_center() {
         out.center.resize(out.plain.len(), 0.0);
@@ -425,6 +428,7 @@ fn prepare_center(keys: &Stream, d: usize, out: &mut PreparedGroup) {
         {
             crate::rope_center::bias_coefficients(q, m, pairs, c);
         }
+        simd::live_center_chunks(&out.center, d, &mut out.center_live);
         out.center_angles = Some(angles);
     }
 }
@@ -709,6 +713,8 @@ struct BlockScratch {
     window_words: Vec<u32>,
     /// The value sums of fast-scan runs.
     fast: fast_scan::RunScratch,
+    /// `[group, blocks]`: the RoPE-aware key center's corrections of the block's center blocks.
+    center_biases: Vec<f32>,
 }
 
 /// Tokens `run` of the head-major `[group, len]` weights `scores` written token-major into
@@ -982,6 +988,7 @@ fn run_block_with(
         window_back,
         window_words,
         fast,
+        center_biases,
     } = scratch;
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
     let scores = zeroed(scores, group * len);
@@ -1058,19 +1065,36 @@ fn run_block_with(
     );
     // A RoPE-aware key center: each block of `CENTER_BLOCK` tokens gets its `q·c` back (one
     // sum per block and head, the same f32 whichever block of the kernel a token falls in).
-    if let Some(angles) = &prepared.center_angles {
-        for (h, coefficients) in prepared.center.chunks_exact(d).enumerate() {
-            let row = &mut scores[h * len..(h + 1) * len];
-            let mut t = start;
-            while t < range.end {
-                let b = t / crate::rope_center::CENTER_BLOCK;
-                let end = ((b + 1) * crate::rope_center::CENTER_BLOCK).min(range.end);
-                let bias = crate::rope_center::score_bias(coefficients, angles, b);
-                row[t - start..end - start]
-                    .iter_mut()
-                    .for_each(|s| *s += bias);
-                t = end;
+    if let Some(angles) = &prepared.center_angles
+        && len > 0
+    {
+        use crate::rope_center::CENTER_BLOCK;
+        let blocks = start / CENTER_BLOCK..(range.end - 1) / CENTER_BLOCK + 1;
+        let n = blocks.len();
+        center_biases.clear();
+        center_biases.resize(group * n, 0.0);
+        simd::center_biases(
+            isa,
+            &prepared.center,
+            d,
+            &prepared.center_live,
+            angles,
+            blocks.clone(),
+            center_biases,
+        );
+        // The tokens up to the first block boundary, then whole blocks as fixed-size chunks
+        // (unrolled into vector adds: a loop over each block's slice cost more instructions
+        // than the corrections' sums, callgrind), then the last block's tokens.
+        let head = ((blocks.start + 1) * CENTER_BLOCK).min(range.end) - start;
+        for (h, biases) in center_biases.chunks_exact(n).enumerate() {
+            let (first, rest) = scores[h * len..(h + 1) * len].split_at_mut(head);
+            first.iter_mut().for_each(|s| *s += biases[0]);
+            let mut whole = rest.chunks_exact_mut(CENTER_BLOCK);
+            for (tokens, &bias) in (&mut whole).zip(&biases[1..]) {
+                tokens.iter_mut().for_each(|s| *s += bias);
             }
+            let last = whole.into_remainder();
+            last.iter_mut().for_each(|s| *s += biases[n - 1]);
         }
     }
     let BlockPartial {

@@ -451,6 +451,80 @@ pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
     }
 }
 
+/// The RoPE-aware key center's score corrections of a run of center blocks: `out[h·n + i]`
+/// is [`score_bias`](crate::rope_center::score_bias)`(coefficients[h·d..], angles, blocks.start
+/// + i)` for each query head `h` of `coefficients` (`[group, d]`, from
+/// [`bias_coefficients`](crate::rope_center::bias_coefficients)) and `n = blocks.len()`.
+///
+/// `live` lists the 8-entry chunks (`j` covers entries `8j..8j+8`) where some head's
+/// coefficients are not zero ([`live_center_chunks`]); the vector path sums only those. That
+/// skips only products `±0`, which leave a running sum that starts at `+0` unchanged, so every
+/// path returns `score_bias`'s bits. The vector path takes the blocks four at a time (four
+/// independent chains per head, each coefficient vector loaded once for the four), and reads
+/// each block's angles once for the whole group where calling `score_bias` per head reads
+/// them once per head.
+///
+/// # Panics
+/// If `coefficients` is not a whole number of `d`-rows, the table does not cover `blocks`, a
+/// live chunk lies past `d`, or `out` is shorter than `group · n`.
+pub fn center_biases(
+    isa: Isa,
+    coefficients: &[f32],
+    d: usize,
+    live: &[u32],
+    angles: &crate::rope_center::CenterAngles,
+    blocks: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    assert!(
+        d > 0 && coefficients.len().is_multiple_of(d),
+        "center_biases: [group, d] coefficients"
+    );
+    let group = coefficients.len() / d;
+    let n = blocks.len();
+    assert!(out.len() >= group * n, "center_biases: output too short");
+    assert!(
+        live.iter().all(|&j| (j as usize + 1) * 8 <= d),
+        "center_biases: live chunk past d"
+    );
+    match isa.usable() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 if d.is_multiple_of(8) => {
+            let span = angles.span(blocks);
+            // SAFETY: `usable` returned an x86 vector ISA, so the CPU has AVX2; `span` holds
+            // `n·d` angles, `coefficients` `group·d`, `out` at least `group·n` floats and every
+            // live chunk ends within `d` (all checked above).
+            unsafe { x86::center_biases(coefficients, d, live, span, n, out) }
+        }
+        _ => {
+            for (h, c) in coefficients.chunks_exact(d).enumerate() {
+                for (i, b) in blocks.clone().enumerate() {
+                    out[h * n + i] = crate::rope_center::score_bias(c, angles, b);
+                }
+            }
+        }
+    }
+}
+
+/// The 8-entry chunks of `coefficients` (`[group, d]`) holding a nonzero entry in some row,
+/// for [`center_biases`]: a center whose fit dropped planes leaves their coefficients exactly
+/// zero in every row. Chunks past the last whole one (`d` not a multiple of 8) are not listed;
+/// paths that use the list need `d % 8 == 0`.
+pub fn live_center_chunks(coefficients: &[f32], d: usize, out: &mut Vec<u32>) {
+    out.clear();
+    if d == 0 {
+        return;
+    }
+    for j in 0..d / 8 {
+        let live = coefficients
+            .chunks_exact(d)
+            .any(|row| row[8 * j..8 * j + 8].iter().any(|&c| c != 0.0));
+        if live {
+            out.push(j as u32);
+        }
+    }
+}
+
 /// 8-bit window copies as f32 bit patterns: record `r` (`codes.len() / steps.len()` words,
 /// its signed byte codes little-endian) becomes `out[r·d + j] = (s_r · c_j).to_bits()` for
 /// `j < d`, `s_r = steps[r]`. The products are exact in f32 (8 bits times an f16's 11), so

@@ -43,6 +43,68 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
+/// `out[h·n + i] = Σ_{j ∈ live} Σ_k c_h[8j+k]·a_i[8j+k]`, summed as
+/// [`score_bias`](crate::rope_center::score_bias) sums (lane `k` collects entries `≡ k mod 8`
+/// in index order, product then add, never fused; then [`hsum`]'s order), for the `n` blocks
+/// of angles in `span` (`a_i = span[i·d..]`) and the heads of `coefficients` (`c_h =
+/// coefficients[h·d..]`). Four blocks at a time: four independent chains per head.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `d % 8 == 0`; `span` holds `n·d` floats, `coefficients` a whole number of
+/// `d`-rows, `out` at least `group·n` floats and every `live` chunk `j` has `8j + 8 ≤ d`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn center_biases(
+    coefficients: &[f32],
+    d: usize,
+    live: &[u32],
+    span: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's contract (above) bounds every pointer read and AVX2 is present.
+    unsafe {
+        let group = coefficients.len() / d;
+        let mut i = 0;
+        while i + 4 <= n {
+            let a = span.as_ptr().add(i * d);
+            for h in 0..group {
+                let c = coefficients.as_ptr().add(h * d);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for &j in live {
+                    let o = j as usize * 8;
+                    // SAFETY (bounds): `o + 8 ≤ d`, so the reads stay in row `h` and blocks `i..i + 4`.
+                    let cv = _mm256_loadu_ps(c.add(o));
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm256_loadu_ps(a.add(k * d + o));
+                        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(cv, av));
+                    }
+                }
+                for (k, acc) in acc.iter().enumerate() {
+                    out[h * n + i + k] = hsum(*acc);
+                }
+            }
+            i += 4;
+        }
+        while i < n {
+            let a = span.as_ptr().add(i * d);
+            for h in 0..group {
+                let c = coefficients.as_ptr().add(h * d);
+                let mut acc = _mm256_setzero_ps();
+                for &j in live {
+                    let o = j as usize * 8;
+                    // SAFETY (bounds): as above, block `i`.
+                    acc = _mm256_add_ps(
+                        acc,
+                        _mm256_mul_ps(_mm256_loadu_ps(c.add(o)), _mm256_loadu_ps(a.add(o))),
+                    );
+                }
+                out[h * n + i] = hsum(acc);
+            }
+            i += 1;
+        }
+    }
+}
+
 /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
