@@ -1,7 +1,8 @@
 //! Decode steps over one layer's cache, for counting instructions: this VM's timings drift by
 //! up to 20% between runs, a count of executed instructions does not.
 //!
-//! It fills one cache of SmolLM2's attention shape (3 KV heads, 9 query heads, d = 64) with
+//! It fills one cache of SmolLM2's attention shape (3 KV heads, 9 query heads, d = 64; or, with
+//! `TQ_SHAPE=d128`, 8 KV heads, 32 query heads and d = 128) with
 //! `TOKENS` Gaussian tokens as `tq bench attention` does (one batch with queries whose energy
 //! falls 256× over the RoPE planes, so plane bases get fitted), runs `STEPS` decode steps of
 //! the fused kernel on the best instruction set (`TQ_SIMD=avx2` or `scalar` picks another),
@@ -27,9 +28,15 @@ use tq_cache::basis::RopePairs;
 use tq_cache::kv_cache::{KvCache, KvKind, KvLayout};
 use tq_cache::token_store::Growth;
 
-const KV_HEADS: usize = 3;
-const Q_HEADS: usize = 9;
-const D: usize = 64;
+/// `(KV heads, query heads, d)` of the shape `TQ_SHAPE` names: SmolLM2's (the default) or
+/// `d128`, `tq bench attention`'s other shape.
+fn shape() -> Result<(usize, usize, usize), String> {
+    match std::env::var("TQ_SHAPE").as_deref() {
+        Err(_) | Ok("smollm2") => Ok((3, 9, 64)),
+        Ok("d128") => Ok((8, 32, 128)),
+        Ok(other) => Err(format!("TQ_SHAPE: unknown shape `{other}` (smollm2, d128)")),
+    }
+}
 
 /// A standard normal sample from a xorshift stream (Box–Muller): enough for test data, and no
 /// dependency beyond the cache crate's own.
@@ -50,12 +57,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: decode_steps CONFIG TOKENS STEPS".into());
     };
     let (tokens, steps): (usize, usize) = (tokens.parse()?, steps.parse()?);
+    let (kv_heads, q_heads, d) = shape()?;
     if tokens == 0 {
         return Err("TOKENS must be at least 1".into());
     }
     let layout = KvLayout {
-        kv_heads: KV_HEADS,
-        head_dim: D,
+        kv_heads,
+        head_dim: d,
         kind: KvKind::Growing {
             growth: Growth::Static { capacity: tokens },
         },
@@ -66,26 +74,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rope_base: tq_cache::rope_center::RopeBase::new(10_000.0),
     };
     let mut cache = match config.as_str() {
-        "f16" => KvCache::uniform(layout, CodecSpec::F16 { dim: D }, CodecSpec::F16 { dim: D })?,
+        "f16" => KvCache::uniform(layout, CodecSpec::F16 { dim: d }, CodecSpec::F16 { dim: d })?,
         other => KvCache::with_allocation(layout, &Allocation::load(other)?, 0, 1)?,
     };
     let mut state = 0x1234_5678_9abc_def1u64;
-    let queries: Vec<f32> = (0..64 * Q_HEADS * D)
+    let queries: Vec<f32> = (0..64 * q_heads * d)
         .map(|i| {
-            let plane = (i % D) / 2;
-            16f32.powf(-(plane as f32) / (D / 2) as f32) * gaussian(&mut state)
+            let plane = (i % d) / 2;
+            16f32.powf(-(plane as f32) / (d / 2) as f32) * gaussian(&mut state)
         })
         .collect();
-    let width = KV_HEADS * D;
+    let width = kv_heads * d;
     let keys: Vec<f32> = (0..tokens * width).map(|_| gaussian(&mut state)).collect();
     let values: Vec<f32> = (0..tokens * width).map(|_| gaussian(&mut state)).collect();
     let positions: Vec<u32> = (0..tokens as u32).collect();
-    cache.append_with_queries(&keys, &values, &positions, &queries, Q_HEADS)?;
-    let query: Vec<f32> = (0..Q_HEADS * D).map(|_| gaussian(&mut state)).collect();
-    let mut out = vec![0.0f32; Q_HEADS * D];
+    cache.append_with_queries(&keys, &values, &positions, &queries, q_heads)?;
+    let query: Vec<f32> = (0..q_heads * d).map(|_| gaussian(&mut state)).collect();
+    let mut out = vec![0.0f32; q_heads * d];
     let shape = AttentionShape {
-        q_heads: Q_HEADS,
-        scale: 1.0 / (D as f32).sqrt(),
+        q_heads,
+        scale: 1.0 / (d as f32).sqrt(),
     };
     let isa = Isa::detect();
     let start = std::time::Instant::now();
