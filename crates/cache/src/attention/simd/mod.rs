@@ -452,9 +452,9 @@ pub fn accumulate_signs(isa: Isa, alpha: f32, signs: &[u32], acc: &mut [f32]) {
 }
 
 /// The RoPE-aware key center's score corrections of a run of center blocks: `out[h·n + i]`
-/// is [`score_bias`](crate::rope_center::score_bias)`(coefficients[h·d..], angles, blocks.start
-/// + i)` for each query head `h` of `coefficients` (`[group, d]`, from
-/// [`bias_coefficients`](crate::rope_center::bias_coefficients)) and `n = blocks.len()`.
+/// is [`score_bias`](crate::rope_center::score_bias) of row `h` of `coefficients` (`[group,
+/// d]`, from [`bias_coefficients`](crate::rope_center::bias_coefficients)) at block
+/// `blocks.start + i`, for every query head `h` and `i < n = blocks.len()`.
 ///
 /// `live` lists the 8-entry chunks (`j` covers entries `8j..8j+8`) where some head's
 /// coefficients are not zero ([`live_center_chunks`]); the vector path sums only those. That
