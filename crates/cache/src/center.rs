@@ -122,11 +122,7 @@ impl CenterPolicy {
     /// ```
     pub fn resolved(self, base: crate::rope_center::RopeBase, head_dim: usize) -> CenterPolicy {
         match self {
-            CenterPolicy::RopeOrFirstChunk
-                if base.get().is_some() && head_dim.is_multiple_of(2) =>
-            {
-                CenterPolicy::Rope
-            }
+            CenterPolicy::RopeOrFirstChunk if base.supports_center(head_dim) => CenterPolicy::Rope,
             CenterPolicy::RopeOrFirstChunk => CenterPolicy::FirstChunk,
             other => other,
         }

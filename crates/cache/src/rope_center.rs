@@ -84,6 +84,13 @@ impl RopeBase {
     pub fn get(self) -> Option<f32> {
         (self != RopeBase::UNKNOWN).then(|| f32::from_bits(self.0))
     }
+
+    /// Whether a RoPE-aware center can turn a head of `head_dim` dimensions with this base:
+    /// the base is known and the head splits into RoPE planes (an even dimension). The one
+    /// rule both `rope-or-first-chunk`'s resolution and a stream's check of `rope` follow.
+    pub fn supports_center(self, head_dim: usize) -> bool {
+        self.get().is_some() && head_dim.is_multiple_of(2)
+    }
 }
 
 /// `θ_p` of plane `p` of a `d`-dimensional head.

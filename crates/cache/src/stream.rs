@@ -627,9 +627,7 @@ impl Stream {
                     .into(),
             ));
         }
-        if layout.center.turns_with_position()
-            && (layout.rope_base.get().is_none() || !head_dim.is_multiple_of(2))
-        {
+        if layout.center.turns_with_position() && !layout.rope_base.supports_center(head_dim) {
             return Err(CacheError::InvalidConfig(format!(
                 "center = \"rope\" needs the model's RoPE base and an even head dimension \
                  (base {:?}, head_dim {head_dim})",
