@@ -1212,10 +1212,10 @@ fn a_basis_keeps_the_fast_scan_order(basis: &str, widths: Widths) {
 /// from the wrong lanes, or scored against another group's or head's query or codebook, moves
 /// the output far past it.
 ///
-/// Groups stored as bit planes (the free basis) add, per coordinate, the 16-bit entry of its
-/// code computed here from the table's public step: `round((q'_j c_k − o_j) / (δ/2^k))`,
-/// `o_j` the coordinate's smallest product (their nibble lanes have zero entries), the nibble
-/// lanes' bytes then counting `2^k` units each.
+/// Groups stored as bit planes (the free basis) add, per coordinate, the product of two
+/// integers computed here from the table's public unit: `Q_j · E_k`, `E_k = round(2048·c_k /
+/// max|c|)`, `Q_j = round(q'_j · (max|c| / 2048 / sum_step))` (their nibble lanes have zero
+/// entries), the nibble lanes' bytes then counting `lane_unit` units each.
 #[test]
 fn nibble_basis_keys_score_with_one_table_over_the_groups() {
     for (body, widths) in BASES {
@@ -1293,7 +1293,7 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
                                 u32::from(table.entry(l, nibble as u8).unwrap())
                             })
                             .sum();
-                        let planes: u32 = codec
+                        let planes: i64 = codec
                             .groups()
                             .iter()
                             .zip(&slices)
@@ -1305,7 +1305,9 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
                         let unit = table.lane_unit();
                         assert_eq!(unit > 1, planes_expected);
                         assert_eq!(table.sum_step(), table.step() / unit as f32);
-                        f64::from(norm * table.dequantize(unit * nibbles + planes))
+                        let sum = i64::from(unit * nibbles) + planes;
+                        let sum = i32::try_from(sum).expect("a sum within 31 bits") as u32;
+                        f64::from(norm * table.dequantize(sum))
                     })
                     .collect();
                 let expected = softmax_mix(&scores, &values);
@@ -1322,32 +1324,27 @@ fn basis_keys_score_with_one_table_over_the_groups(basis: &str, widths: Widths) 
     }
 }
 
-/// The entries of a group stored as bit planes for one record: per coordinate `j` of its
-/// query slice, `round((q'_j c_k − o_j) / step)` at the token's code `k` (half away from
-/// zero, clamped to 16 bits), `o_j = q'_j·c_min` or `q'_j·c_max`, whichever is smaller.
+/// The products of a group stored as bit planes for one record: per coordinate `j` of its
+/// query slice, `Q_j · E_k` at the token's code `k`, `E_k = round(2048·c_k / max|c|)` and
+/// `Q_j = round(q'_j · (max|c| / 2048 / sum_step))` (half away from zero).
 fn plane_entries(
     group: &tq_cache::basis::GroupCodec,
     query: &[f32],
     words: &[u32],
-    step: f32,
-) -> u32 {
+    sum_step: f32,
+) -> i64 {
     let centroids = group.codebook.centroids_f32();
-    let (c_min, c_max) = centroids
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &c| {
-            (lo.min(c), hi.max(c))
-        });
+    let c_abs = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
     let mut codes = vec![0u8; group.len()];
     let own = &words[group.word_offset..group.word_offset + group.words()];
     tq_cache::codec::packing::unpack(own, group.bits, &mut codes).unwrap();
+    let scale = c_abs / 2048.0 / sum_step;
     query
         .iter()
         .zip(&codes)
         .map(|(&q, &k)| {
-            let o = q * if q >= 0.0 { c_min } else { c_max };
-            ((q * centroids[usize::from(k)] - o) / step)
-                .round()
-                .clamp(0.0, 65535.0) as u32
+            let e = (centroids[usize::from(k)] * 2048.0 / c_abs).round() as i64;
+            (q * scale).round() as i64 * e
         })
         .sum()
 }

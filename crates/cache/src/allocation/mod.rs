@@ -115,7 +115,8 @@
 //! lanes, δ the table's step: see [`attention::fast_scan`](crate::attention::fast_scan)) and
 //! sums values from the same layout in integers (7-bit weights per block and head times 8-bit
 //! centroids, a derived bound); codes of 3 and 5 to 8 bits are stored as bit planes and
-//! scored with 16-bit entries. Only TQ_mse bodies with `d·b` a multiple of 32 and fitted bases
+//! scored as products of two integers (the code's centroid on a 12-bit grid, the query's
+//! coordinate on the sum's). Only TQ_mse bodies with `d·b` a multiple of 32 and fitted bases
 //! take it ([`body_order`](crate::stream::body_order)); other streams keep rows, so a base-level
 //! `record_order` is safe over any override. A basis stream asks for it from the start: it
 //! holds plain records until the basis is fitted, then the basis records.

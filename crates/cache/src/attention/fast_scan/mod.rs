@@ -47,11 +47,12 @@
 //! **Bit planes** (the module `wide`): in the cache, codes of 3 and 5 to 8 bits are stored as
 //! planes of 4, 2 and 1 bits ([`record_order`](crate::record_order)), which no nibble lane
 //! holds whole. Their lanes' byte entries are zero, and a second pass puts each coordinate's
-//! 32 codes back together from its planes and adds its 16-bit entries, in steps of `δ/2^k`
-//! (`k ≤ 8`; the nibble lanes' bytes then count `2^k` units, [`ScoreTable::lane_unit`]) —
-//! still one exact integer sum, the same on every instruction set (AVX-512 VBMI looks two
-//! coordinates up per `vpermi2b`, AVX2 one per `vpshufb` and 16 entries; NEON runs the scalar
-//! loop). Values look the code up
+//! 32 codes back together from its planes and adds the product of two integers, the code's
+//! centroid on a 12-bit grid and the query coordinate on the grid of the sum's unit (the
+//! nibble lanes' bytes then count [`ScoreTable::lane_unit`] units) — still one exact integer
+//! sum, the same on every instruction set (AVX2, which AVX-512 CPUs run too: the centroids
+//! looked up once per coordinate for every head by `vpshufb`, each head's products by
+//! `vpmaddwd`; NEON runs the scalar loop). Values look the code up
 //! in the centroid bytes (AVX2: `vpshufb`, blended past 4 bits).
 //!
 //! **Limits**: the standalone layout holds single-part TurboQuant_mse codes of b ≤ 4 bits (a

@@ -284,7 +284,7 @@ fn accumulate_run_body<const AVX2: bool>(
         lanes,
     } = scratch;
     let planes = super::table::is_wide(bits)
-        .then(|| super::table::WidePart::new(bits, dim, first_lane, 0))
+        .then(|| super::table::WidePart::new(bits, dim, first_lane))
         .flatten();
     if let Some(planes) = &planes {
         assert!(planes.end_lane() <= first_lane + part_lanes);

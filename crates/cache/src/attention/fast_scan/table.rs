@@ -12,29 +12,40 @@ use crate::record_order::{PlaneSpans, planes_from};
 /// all lanes. A score is then `δ · Σ_l u_l[nibble_l] + Σ_i o_i` up to `L · δ / 2`, `L` the
 /// lanes that hold coordinates ([`error_bound`](Self::error_bound)).
 ///
-/// Coordinates stored as bit planes (codes of 3 or 5 to 8 bits, in the cache's order) get
-/// 16-bit entries `v_j[k] = round((q'_j c_k − o_j) / (δ/2^k))` instead (k = 8 unless their
-/// span needs coarser steps to fit 16 bits), and `δ` is set by the nibble lanes alone: these
-/// codes are fine enough, and their coordinates the widest (a fitted basis gives its most
-/// bits to the components of most variance), that bytes in the step of the widest would add
-/// a tenth or more of the codec's own error to the score. A table with such coordinates counts
-/// its sum in units of `δ/2^k` (a nibble lane's byte weighs `2^k` of them,
-/// [`lane_unit`](Self::lane_unit)), still one exact integer.
+/// Coordinates stored as bit planes (codes of 3 or 5 to 8 bits, in the cache's order) are
+/// scored by a product of two integers instead of a table: the entry of code `k` at
+/// coordinate `j` is `Q_j · E_k`, with the part's centroids on a 12-bit signed grid shared by
+/// every query, `E_k = round(2048 · c_k / max|c|)`, and the query on a grid of the sum's unit,
+/// `Q_j = round(q'_j · (max|c| / 2048 / sum_step))` (16-bit). `q'_j c_k` is rank one in
+/// `(j, k)`, so the kernels look each token's `E` up once per coordinate for every query head
+/// of a KV head and multiply-add pairs of coordinates (`vpmaddwd`), where a table per head
+/// needs `2^b` entries per coordinate looked up per head. These coordinates are the widest
+/// (a fitted basis gives its most bits to the components of most variance), so their error
+/// must stay far below a nibble lane's: `|q'_j c_k / sum_step − Q_j E_k| ≤ (2048 + |Q_j|) / 2`
+/// units of `sum_step = δ / unit`, `unit` ([`lane_unit`](Self::lane_unit), a power of two the
+/// nibble lanes' bytes count) the largest that keeps every `Q_j` within 16 bits and every sum
+/// within 31 bits (`2^17` on `rec4.25`'s records, where a wide coordinate's error is about a
+/// twentieth of a nibble lane's `δ/2`). A table with such coordinates counts its sum in those units, still one
+/// exact integer (signed: products of either sign, kept as two's complement in the `u32`
+/// sums, [`dequantize`](Self::dequantize)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ScoreTable {
     dim: usize,
     bits: u8,
-    /// Lanes that hold coordinates (the error bound's `L`), and the coordinates stored as bit
-    /// planes (a step of `δ/2^k` each).
+    /// Lanes that hold coordinates (the error bound's `L`), and the bit-plane coordinates'
+    /// part of the bound in units of `sum_step`: `Σ_j (2048 + |Q_j|) / 2`.
     used_lanes: usize,
-    used_wide: usize,
+    wide_error_units: f64,
     entries: Vec<u8>,
     /// The parts stored as bit planes (3 or 5 to 8 bits), whose codes no nibble lane holds
-    /// whole: where their planes lie and where their entries start in `wide_entries`.
+    /// whole: where their planes lie, their integer queries and their centroids.
     wide: Vec<WidePart>,
-    /// Per wide coordinate `j`, its `2^b` 16-bit entries `round((q'_j c_k − o_j) / (δ/2^k))`
-    /// as two byte tables, the low bytes then the high bytes, each padded to at least 64 bytes.
-    wide_entries: Vec<u8>,
+    /// Per wide coordinate `j` (each part's run padded with zeros to a multiple of 4), its
+    /// integer query `Q_j`.
+    wide_query: Vec<i16>,
+    /// Per wide part, its centroids `E_k` (16-bit) as two byte tables, the low bytes then the
+    /// high bytes, `centroid_len()` each.
+    wide_centroids: Vec<u8>,
     /// The runs of lanes that hold the nibble parts' codes, widened to whole groups of 4
     /// lanes: what the nibble kernels read (the other lanes' entries are zero).
     nibble_runs: Vec<std::ops::Range<usize>>,
@@ -48,15 +59,19 @@ pub struct ScoreTable {
 }
 
 /// A part of a record stored as bit planes (codes of 3 or 5 to 8 bits): its planes
-/// ([`planes_from`]) and, in a [`ScoreTable`], where its coordinates' entries start
-/// (two tables of `table_len()` bytes each, the entries' low and high bytes, coordinate
-/// after coordinate).
+/// ([`planes_from`]) and, in a [`ScoreTable`], where its integer queries and centroids start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WidePart {
     pub(crate) bits: u8,
     pub(crate) dim: usize,
     pub(crate) spans: PlaneSpans,
-    pub(crate) first_entry: usize,
+    /// Where its coordinates' integer queries start in the table's `wide_query` (a multiple
+    /// of 4: the kernels take both pairs of every group of four coordinates, padding
+    /// included, so a record's pairs are consecutive).
+    pub(crate) query_at: usize,
+    /// Where its centroids' low bytes start in the table's `wide_centroids` (the high bytes
+    /// `centroid_len()` further).
+    pub(crate) centroids_at: usize,
     /// Per plane `p` and position `i` of a nibble (`m = 4 / width` codes each), what nibble
     /// `n` gives that code: `luts[p][i][n] = ((n >> width·i) mod 2^width) << shift` (the
     /// vector kernels' byte shuffles).
@@ -64,9 +79,9 @@ pub(crate) struct WidePart {
 }
 
 impl WidePart {
-    /// The part of `dim` codes of `bits` bits whose planes start at lane `first_lane`, its
-    /// entries from `first_entry` on (`None` for a width that is not 1 to 8).
-    pub(crate) fn new(bits: u8, dim: usize, first_lane: usize, first_entry: usize) -> Option<Self> {
+    /// The part of `dim` codes of `bits` bits whose planes start at lane `first_lane` (`None`
+    /// for a width that is not 1 to 8); its queries and centroids at 0.
+    pub(crate) fn new(bits: u8, dim: usize, first_lane: usize) -> Option<Self> {
         let spans = planes_from(bits, dim, first_lane)?;
         let mut luts = [[[0u8; 16]; 4]; 3];
         for (luts, span) in luts.iter_mut().zip(spans.iter()) {
@@ -85,25 +100,21 @@ impl WidePart {
             bits,
             dim,
             spans,
-            first_entry,
+            query_at: 0,
+            centroids_at: 0,
             luts,
         })
     }
 
-    /// Entries per coordinate: `2^b`, at least 64 (the AVX-512 form loads 64 bytes a table).
-    pub(crate) fn table_len(&self) -> usize {
-        (1usize << self.bits).max(64)
+    /// Bytes of each of its two centroid tables: `2^b`, at least 16 (the AVX2 kernel's
+    /// shuffles read 16 at a time).
+    pub(crate) fn centroid_len(&self) -> usize {
+        (1usize << self.bits).max(16)
     }
 
-    /// Where coordinate `j`'s entries start: its low bytes, then `table_len()` on its high
-    /// bytes.
-    pub(crate) fn entries(&self, j: usize) -> usize {
-        self.first_entry + 2 * j * self.table_len()
-    }
-
-    /// The first entry past the part's.
-    pub(crate) fn end_entry(&self) -> usize {
-        self.entries(self.dim)
+    /// Its integer queries' slots in `wide_query`: `dim` rounded up to a multiple of 4.
+    pub(crate) fn query_len(&self) -> usize {
+        self.dim.next_multiple_of(4)
     }
 
     /// The last lane the part's planes use, plus one.
@@ -138,10 +149,11 @@ impl ScoreTable {
             dim: 0,
             bits,
             used_lanes: 0,
-            used_wide: 0,
+            wide_error_units: 0.0,
             entries: Vec::new(),
             wide: Vec::new(),
-            wide_entries: Vec::new(),
+            wide_query: Vec::new(),
+            wide_centroids: Vec::new(),
             nibble_runs: Vec::new(),
             step: 1.0,
             unit: 1,
@@ -232,33 +244,29 @@ impl ScoreTable {
             });
         }
         // A lane's entries span Σ_i |q'_i|·(c_max − c_min) over its coordinates; the widest
-        // nibble lane sets the step. A coordinate stored as bit planes spans
-        // |q'_j|·(c_max − c_min) in its own 16-bit entries.
-        let widest = |planes: bool| {
-            parts
-                .iter()
-                .filter(|p| wide(p.bits) == planes)
-                .map(|p| {
-                    let (c_min, c_max) = p.range();
-                    let per = if planes { 1 } else { codes_per_lane(p.bits) };
-                    p.query
-                        .chunks(per)
-                        .map(|lane| lane.iter().map(|q| q.abs()).sum::<f32>())
-                        .fold(0.0f32, f32::max)
-                        * (c_max - c_min)
-                })
-                .fold(0.0f32, f32::max)
-        };
-        let (widest_lane, widest_wide) = (widest(false), widest(true));
-        // The wide entries' step is `δ / 2^k`, k ≤ 8, the finest whose entries fit 16 bits;
-        // `δ` is raised where even k = 0 would not fit them (a wide coordinate spanning more
-        // than 257 nibble lanes' worth).
+        // nibble lane sets the step.
+        let widest_lane = parts
+            .iter()
+            .filter(|p| !wide(p.bits))
+            .map(|p| {
+                let (c_min, c_max) = p.range();
+                p.query
+                    .chunks(codes_per_lane(p.bits))
+                    .map(|lane| lane.iter().map(|q| q.abs()).sum::<f32>())
+                    .fold(0.0f32, f32::max)
+                    * (c_max - c_min)
+            })
+            .fold(0.0f32, f32::max);
+        // A coordinate stored as bit planes reaches |q'_j|·max|c|; `δ` is raised where that
+        // passes 257 nibble lanes' worth (so that at unit 1 every `Q_j` stays within 32 and
+        // the sums far within 31 bits).
+        let widest_wide = parts
+            .iter()
+            .filter(|p| wide(p.bits))
+            .map(|p| p.query.iter().fold(0.0f32, |m, q| m.max(q.abs())) * p.abs_max())
+            .fold(0.0f32, f32::max);
         let widest = widest_lane.max(widest_wide / 257.0);
         let step = if widest > 0.0 { widest / 255.0 } else { 1.0 };
-        let mut unit = 256u32;
-        while unit > 1 && widest_wide / (step / unit as f32) > 65535.0 {
-            unit /= 2;
-        }
         let entries = &mut self.entries;
         entries.clear();
         entries.resize(lanes * LANE_BYTES, 0);
@@ -266,10 +274,9 @@ impl ScoreTable {
         let mut used = 0;
         let mut first = 0;
         self.wide.clear();
-        self.wide_entries.clear();
+        self.wide_query.clear();
+        self.wide_centroids.clear();
         self.nibble_runs.clear();
-        let mut used_wide = 0;
-        let fine = step / unit as f32;
         for part in parts {
             if part.query.is_empty() {
                 // A part another table scores (two tiers): its lanes hold no entries and no
@@ -279,22 +286,26 @@ impl ScoreTable {
             }
             let (c_min, c_max) = part.range();
             if wide(part.bits) {
-                let planes =
-                    WidePart::new(part.bits, part.query.len(), first, self.wide_entries.len())
-                        .ok_or(FastScanError::UnsupportedBits { bits: part.bits })?;
-                self.wide_entries.resize(planes.end_entry(), 0);
-                for (j, &q) in part.query.iter().enumerate() {
-                    let o = q * if q >= 0.0 { c_min } else { c_max };
-                    offset += f64::from(o);
-                    let (at, len) = (planes.entries(j), planes.table_len());
-                    for (k, &c) in part.centroids.iter().enumerate() {
-                        let [low, high] = entry_u16((q * c - o) / fine).to_le_bytes();
-                        self.wide_entries[at + k] = low;
-                        self.wide_entries[at + len + k] = high;
-                    }
+                let mut planes = WidePart::new(part.bits, part.query.len(), first)
+                    .ok_or(FastScanError::UnsupportedBits { bits: part.bits })?;
+                planes.query_at = self.wide_query.len();
+                planes.centroids_at = self.wide_centroids.len();
+                self.wide_query
+                    .resize(planes.query_at + planes.query_len(), 0);
+                let len = planes.centroid_len();
+                self.wide_centroids.resize(planes.centroids_at + 2 * len, 0);
+                let c_abs = part.abs_max();
+                for (k, &c) in part.centroids.iter().enumerate() {
+                    let e = if c_abs > 0.0 {
+                        round_i16(c * 2048.0 / c_abs)
+                    } else {
+                        0
+                    };
+                    let [low, high] = e.to_le_bytes();
+                    self.wide_centroids[planes.centroids_at + k] = low;
+                    self.wide_centroids[planes.centroids_at + len + k] = high;
                 }
                 self.wide.push(planes);
-                used_wide += part.query.len();
                 first += part.lanes;
                 continue;
             }
@@ -332,15 +343,81 @@ impl ScoreTable {
             }
             first += part.lanes;
         }
+        let (unit, wide_error_units) = self.quantize_wide_queries(parts, &wide, step, used);
         self.dim = dim;
         self.bits = 0;
         self.used_lanes = used;
-        self.used_wide = used_wide;
+        self.wide_error_units = wide_error_units;
         self.step = step;
-        self.unit = if used_wide > 0 { unit } else { 1 };
-        self.sum_step = step / self.unit as f32;
+        self.unit = unit;
+        self.sum_step = step / unit as f32;
         self.offset = offset as f32;
         Ok(())
+    }
+
+    /// The wide parts' integer queries `Q_j = round(q'_j · (max|c| / 2048 / sum_step))` in
+    /// `wide_query`, and the unit they count in: the largest power of two (at most `2^24`;
+    /// 1 without wide parts) that keeps every `|Q_j| ≤ 32767` (the kernels' 16-bit
+    /// multiplies) and every sum within 31 bits, `255 · used · unit + 2048 · Σ_j |Q_j| ≤
+    /// 2^31 − 1` (a nibble lane adds at most 255 bytes of `unit`, a wide coordinate at most
+    /// `2048 · |Q_j|` either way). Returns it with `Σ_j (2048 + |Q_j|) / 2`, the wide
+    /// coordinates' error bound in units.
+    fn quantize_wide_queries(
+        &mut self,
+        parts: &[TablePart<'_>],
+        wide: &dyn Fn(u8) -> bool,
+        step: f32,
+        used: usize,
+    ) -> (u32, f64) {
+        if self.wide.is_empty() {
+            return (1, 0.0);
+        }
+        let wide_parts = || {
+            parts
+                .iter()
+                .filter(|p| !p.query.is_empty() && wide(p.bits))
+                .zip(&self.wide)
+        };
+        // The unit from the bounds in f64 (a margin of one per `Q_j` for its rounding), then
+        // checked on the integers themselves and halved in the rare case rounding passes it.
+        let (mut largest, mut total, mut count) = (0.0f64, 0.0f64, 0.0f64);
+        for (part, _) in wide_parts() {
+            let c_abs = f64::from(part.abs_max());
+            for &q in part.query {
+                let v = f64::from(q.abs()) * c_abs / 2048.0 / f64::from(step);
+                largest = largest.max(v);
+                total += v;
+                count += 1.0;
+            }
+        }
+        let limit = f64::from(i32::MAX);
+        let by_query = 32766.0 / largest.max(f64::MIN_POSITIVE);
+        let by_sum = (limit - 2048.0 * count) / (255.0 * used as f64 + 2048.0 * total).max(1.0);
+        let fit = by_query.min(by_sum).clamp(1.0, f64::from(1u32 << 24));
+        let mut unit = 1u32 << fit.log2().floor() as u32;
+        loop {
+            let sum_step = step / unit as f32;
+            let (mut abs_sum, mut fits) = (0u64, true);
+            for (part, planes) in parts
+                .iter()
+                .filter(|p| !p.query.is_empty() && wide(p.bits))
+                .zip(&self.wide)
+            {
+                let scale = part.abs_max() / 2048.0 / sum_step;
+                for (j, &q) in part.query.iter().enumerate() {
+                    let x = q * scale;
+                    fits &= x.abs() < 32767.5;
+                    let v = round_i16(x);
+                    abs_sum += u64::from(v.unsigned_abs());
+                    self.wide_query[planes.query_at + j] = v;
+                }
+            }
+            fits &= 255 * used as u64 * u64::from(unit) + 2048 * abs_sum <= i32::MAX as u64;
+            if fits || unit == 1 {
+                return (unit, (2048.0 * count + abs_sum as f64) / 2.0);
+            }
+            unit /= 2;
+        }
     }
 
     /// The head dimension.
@@ -358,9 +435,10 @@ impl ScoreTable {
         self.step
     }
 
-    /// Units of a sum that a nibble lane's byte entry counts: 1, or `2^k` (k ≤ 8) in a table
-    /// with coordinates stored as bit planes, whose 16-bit entries count steps of `δ / 2^k`
-    /// (256 unless their span needs coarser steps to fit 16 bits).
+    /// Units of a sum that a nibble lane's byte entry counts: 1, or in a table with
+    /// coordinates stored as bit planes the power of two (at most `2^24`) whose units their
+    /// products `Q_j · E_k` count: the largest that keeps every `|Q_j| ≤ 32767` and every sum
+    /// within 31 bits.
     pub fn lane_unit(&self) -> u32 {
         self.unit
     }
@@ -376,18 +454,19 @@ impl ScoreTable {
     }
 
     /// The bound on `|fast − exact|` per unit norm: `L · δ / 2`, `L` the lanes that hold
-    /// coordinates (`⌈d / m⌉` for one part), plus `W · δ / (2·2^k)` for `W` coordinates
-    /// stored as bit planes (before f32 rounding).
+    /// coordinates (`⌈d / m⌉` for one part), plus `Σ_j (2048 + |Q_j|) / 2 · sum_step` over
+    /// the coordinates stored as bit planes (before f32 rounding).
     pub fn error_bound(&self) -> f32 {
-        self.used_lanes as f32 * self.step / 2.0 + self.used_wide as f32 * self.sum_step / 2.0
+        (self.used_lanes as f64 * f64::from(self.step) / 2.0
+            + self.wide_error_units * f64::from(self.sum_step)) as f32
     }
 
-    /// The score per unit norm of an integer sum: `sum_step · sum + Σ_j o_j`.
+    /// The score per unit norm of an integer sum: `sum_step · sum + Σ_j o_j`, the sum read
+    /// as a signed 32-bit integer (the products of coordinates stored as bit planes have
+    /// either sign; the kernels add them with wrap-around, exact as the total fits 31 bits).
     #[inline(always)]
     pub fn dequantize(&self, sum: u32) -> f32 {
-        // A sum is at most 65 535 per lane, far below 2^31, where the signed conversion (one
-        // instruction, and one vector instruction for eight) gives the same f32.
-        debug_assert!(sum < 1 << 31);
+        // The signed conversion is one instruction, and one vector instruction for eight.
         self.sum_step * (sum as i32) as f32 + self.offset
     }
 
@@ -434,9 +513,23 @@ impl ScoreTable {
         &self.wide
     }
 
-    /// Their entries ([`WidePart::entries`] is where each coordinate's start).
-    pub(crate) fn wide_entries(&self) -> &[u8] {
-        &self.wide_entries
+    /// Their integer queries `Q_j` ([`WidePart::query_at`] is where each part's start).
+    pub(crate) fn wide_query(&self) -> &[i16] {
+        &self.wide_query
+    }
+
+    /// Their centroids `E_k` as byte tables ([`WidePart::centroids_at`]).
+    pub(crate) fn wide_centroids(&self) -> &[u8] {
+        &self.wide_centroids
+    }
+
+    /// `E_k` of `part` (one of [`wide`](Self::wide)).
+    pub(crate) fn wide_centroid(&self, part: &WidePart, k: usize) -> i16 {
+        let (at, len) = (part.centroids_at, part.centroid_len());
+        i16::from_le_bytes([
+            self.wide_centroids[at + k],
+            self.wide_centroids[at + len + k],
+        ])
     }
 }
 
@@ -488,6 +581,11 @@ impl TablePart<'_> {
         Ok(())
     }
 
+    /// `max_k |c_k|`.
+    fn abs_max(&self) -> f32 {
+        self.centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()))
+    }
+
     /// `(c_min, c_max)` of the codebook.
     fn range(&self) -> (f32, f32) {
         self.centroids
@@ -498,13 +596,14 @@ impl TablePart<'_> {
     }
 }
 
-/// `x.round().clamp(0.0, 65535.0) as u16` (`round`: half away from zero), as [`entry_byte`]
-/// computes it.
+/// `x.round().clamp(-32767.0, 32767.0) as i16` (`round`: half away from zero) without the
+/// library call, as [`entry_byte`] computes it.
 #[inline]
-fn entry_u16(x: f32) -> u16 {
-    let x = x.clamp(0.0, 65535.0);
-    let whole = x as i32;
-    (whole + i32::from(x - whole as f32 >= 0.5)) as u16
+fn round_i16(x: f32) -> i16 {
+    let a = x.abs().min(32767.0);
+    let whole = a as i32;
+    let r = whole + i32::from(a - whole as f32 >= 0.5);
+    (if x < 0.0 { -r } else { r }) as i16
 }
 
 /// `x.round().clamp(0.0, 255.0) as u8` (`round`: half away from zero) without the library
@@ -521,7 +620,41 @@ fn entry_byte(x: f32) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use super::entry_byte;
+    use super::{entry_byte, round_i16};
+
+    /// The same integer as the library rounding (half away from zero, clamped to ±32767) on
+    /// a fine grid over the range and past it, the halves and their neighbours.
+    #[test]
+    fn wide_queries_round_half_away_from_zero() {
+        let reference = |x: f32| x.clamp(-32767.0, 32767.0).round() as i16;
+        for k in -33_000_000..=33_000_000 {
+            if k % 997 != 0 {
+                continue;
+            }
+            let x = k as f32 / 1000.0;
+            for x in [x, x.next_up(), x.next_down()] {
+                assert_eq!(round_i16(x), reference(x), "{x:e}");
+            }
+        }
+        for k in -32_768..=32_767 {
+            let half = k as f32 + 0.5;
+            for x in [half, half.next_up(), half.next_down()] {
+                assert_eq!(round_i16(x), reference(x), "{x:e}");
+            }
+        }
+        for x in [
+            0.0,
+            -0.0,
+            1e-45,
+            -0.5,
+            0.5,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+        ] {
+            assert_eq!(round_i16(x), reference(x), "{x:e}");
+        }
+    }
 
     /// The same byte as the library rounding on every float in [−2, 258] of a fine grid, the
     /// halves and their neighbours, and the extremes.

@@ -7,11 +7,12 @@
 //! nibble kernels skip them (their lanes' table entries are zero) and this pass adds them:
 //! per coordinate, the 32 tokens' codes are put back together from their planes (a shift, a
 //! mask and an or per plane) into one byte each — [`gather_codes`] — and looked up in the
-//! coordinate's table of `2^b` entries: for keys the query's 16-bit entries (in steps of
-//! `δ/2^k`, the nibble lanes' bytes counting `2^k` of them, so a score is still one integer
-//! sum), for values the centroid bytes, multiplied by the weight bytes. Integer sums, so the
-//! same bits on every instruction set; the x86 forms (`wide_x86`: AVX-512 VBMI's byte
-//! permutes, AVX2's byte shuffles) are tested against these loops.
+//! for keys the part's 16-bit centroids `E_k`, multiplied by each query head's integer
+//! `Q_j` ([`ScoreTable`]: the products count the units the nibble lanes' bytes count
+//! `lane_unit` of, so a score is still one integer sum), for values the centroid bytes,
+//! multiplied by the weight bytes. Integer sums, so the same bits on every instruction set;
+//! the x86 forms (`wide_x86`: AVX2's byte shuffles and 16-bit multiply-adds, which AVX-512
+//! CPUs run too) are tested against these loops.
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
@@ -27,8 +28,8 @@ pub(super) fn gather_codes(part: &WidePart, block: &[u8], j: usize, codes: &mut 
 }
 
 /// Adds each head's wide coordinates to its 32 sums of one block: `out[h][t] +=
-/// Σ_j v_hj[code(t, j)]` (16-bit entries), `tables[h]` head `h`'s table (all of one record
-/// layout).
+/// Σ_j Q_hj · E[code(t, j)]` (wrapping: the sums are two's complement), `tables[h]` head
+/// `h`'s table (all of one record layout, so the same centroids `E`).
 pub(super) fn add_sums(isa: Isa, tables: &[ScoreTable], block: &[u8], out: &mut [[u32; BLOCK]]) {
     let Some(first) = tables.first() else {
         return;
@@ -37,15 +38,9 @@ pub(super) fn add_sums(isa: Isa, tables: &[ScoreTable], block: &[u8], out: &mut 
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if super::wide_x86::vbmi(isa) {
-        // SAFETY: AVX-512 F, BW, VL and VBMI were detected at run time (`vbmi`); every table
-        // has the same wide parts (one record layout).
-        unsafe { super::wide_x86::add_sums_vbmi(tables, block, out) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if super::avx2_kernels(isa) {
-        // SAFETY: AVX2 was detected at run time (`avx2_kernels`); the tables as above.
+        // SAFETY: AVX2 was detected at run time (`avx2_kernels`); every table has the same
+        // wide parts (one record layout).
         unsafe { super::wide_x86::add_sums_avx2(tables, block, out) };
         return;
     }
@@ -61,11 +56,10 @@ pub(super) fn add_sums_scalar(tables: &[ScoreTable], block: &[u8], out: &mut [[u
             gather_codes(part, block, j, &mut codes);
             for (table, sums) in tables.iter().zip(out.iter_mut()) {
                 let own = &table.wide()[p];
-                let entries = &table.wide_entries()[own.entries(j)..];
-                let len = own.table_len();
+                let q = i32::from(table.wide_query()[own.query_at + j]);
                 for (s, &c) in sums.iter_mut().zip(&codes) {
-                    let c = usize::from(c);
-                    *s += u32::from(u16::from_le_bytes([entries[c], entries[len + c]]));
+                    let e = i32::from(table.wide_centroid(own, usize::from(c)));
+                    *s = s.wrapping_add((q * e) as u32);
                 }
             }
         }
@@ -250,15 +244,16 @@ mod tests {
 
     /// A whole block's sums (nibble lanes and bit planes, `sums_tile`) against the sums read
     /// here token by token: each nibble lane's byte entry, `lane_unit` times, plus each wide
-    /// coordinate's 16-bit entry of the code its planes spell. Three heads in one tile, their
-    /// wide coordinates' queries scaled so that their units differ (256, then coarser).
+    /// coordinate's product `Q_j · E_k` computed here from its query and codebook, wrapping
+    /// as two's complement. Three heads in one tile, their wide coordinates' queries scaled so
+    /// that their units differ (the larger the wide queries, the coarser the unit).
     #[test]
     fn a_blocks_sums_count_lanes_and_planes_in_the_finer_unit() {
         let mut rng = Rng(5);
         let (tables, lanes) = tables(&mut rng, &[1.0, 20.0, 300.0]);
         let units: Vec<u32> = tables.iter().map(ScoreTable::lane_unit).collect();
         assert!(
-            units[0] == 256 && units[1] < 256 && units[2] < units[1],
+            units[0] >= 1 << 12 && units[1] < units[0] && units[2] < units[1],
             "{units:?}"
         );
         for seed in 0..10 {
@@ -271,24 +266,137 @@ mod tests {
                 for (table, got) in tables.iter().zip(&got) {
                     for (t, &got) in got.iter().enumerate() {
                         let (byte, shift) = (t % 16, 4 * (t / 16));
-                        let mut expected: u32 = (0..lanes)
+                        let mut expected: i64 = (0..lanes)
                             .map(|l| {
                                 let n = (block[l * 16 + byte] >> shift) & 0x0F;
-                                table.lane_unit() * u32::from(table.entry(l, n).unwrap())
+                                i64::from(table.lane_unit() * u32::from(table.entry(l, n).unwrap()))
                             })
                             .sum();
-                        let e = table.wide_entries();
                         for part in table.wide() {
                             for j in 0..part.dim {
-                                let (k, at) = (part.code(&block, j, t), part.entries(j));
-                                let high = e[at + part.table_len() + k];
-                                expected += u32::from(u16::from_le_bytes([e[at + k], high]));
+                                let k = part.code(&block, j, t);
+                                let q = table.wide_query()[part.query_at + j];
+                                expected += i64::from(q) * i64::from(table.wide_centroid(part, k));
                             }
                         }
-                        assert_eq!(got, expected, "{isa:?}, seed {seed}, token {t}");
+                        let expected = i32::try_from(expected).expect("a sum within 31 bits");
+                        assert_eq!(got as i32, expected, "{isa:?}, seed {seed}, token {t}");
                     }
                 }
             }
+        }
+    }
+
+    /// The wide parts' integers are what the table's documentation says, from its public
+    /// step and unit: `E_k = round(2048·c_k / max|c|)`, `Q_j = round(q'_j · (max|c| / 2048 /
+    /// sum_step))`; every sum fits 31 bits; and the error bound holds for every code.
+    #[test]
+    fn wide_integers_follow_the_documented_grids() {
+        let mut rng = Rng(11);
+        for boost in [1.0f32, 20.0, 300.0, 1e-3] {
+            let mut rng2 = Rng(rng.next());
+            let codebooks: Vec<Vec<f32>> = PARTS
+                .iter()
+                .map(|&(b, _)| (0..1 << b).map(|_| rng2.unit()).collect())
+                .collect();
+            let queries: Vec<Vec<f32>> = PARTS
+                .iter()
+                .map(|&(b, d)| {
+                    let scale = if super::super::table::is_wide(b) {
+                        boost
+                    } else {
+                        1.0
+                    };
+                    (0..d).map(|_| scale * rng2.unit()).collect()
+                })
+                .collect();
+            let parts: Vec<TablePart<'_>> = PARTS
+                .iter()
+                .zip(&queries)
+                .zip(&codebooks)
+                .map(|((&(bits, d), query), centroids)| TablePart {
+                    query,
+                    centroids,
+                    bits,
+                    lanes: 8 * words_for(d, bits),
+                })
+                .collect();
+            let lanes: usize = parts.iter().map(|p| p.lanes).sum();
+            let mut table = ScoreTable::default();
+            table
+                .rebuild_parts(&parts, lanes.next_multiple_of(4))
+                .unwrap();
+            let wide: Vec<_> = parts
+                .iter()
+                .filter(|p| super::super::table::is_wide(p.bits))
+                .collect();
+            assert_eq!(wide.len(), table.wide().len());
+            let (mut largest, mut wide_bound) = (0i64, 0.0f64);
+            for (part, own) in wide.iter().zip(table.wide()) {
+                let c_abs = part.centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
+                for (k, &c) in part.centroids.iter().enumerate() {
+                    let e = (c * 2048.0 / c_abs).round() as i16;
+                    assert_eq!(table.wide_centroid(own, k), e);
+                }
+                let scale = c_abs / 2048.0 / table.sum_step();
+                for (j, &q) in part.query.iter().enumerate() {
+                    let q_int = table.wide_query()[own.query_at + j];
+                    assert_eq!(q_int, (q * scale).round() as i16);
+                    largest += 2048 * i64::from(q_int.unsigned_abs());
+                    // The error per coordinate, worst code, against the documented bound.
+                    let bound = (2048.0 + f64::from(q_int.unsigned_abs())) / 2.0;
+                    for (k, &c) in part.centroids.iter().enumerate() {
+                        let exact = f64::from(q) * f64::from(c) / f64::from(table.sum_step());
+                        let got = f64::from(q_int) * f64::from(table.wide_centroid(own, k));
+                        assert!(
+                            (exact - got).abs() <= bound * (1.0 + 1e-4) + 1e-3,
+                            "{boost}"
+                        );
+                    }
+                    wide_bound += bound;
+                }
+                for j in part.query.len()..own.query_len() {
+                    assert_eq!(table.wide_query()[own.query_at + j], 0);
+                }
+            }
+            // Lanes that hold nibble codes: ⌈d / m⌉, m = 4 / b codes per nibble (one at 4 bits).
+            let used: usize = parts
+                .iter()
+                .filter(|p| !super::super::table::is_wide(p.bits))
+                .map(|p| p.query.len().div_ceil(usize::from(4 / p.bits)))
+                .sum();
+            let unit = f64::from(table.lane_unit());
+            let nibbles = 255.0 * used as f64 * unit;
+            assert!(nibbles + largest as f64 <= f64::from(i32::MAX), "{boost}");
+            // The unit is the largest power of two that fits (up to the margin of one unit
+            // per `Q_j` it keeps for rounding): at twice it, a `Q_j` would leave 16 bits or
+            // a sum 31 bits.
+            let (mut widest, mut total, mut count) = (0.0f64, 0.0f64, 0.0f64);
+            for part in &wide {
+                let c_abs = part.centroids.iter().fold(0.0f32, |m, c| m.max(c.abs()));
+                for &q in part.query {
+                    let x =
+                        f64::from(q.abs()) * f64::from(c_abs) / 2048.0 / f64::from(table.step())
+                            * 2.0
+                            * unit;
+                    widest = widest.max(x);
+                    total += x;
+                    count += 1.0;
+                }
+            }
+            assert!(
+                unit == f64::from(1u32 << 24)
+                    || widest >= 32766.0 - 1.0
+                    || 2.0 * nibbles + 2048.0 * total > f64::from(i32::MAX) - 2048.0 * count - 1e4,
+                "{boost}: unit {unit} could double"
+            );
+            let nibble_bound =
+                table.error_bound() as f64 - wide_bound * f64::from(table.sum_step());
+            assert!(
+                (nibble_bound - used as f64 * f64::from(table.step()) / 2.0).abs()
+                    <= 1e-4 * f64::from(table.error_bound()),
+                "{boost}"
+            );
         }
     }
 
@@ -300,7 +408,7 @@ mod tests {
             if !super::super::table::is_wide(bits) {
                 continue;
             }
-            let part = WidePart::new(bits, dim, 3, 0).unwrap();
+            let part = WidePart::new(bits, dim, 3).unwrap();
             let lanes = 3 + 8 * words_for(dim, bits);
             let block: Vec<u8> = (0..lanes * 16).map(|_| rng.next() as u8).collect();
             let centroids: Vec<f32> = (0..1 << bits).map(|_| rng.unit()).collect();

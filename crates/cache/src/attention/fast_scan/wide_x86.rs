@@ -4,23 +4,19 @@
 //! at a time (`group`): each plane lane's 16 bytes are loaded into both 128-bit halves
 //! and turned into one nibble per token (the upper half shifted by 4: tokens 16–31), and a
 //! byte shuffle per coordinate maps the nibble to the coordinate's bits of the code. Keys
-//! then look two coordinates' codes up at once in their two 64-byte tables (one `vpermi2b`
-//! for the entries' low bytes, one for their high bytes), or one coordinate's in its 128 or
-//! 256 entries; values look the codes up in the centroid
-//! bytes and pair them with the weight bytes (`vpmaddubsw`).
+//! then look the codes up in the part's 16-bit centroids once for every query head (byte
+//! shuffles on the low and high bytes, blended past 4 bits) and multiply-add pairs of
+//! coordinates with each head's integer queries (`vpmaddwd`); values look the codes up in
+//! the centroid bytes and pair them with the weight bytes (`vpmaddubsw`). AVX-512 CPUs run
+//! these too (its byte permutes would look up 64 entries at once, but the lookups are now
+//! shared by the heads and the multiplies dominate).
 
 use std::arch::x86_64::*;
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
 use super::values_int::ValueTables;
-use crate::attention::simd::Isa;
 use crate::record_order::LANE_BYTES;
-
-/// Whether the AVX-512 form runs: [`Isa::Avx512`] (F, BW, VL and VBMI) asked for and present.
-pub(super) fn vbmi(isa: Isa) -> bool {
-    isa == Isa::Avx512 && isa.is_available()
-}
 
 /// The nibbles of lane `lane` of a block, one byte per token (tokens 0–15 from the low
 /// nibbles, 16–31 from the high ones); zeros for a lane past the block (the padding lanes of
@@ -93,180 +89,6 @@ unsafe fn group<const B: u8>(part: &WidePart, block: &[u8], k: usize) -> [__m256
             }
         }
         codes
-    }
-}
-
-/// 64 bytes of `entries` from `at` (a wide table is padded to at least 64 bytes).
-///
-/// # Safety
-/// AVX-512 F must be available; `at + 64 ≤ entries.len()` (asserted).
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn table64(entries: &[u8], at: usize) -> __m512i {
-    assert!(at + 64 <= entries.len());
-    // SAFETY: bytes `at .. at + 64` lie in `entries` (asserted just above).
-    unsafe { _mm512_loadu_si512(entries.as_ptr().add(at).cast()) }
-}
-
-/// Adds bytes `0..32` and `32..64` of `r` (two coordinates of the same 32 tokens, or one with
-/// an upper half of zeros) to the 16-bit sums of the tokens.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn add_bytes(acc: __m512i, r: __m512i) -> __m512i {
-    let lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(r));
-    let hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(r));
-    _mm512_add_epi16(acc, _mm512_add_epi16(lo, hi))
-}
-
-/// Most heads one pass scores (the tiles of `sums_tile`).
-const HEADS: usize = 4;
-
-/// Most wide coordinates summed in 16 bits before they are added to the 32-bit sums
-/// (255 each: 257 of them fit, 256 keep pairs whole).
-const FLUSH: usize = 256;
-
-/// [`add_sums_scalar`](super::wide::add_sums_scalar) with byte permutes: the same integers.
-///
-/// # Safety
-/// AVX-512 F, BW, VL and VBMI (with AVX2) must be available; every table must have the
-/// wide parts of `tables[0]` (one record layout).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
-pub(super) unsafe fn add_sums_vbmi(tables: &[ScoreTable], block: &[u8], out: &mut [[u32; BLOCK]]) {
-    let parts = tables[0].wide();
-    let heads = tables.len().min(out.len());
-    assert!(heads <= HEADS && tables.iter().all(|t| t.wide().len() == parts.len()));
-    // Per head, the 16-bit sums of the entries' low bytes and of their high bytes.
-    let mut acc = [[_mm512_setzero_si512(); 2]; HEADS];
-    let mut summed = 0;
-    for (p, part) in parts.iter().enumerate() {
-        let (acc, out) = (&mut acc[..heads], &mut out[..heads]);
-        let tables = &tables[..heads];
-        // SAFETY: the features are enabled here; the part's width is its `B`.
-        unsafe {
-            match part.bits {
-                3 => part_sums::<3>(part, p, tables, block, acc, &mut summed, out),
-                5 => part_sums::<5>(part, p, tables, block, acc, &mut summed, out),
-                6 => part_sums::<6>(part, p, tables, block, acc, &mut summed, out),
-                7 => part_sums::<7>(part, p, tables, block, acc, &mut summed, out),
-                _ => part_sums::<8>(part, p, tables, block, acc, &mut summed, out),
-            }
-        }
-    }
-    flush(&mut acc[..heads], &mut out[..heads]);
-}
-
-/// [`add_sums_vbmi`] for part `p` (`part`, of `B`-bit codes): its coordinates' entries added
-/// to the 16-bit sums `acc` (flushed to `out` before `summed` would pass [`FLUSH`]).
-///
-/// # Safety
-/// As [`add_sums_vbmi`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
-unsafe fn part_sums<const B: u8>(
-    part: &WidePart,
-    p: usize,
-    tables: &[ScoreTable],
-    block: &[u8],
-    acc: &mut [[__m512i; 2]],
-    summed: &mut usize,
-    out: &mut [[u32; BLOCK]],
-) {
-    for k in 0..part.dim.div_ceil(4) {
-        if *summed + 4 > FLUSH {
-            flush(acc, out);
-            *summed = 0;
-        }
-        // SAFETY: AVX2 is enabled here.
-        let codes = unsafe { group::<B>(part, block, k) };
-        let valid = (part.dim - 4 * k).min(4);
-        *summed += valid;
-        let mut i = 0;
-        while i < valid {
-            let j = 4 * k + i;
-            if B <= 6 && i + 1 < valid {
-                // Two coordinates in one look-up: the second one's codes index the second
-                // table (bit 6 set).
-                let idx = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(codes[i]),
-                    _mm256_or_si256(codes[i + 1], _mm256_set1_epi8(64)),
-                );
-                for (acc, table) in acc.iter_mut().zip(tables) {
-                    let (e, own) = (table.wide_entries(), &table.wide()[p]);
-                    let (a, b, len) = (own.entries(j), own.entries(j + 1), own.table_len());
-                    for (half, acc) in acc.iter_mut().enumerate() {
-                        // SAFETY: AVX-512 F is enabled here; lengths asserted in `table64`.
-                        let (ta, tb) =
-                            unsafe { (table64(e, a + half * len), table64(e, b + half * len)) };
-                        *acc = add_bytes(*acc, _mm512_permutex2var_epi8(ta, idx, tb));
-                    }
-                }
-                i += 2;
-                continue;
-            }
-            let idx = _mm512_castsi256_si512(codes[i]);
-            // The 32 tokens; the upper half of `idx` is not defined.
-            let keep = 0xFFFF_FFFF_u64;
-            for (acc, table) in acc.iter_mut().zip(tables) {
-                let own = &table.wide()[p];
-                let (e, len) = (table.wide_entries(), own.table_len());
-                for (half, acc) in acc.iter_mut().enumerate() {
-                    let at = own.entries(j) + half * len;
-                    // SAFETY: AVX-512 F is enabled here; lengths asserted in `table64` (a
-                    // table of `2^b` entries spans `2^b / 64` loads).
-                    let r = unsafe {
-                        match B {
-                            0..=6 => _mm512_permutexvar_epi8(idx, table64(e, at)),
-                            7 => _mm512_permutex2var_epi8(table64(e, at), idx, table64(e, at + 64)),
-                            _ => {
-                                let low = _mm512_permutex2var_epi8(
-                                    table64(e, at),
-                                    idx,
-                                    table64(e, at + 64),
-                                );
-                                let high = _mm512_permutex2var_epi8(
-                                    table64(e, at + 128),
-                                    idx,
-                                    table64(e, at + 192),
-                                );
-                                _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), low, high)
-                            }
-                        }
-                    };
-                    *acc = add_bytes(*acc, _mm512_maskz_mov_epi8(keep, r));
-                }
-            }
-            i += 1;
-        }
-    }
-}
-
-/// Adds the 16-bit sums of each head to its 32-bit sums (the low bytes' sum plus 256 times
-/// the high bytes') and zeroes them.
-///
-/// # Safety
-/// AVX-512 F and BW must be available.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn flush(acc: &mut [[__m512i; 2]], out: &mut [[u32; BLOCK]]) {
-    for (sums, [low, high]) in out.iter_mut().zip(acc) {
-        for half in 0..2 {
-            let words = |v: __m512i| {
-                _mm512_cvtepu16_epi32(if half == 0 {
-                    _mm512_castsi512_si256(v)
-                } else {
-                    _mm512_extracti64x4_epi64::<1>(v)
-                })
-            };
-            let add = _mm512_add_epi32(words(*low), _mm512_slli_epi32::<8>(words(*high)));
-            let at = &mut sums[16 * half..16 * half + 16];
-            // SAFETY: `at` holds 16 u32 (64 bytes).
-            unsafe {
-                let old = _mm512_loadu_si512(at.as_ptr().cast());
-                _mm512_storeu_si512(at.as_mut_ptr().cast(), _mm512_add_epi32(old, add));
-            }
-        }
-        *low = _mm512_setzero_si512();
-        *high = _mm512_setzero_si512();
     }
 }
 
@@ -400,146 +222,195 @@ unsafe fn block_avx2<const B: u8>(
     }
 }
 
-/// The bytes `table[code]` of 32 codes of `B` bits, `table` the `2^B` bytes of `entries` from
-/// `at`: one `vpshufb` per 16 of them on the codes' low nibbles (`low`), blended on their high
-/// nibbles (`high`).
+/// The 16-bit centroids `E[code]` of 32 codes of `B` bits as words, tokens 0–7 and 16–23
+/// in the first register, 8–15 and 24–31 in the second: `E`'s low and high bytes (two tables
+/// of `len` bytes from `at` in `centroids`) looked up by one `vpshufb` each per 16 entries on
+/// the codes' low nibbles, blended on their high nibbles (one comparison for both), then
+/// interleaved.
 ///
 /// # Safety
-/// AVX2 must be available (it is inlined into the AVX2 kernel); `at + 2^B ≤ entries.len()`
-/// (asserted).
+/// AVX2 must be available (it is inlined into the AVX2 kernel); `len ≥ 2^B` and
+/// `at + 2·len ≤ centroids.len()` (asserted).
 #[inline(always)]
-unsafe fn lookup_bytes<const B: u8>(
-    entries: &[u8],
+unsafe fn centroid_words<const B: u8>(
+    centroids: &[u8],
     at: usize,
-    low: __m256i,
-    high: __m256i,
-) -> __m256i {
+    len: usize,
+    codes: __m256i,
+) -> [__m256i; 2] {
     let tables = 1usize << B.saturating_sub(4);
-    assert!(at + 16 * tables <= entries.len());
-    // SAFETY: AVX2 is available (the caller's contract); bytes `at .. at + 16·tables` lie in
-    // `entries` (asserted just above).
+    assert!(16 * tables <= len && at + 2 * len <= centroids.len());
+    // SAFETY: AVX2 is available (the caller's contract); bytes `at .. at + 16·tables` and
+    // `at + len ..` as many lie in `centroids` (asserted just above).
     unsafe {
-        let table = |k: usize| {
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(entries.as_ptr().add(at + 16 * k).cast()))
+        let table = |from: usize| {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(centroids.as_ptr().add(from).cast()))
         };
-        let mut out = _mm256_shuffle_epi8(table(0), low);
+        let nibble = _mm256_set1_epi8(0x0F);
+        let low = _mm256_and_si256(codes, nibble);
+        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(codes), nibble);
+        let mut lo = _mm256_shuffle_epi8(table(at), low);
+        let mut hi = _mm256_shuffle_epi8(table(at + len), low);
         for k in 1..tables {
             let hit = _mm256_cmpeq_epi8(high, _mm256_set1_epi8(k as i8));
-            out = _mm256_blendv_epi8(out, _mm256_shuffle_epi8(table(k), low), hit);
+            let (l, h) = (table(at + 16 * k), table(at + len + 16 * k));
+            lo = _mm256_blendv_epi8(lo, _mm256_shuffle_epi8(l, low), hit);
+            hi = _mm256_blendv_epi8(hi, _mm256_shuffle_epi8(h, low), hit);
         }
-        out
+        [_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi)]
     }
 }
 
-/// [`add_sums_scalar`](super::wide::add_sums_scalar) on AVX2: the codes gathered four
-/// coordinates at a time, each head's low and high entry bytes looked up by byte shuffles and
-/// summed in 16 bits (flushed to the 32-bit sums every [`FLUSH`] coordinates); the same
-/// integers.
+/// Most heads one pass scores (the tiles of `sums_tile`).
+const HEADS: usize = 4;
+
+/// Coordinate pairs whose centroids [`add_sums_avx2`] gathers before each head multiplies
+/// them (4 KiB of registers' worth, in L1).
+const PAIRS: usize = 32;
+
+/// A pair of coordinates' centroids for the 32 tokens, as `vpmaddwd` takes them: per token
+/// `(E_a, E_b)` as two words, tokens 0–3 and 16–19 in the first register, then 4–7 and
+/// 20–23, 8–11 and 24–27, 12–15 and 28–31.
+type Pair = [__m256i; 4];
+
+/// The centroids gathered for the heads to multiply: `pairs[i]` the pair whose integer
+/// queries are pair `first + i` of every head's `wide_query` (the parts' coordinates one
+/// after another, each part's padded to a multiple of 4, so a block's pairs are consecutive),
+/// for `i < len` (written before they are read: zeroing 4 KiB per block would cost as much
+/// as the lookups).
+struct Gathered {
+    pairs: [std::mem::MaybeUninit<Pair>; PAIRS],
+    first: usize,
+    len: usize,
+}
+
+/// [`add_sums_scalar`](super::wide::add_sums_scalar) on AVX2: per pair of coordinates, the
+/// 32 tokens' centroids `E` looked up once for every head (from the planes, four
+/// coordinates at a time) and interleaved; per head, `Q_a E_a + Q_b E_b` for 8 tokens per
+/// `vpmaddwd` (exact: `|Q| ≤ 32767`, `|E| ≤ 2048`), added to 32-bit sums with wrap-around
+/// as the loop adds them; the same integers.
 ///
 /// # Safety
 /// AVX2 must be available; every table must have the wide parts of `tables[0]` (one record
 /// layout).
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn add_sums_avx2(tables: &[ScoreTable], block: &[u8], out: &mut [[u32; BLOCK]]) {
-    let parts = tables[0].wide();
+    let first = &tables[0];
+    let parts = first.wide();
     let heads = tables.len().min(out.len());
-    assert!(heads <= HEADS && tables.iter().all(|t| t.wide().len() == parts.len()));
-    // Per head: the 16-bit sums of tokens 0–15 and 16–31, of the low bytes then the high.
+    assert!(heads <= HEADS);
+    let queries = first.wide_query().len();
+    assert!(
+        tables[..heads]
+            .iter()
+            .all(|t| t.wide().len() == parts.len() && t.wide_query().len() == queries)
+    );
     let mut acc = [[_mm256_setzero_si256(); 4]; HEADS];
-    let mut summed = 0;
-    for (p, part) in parts.iter().enumerate() {
-        let (acc, out) = (&mut acc[..heads], &mut out[..heads]);
-        let tables = &tables[..heads];
+    let mut gathered = Gathered {
+        pairs: [const { std::mem::MaybeUninit::uninit() }; PAIRS],
+        first: 0,
+        len: 0,
+    };
+    let (tables, acc) = (&tables[..heads], &mut acc[..heads]);
+    for part in parts {
+        let args = (part, first.wide_centroids(), block);
         // SAFETY: AVX2 is enabled here; the part's width is its `B`.
         unsafe {
             match part.bits {
-                3 => part_sums_avx2::<3>(part, p, tables, block, acc, &mut summed, out),
-                5 => part_sums_avx2::<5>(part, p, tables, block, acc, &mut summed, out),
-                6 => part_sums_avx2::<6>(part, p, tables, block, acc, &mut summed, out),
-                7 => part_sums_avx2::<7>(part, p, tables, block, acc, &mut summed, out),
-                _ => part_sums_avx2::<8>(part, p, tables, block, acc, &mut summed, out),
+                3 => gather_part::<3>(args, &mut gathered, tables, acc),
+                5 => gather_part::<5>(args, &mut gathered, tables, acc),
+                6 => gather_part::<6>(args, &mut gathered, tables, acc),
+                7 => gather_part::<7>(args, &mut gathered, tables, acc),
+                _ => gather_part::<8>(args, &mut gathered, tables, acc),
             }
         }
     }
-    flush_avx2(&mut acc[..heads], &mut out[..heads]);
+    multiply(&mut gathered, tables, acc);
+    for (sums, acc) in out.iter_mut().zip(acc.iter()) {
+        // Tokens 0–7, 8–15, 16–23, 24–31 from the halves of the four registers.
+        let words = [
+            _mm256_permute2x128_si256::<0x20>(acc[0], acc[1]),
+            _mm256_permute2x128_si256::<0x20>(acc[2], acc[3]),
+            _mm256_permute2x128_si256::<0x31>(acc[0], acc[1]),
+            _mm256_permute2x128_si256::<0x31>(acc[2], acc[3]),
+        ];
+        for (at, add) in sums.chunks_exact_mut(8).zip(words) {
+            // SAFETY: `at` holds 8 u32 (32 bytes).
+            unsafe {
+                let old = _mm256_loadu_si256(at.as_ptr().cast());
+                _mm256_storeu_si256(at.as_mut_ptr().cast(), _mm256_add_epi32(old, add));
+            }
+        }
+    }
 }
 
-/// [`add_sums_avx2`] for part `p` (`part`, of `B`-bit codes).
+/// [`add_sums_avx2`] for one part of `B`-bit codes: its pairs of coordinates gathered,
+/// multiplied whenever [`PAIRS`] of them are.
 ///
 /// # Safety
-/// As [`add_sums_avx2`].
+/// AVX2 must be available; the part's centroids must lie in `centroids` (asserted in
+/// [`centroid_words`]).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn part_sums_avx2<const B: u8>(
-    part: &WidePart,
-    p: usize,
+unsafe fn gather_part<const B: u8>(
+    (part, centroids, block): (&WidePart, &[u8], &[u8]),
+    gathered: &mut Gathered,
     tables: &[ScoreTable],
-    block: &[u8],
     acc: &mut [[__m256i; 4]],
-    summed: &mut usize,
-    out: &mut [[u32; BLOCK]],
 ) {
-    let nibble = _mm256_set1_epi8(0x0F);
+    let (at, len) = (part.centroids_at, part.centroid_len());
+    debug_assert_eq!(part.query_at, 2 * (gathered.first + gathered.len));
     for k in 0..part.dim.div_ceil(4) {
-        if *summed + 4 > FLUSH {
-            flush_avx2(acc, out);
-            *summed = 0;
-        }
-        // SAFETY: AVX2 is enabled here.
+        // SAFETY: AVX2 is enabled here (and for the calls below); the lengths are asserted in
+        // `centroid_words`.
         let codes = unsafe { group::<B>(part, block, k) };
-        let valid = (part.dim - 4 * k).min(4);
-        *summed += valid;
-        for (i, &codes) in codes.iter().enumerate().take(valid) {
-            let j = 4 * k + i;
-            let low = _mm256_and_si256(codes, nibble);
-            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(codes), nibble);
-            for (acc, table) in acc.iter_mut().zip(tables) {
-                let own = &table.wide()[p];
-                let (e, at, len) = (table.wide_entries(), own.entries(j), own.table_len());
-                for half in 0..2 {
-                    // SAFETY: AVX2 is enabled here; lengths asserted in `lookup_bytes`.
-                    let bytes = unsafe { lookup_bytes::<B>(e, at + half * len, low, high) };
-                    let tokens = [
-                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)),
-                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(bytes)),
-                    ];
-                    for (a, t) in acc[2 * half..2 * half + 2].iter_mut().zip(tokens) {
-                        *a = _mm256_add_epi16(*a, t);
-                    }
-                }
+        // Both pairs of every group, so that the pairs stay consecutive: the coordinates past
+        // the part's (defined codes of another part or of zero lanes) meet padding slots,
+        // whose `Q` is zero.
+        for i in [0, 2] {
+            let (a, b) = unsafe {
+                (
+                    centroid_words::<B>(centroids, at, len, codes[i]),
+                    centroid_words::<B>(centroids, at, len, codes[i + 1]),
+                )
+            };
+            if gathered.len == PAIRS {
+                multiply(gathered, tables, acc);
             }
+            let n = gathered.len;
+            gathered.pairs[n].write([
+                _mm256_unpacklo_epi16(a[0], b[0]),
+                _mm256_unpackhi_epi16(a[0], b[0]),
+                _mm256_unpacklo_epi16(a[1], b[1]),
+                _mm256_unpackhi_epi16(a[1], b[1]),
+            ]);
+            gathered.len += 1;
         }
     }
 }
 
-/// [`flush`] for the AVX2 sums: tokens 0–15 and 16–31 of the low bytes' sums, then of the
-/// high bytes'.
+/// Each head's `Q_a E_a + Q_b E_b` over the gathered pairs, added to its sums `acc`; empties
+/// `gathered`.
 ///
 /// # Safety
 /// AVX2 must be available.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn flush_avx2(acc: &mut [[__m256i; 4]], out: &mut [[u32; BLOCK]]) {
-    for (sums, acc) in out.iter_mut().zip(acc) {
-        for half in 0..2 {
-            let (low, high) = (acc[half], acc[2 + half]);
-            for quarter in 0..2 {
-                let words = |v: __m256i| {
-                    _mm256_cvtepu16_epi32(if quarter == 0 {
-                        _mm256_castsi256_si128(v)
-                    } else {
-                        _mm256_extracti128_si256::<1>(v)
-                    })
-                };
-                let add = _mm256_add_epi32(words(low), _mm256_slli_epi32::<8>(words(high)));
-                let at = &mut sums[16 * half + 8 * quarter..16 * half + 8 * quarter + 8];
-                // SAFETY: `at` holds 8 u32 (32 bytes).
-                unsafe {
-                    let old = _mm256_loadu_si256(at.as_ptr().cast());
-                    _mm256_storeu_si256(at.as_mut_ptr().cast(), _mm256_add_epi32(old, add));
-                }
+fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m256i; 4]]) {
+    let (first, n) = (gathered.first, gathered.len);
+    for (table, acc) in tables.iter().zip(acc.iter_mut()) {
+        let queries = &table.wide_query()[2 * first..2 * (first + n)];
+        let mut sums = *acc;
+        for (pair, q) in gathered.pairs[..n].iter().zip(queries.chunks_exact(2)) {
+            // SAFETY: `gather_part` wrote pairs `0..len` before counting them.
+            let pair = unsafe { pair.assume_init_ref() };
+            let q = _mm256_set1_epi32(i32::from(q[0] as u16) | i32::from(q[1]) << 16);
+            for (s, &e) in sums.iter_mut().zip(pair) {
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(e, q));
             }
         }
-        *acc = [_mm256_setzero_si256(); 4];
+        *acc = sums;
     }
+    gathered.first += n;
+    gathered.len = 0;
 }
