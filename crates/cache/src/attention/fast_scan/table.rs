@@ -309,31 +309,21 @@ impl ScoreTable {
                 first += part.lanes;
                 continue;
             }
-            let (bits, per) = (part.bits, codes_per_lane(part.bits));
-            let mask = (1usize << bits) - 1;
-            for (l, lane) in part.query.chunks(per).enumerate() {
-                // `products[i][k] = q'_i c_k − o_i ≥ 0`, `o_i` the smallest product of
-                // coordinate i.
-                let mut products = [[0.0f32; 16]; 4];
-                for (p, &q) in products.iter_mut().zip(lane) {
+            let per = codes_per_lane(part.bits);
+            if let Ok(centroids) = <&[f32; 16]>::try_from(part.centroids) {
+                // One 4-bit code per lane, the bulk of a basis table: the loop below's bytes,
+                // in a form the compiler turns into vector instructions.
+                for (l, &q) in part.query.iter().enumerate() {
                     let o = q * if q >= 0.0 { c_min } else { c_max };
                     offset += f64::from(o);
-                    for (p, &c) in p.iter_mut().zip(part.centroids) {
-                        *p = q * c - o;
-                    }
+                    let at = (first + l) * LANE_BYTES;
+                    let lane: &mut [u8; 16] = (&mut entries[at..at + LANE_BYTES])
+                        .try_into()
+                        .expect("16 bytes a lane");
+                    single_code_entries(q, o, centroids, step, lane);
                 }
-                let at = (first + l) * LANE_BYTES;
-                let codes = if per == 1 { part.centroids.len() } else { 16 };
-                for (n, e) in entries[at..at + LANE_BYTES]
-                    .iter_mut()
-                    .enumerate()
-                    .take(codes)
-                {
-                    let sum = (0..lane.len()).fold(0.0f32, |acc, i| {
-                        acc + products[i][(n >> (usize::from(bits) * i)) & mask]
-                    });
-                    *e = entry_byte(sum / step);
-                }
+            } else {
+                fill_lanes(entries, part, first, step, &mut offset);
             }
             used += part.query.len().div_ceil(per);
             let run = first / 4 * 4..(first + part.lanes).next_multiple_of(4).min(lanes);
@@ -533,6 +523,52 @@ impl ScoreTable {
     }
 }
 
+/// The byte entries of a nibble part's lanes from lane `first` (the general form: several
+/// codes per nibble, or fewer than 16 codes), adding its coordinates' offsets to `offset`.
+fn fill_lanes(entries: &mut [u8], part: &TablePart<'_>, first: usize, step: f32, offset: &mut f64) {
+    let (c_min, c_max) = part.range();
+    let (bits, per) = (part.bits, codes_per_lane(part.bits));
+    let mask = (1usize << bits) - 1;
+    for (l, lane) in part.query.chunks(per).enumerate() {
+        // `products[i][k] = q'_i c_k − o_i ≥ 0`, `o_i` the smallest product of
+        // coordinate i.
+        let mut products = [[0.0f32; 16]; 4];
+        for (p, &q) in products.iter_mut().zip(lane) {
+            let o = q * if q >= 0.0 { c_min } else { c_max };
+            *offset += f64::from(o);
+            for (p, &c) in p.iter_mut().zip(part.centroids) {
+                *p = q * c - o;
+            }
+        }
+        let at = (first + l) * LANE_BYTES;
+        let codes = if per == 1 { part.centroids.len() } else { 16 };
+        for (n, e) in entries[at..at + LANE_BYTES]
+            .iter_mut()
+            .enumerate()
+            .take(codes)
+        {
+            let sum = (0..lane.len()).fold(0.0f32, |acc, i| {
+                acc + products[i][(n >> (usize::from(bits) * i)) & mask]
+            });
+            *e = entry_byte(sum / step);
+        }
+    }
+}
+
+/// The 16 bytes of a lane holding one 4-bit code, `entry_byte((q'·c_k − o) / step)` — what
+/// [`fill_lanes`] computes for it (its sum `0 + p` is `p` but for the sign of a zero, which
+/// the byte drops) — with `max`/`min` for the clamp (the same for every number, and 0 for a
+/// NaN as the cast gives), so the loop compiles to vector instructions.
+#[inline]
+#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, whose check stops the vectorizing.
+fn single_code_entries(q: f32, o: f32, centroids: &[f32; 16], step: f32, out: &mut [u8; 16]) {
+    for (e, &c) in out.iter_mut().zip(centroids) {
+        let x = ((q * c - o) / step).max(0.0).min(255.0);
+        let whole = x as i32;
+        *e = (whole + i32::from(x - whole as f32 >= 0.5)) as u8;
+    }
+}
+
 /// One coded part of a record, for [`ScoreTable::rebuild_parts`].
 #[derive(Clone, Copy, Debug)]
 pub struct TablePart<'a> {
@@ -620,7 +656,39 @@ fn entry_byte(x: f32) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use super::{entry_byte, round_i16};
+    use super::{entry_byte, round_i16, single_code_entries};
+
+    /// A lane of one 4-bit code gets the bytes of the general loop: `entry_byte` of the sum
+    /// `0 + (q·c_k − o)` over the step, on random queries, codebooks and steps (zero and
+    /// negative products, both signs of `q`, entries past 255 clamped).
+    #[test]
+    fn single_code_lanes_match_the_general_loop() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut unit = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 200_001) as f32 / 100_000.0 - 1.0
+        };
+        for case in 0..20_000 {
+            let centroids: [f32; 16] = std::array::from_fn(|_| 3.0 * unit());
+            let q = 5.0 * unit();
+            let (c_min, c_max) = centroids
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &c| {
+                    (a.min(c), b.max(c))
+                });
+            let o = q * if q >= 0.0 { c_min } else { c_max };
+            let step = (q.abs() * (c_max - c_min)).max(1e-3) / (200.0 + 100.0 * unit());
+            let mut got = [0u8; 16];
+            single_code_entries(q, o, &centroids, step, &mut got);
+            let expected: Vec<u8> = centroids
+                .iter()
+                .map(|&c| entry_byte((0.0f32 + (q * c - o)) / step))
+                .collect();
+            assert_eq!(got.as_slice(), expected.as_slice(), "case {case}");
+        }
+    }
 
     /// The same integer as the library rounding (half away from zero, clamped to ±32767) on
     /// a fine grid over the range and past it, the halves and their neighbours.
