@@ -388,11 +388,7 @@ impl ScoreTable {
         loop {
             let sum_step = step / unit as f32;
             let (mut abs_sum, mut fits) = (0u64, true);
-            for (part, planes) in parts
-                .iter()
-                .filter(|p| !p.query.is_empty() && wide(p.bits))
-                .zip(&self.wide)
-            {
+            for (part, planes) in wide_parts() {
                 let scale = part.abs_max() / 2048.0 / sum_step;
                 for (j, &q) in part.query.iter().enumerate() {
                     let x = q * scale;

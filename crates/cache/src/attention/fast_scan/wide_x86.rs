@@ -8,8 +8,9 @@
 //! shuffles on the low and high bytes, blended past 4 bits) and multiply-add pairs of
 //! coordinates with each head's integer queries (`vpmaddwd`); values look the codes up in
 //! the centroid bytes and pair them with the weight bytes (`vpmaddubsw`). AVX-512 CPUs run
-//! these too (its byte permutes would look up 64 entries at once, but the lookups are now
-//! shared by the heads and the multiplies dominate).
+//! these too: a form with AVX-512's byte permutes (64 centroid bytes, two coordinates'
+//! tokens per `vpermi2b`) and 512-bit multiply-adds would halve the shared lookups, but is
+//! not written until a machine with AVX-512 can test it against the loops.
 
 use std::arch::x86_64::*;
 
