@@ -311,8 +311,8 @@ impl ScoreTable {
             }
             let per = codes_per_lane(part.bits);
             if let Ok(centroids) = <&[f32; 16]>::try_from(part.centroids) {
-                // One 4-bit code per lane, the bulk of a basis table: the loop below's bytes,
-                // in a form the compiler turns into vector instructions.
+                // One 4-bit code per lane, the bulk of a basis table: `fill_lanes`'s bytes, in
+                // a form the compiler turns into vector instructions.
                 for (l, &q) in part.query.iter().enumerate() {
                     let o = q * if q >= 0.0 { c_min } else { c_max };
                     offset += f64::from(o);
@@ -504,7 +504,9 @@ impl ScoreTable {
         &self.wide_query
     }
 
-    /// Their centroids `E_k` as byte tables ([`WidePart::centroids_at`]).
+    /// Their centroids `E_k` as byte tables ([`WidePart::centroids_at`]; the x86 kernel's
+    /// shuffles read them, the other targets run the loop over [`wide_centroid`](Self::wide_centroid)).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn wide_centroids(&self) -> &[u8] {
         &self.wide_centroids
     }

@@ -6,10 +6,10 @@
 //! 6-bit code costs ¾ of a byte per token. No nibble lane holds such a code whole, so the
 //! nibble kernels skip them (their lanes' table entries are zero) and this pass adds them:
 //! per coordinate, the 32 tokens' codes are put back together from their planes (a shift, a
-//! mask and an or per plane) into one byte each — [`gather_codes`] — and looked up in the
-//! for keys the part's 16-bit centroids `E_k`, multiplied by each query head's integer
-//! `Q_j` ([`ScoreTable`]: the products count the units the nibble lanes' bytes count
-//! `lane_unit` of, so a score is still one integer sum), for values the centroid bytes,
+//! mask and an or per plane) into one byte each — [`gather_codes`] — and looked up: for keys
+//! in the part's 16-bit centroids `E_k`, multiplied by each query head's integer `Q_j`
+//! ([`ScoreTable`]: the products count the units of which a nibble lane's byte counts
+//! `lane_unit`, so a score is still one integer sum), for values in the centroid bytes,
 //! multiplied by the weight bytes. Integer sums, so the same bits on every instruction set;
 //! the x86 forms (`wide_x86`: AVX2's byte shuffles and 16-bit multiply-adds, which AVX-512
 //! CPUs run too) are tested against these loops.
