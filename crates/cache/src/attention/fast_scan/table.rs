@@ -323,7 +323,7 @@ impl ScoreTable {
                     single_code_entries(q, o, centroids, step, lane);
                 }
             } else {
-                fill_lanes(entries, part, first, step, &mut offset);
+                fill_lanes(entries, part, (c_min, c_max), first, step, &mut offset);
             }
             used += part.query.len().div_ceil(per);
             let run = first / 4 * 4..(first + part.lanes).next_multiple_of(4).min(lanes);
@@ -522,9 +522,16 @@ impl ScoreTable {
 }
 
 /// The byte entries of a nibble part's lanes from lane `first` (the general form: several
-/// codes per nibble, or fewer than 16 codes), adding its coordinates' offsets to `offset`.
-fn fill_lanes(entries: &mut [u8], part: &TablePart<'_>, first: usize, step: f32, offset: &mut f64) {
-    let (c_min, c_max) = part.range();
+/// codes per nibble, or fewer than 16 codes; `(c_min, c_max)` its codebook's range), adding
+/// its coordinates' offsets to `offset`.
+fn fill_lanes(
+    entries: &mut [u8],
+    part: &TablePart<'_>,
+    (c_min, c_max): (f32, f32),
+    first: usize,
+    step: f32,
+    offset: &mut f64,
+) {
     let (bits, per) = (part.bits, codes_per_lane(part.bits));
     let mask = (1usize << bits) - 1;
     for (l, lane) in part.query.chunks(per).enumerate() {

@@ -158,41 +158,57 @@ mod tests {
         (6, 3),
     ];
 
+    /// A random codebook per part of `PARTS`.
+    fn codebooks(rng: &mut Rng) -> Vec<Vec<f32>> {
+        PARTS
+            .iter()
+            .map(|&(b, _)| (0..1 << b).map(|_| rng.unit()).collect())
+            .collect()
+    }
+
+    /// A random query slice per part of `PARTS`, the wide parts' scaled by `boost`.
+    fn queries(rng: &mut Rng, boost: f32) -> Vec<Vec<f32>> {
+        PARTS
+            .iter()
+            .map(|&(b, d)| {
+                let scale = if super::super::table::is_wide(b) {
+                    boost
+                } else {
+                    1.0
+                };
+                (0..d).map(|_| scale * rng.unit()).collect()
+            })
+            .collect()
+    }
+
+    /// The table parts of a record of `PARTS` with these queries and codebooks.
+    fn table_parts<'a>(queries: &'a [Vec<f32>], codebooks: &'a [Vec<f32>]) -> Vec<TablePart<'a>> {
+        PARTS
+            .iter()
+            .zip(queries)
+            .zip(codebooks)
+            .map(|((&(bits, d), query), centroids)| TablePart {
+                query,
+                centroids,
+                bits,
+                lanes: 8 * words_for(d, bits),
+            })
+            .collect()
+    }
+
     /// One table per entry of `boosts` over a record of `PARTS` (random codebooks, then per
     /// head random queries, the wide parts' scaled by the head's boost), and the record's lanes.
     fn tables(rng: &mut Rng, boosts: &[f32]) -> (Vec<ScoreTable>, usize) {
         let lanes: usize = PARTS.iter().map(|&(b, d)| 8 * words_for(d, b)).sum();
-        let codebooks: Vec<Vec<f32>> = PARTS
-            .iter()
-            .map(|&(b, _)| (0..1 << b).map(|_| rng.unit()).collect())
-            .collect();
+        let codebooks = codebooks(rng);
         let tables = boosts
             .iter()
             .map(|&boost| {
-                let queries: Vec<Vec<f32>> = PARTS
-                    .iter()
-                    .map(|&(b, d)| {
-                        let scale = if super::super::table::is_wide(b) {
-                            boost
-                        } else {
-                            1.0
-                        };
-                        (0..d).map(|_| scale * rng.unit()).collect()
-                    })
-                    .collect();
-                let parts: Vec<TablePart<'_>> = PARTS
-                    .iter()
-                    .zip(&queries)
-                    .zip(&codebooks)
-                    .map(|((&(bits, d), query), centroids)| TablePart {
-                        query,
-                        centroids,
-                        bits,
-                        lanes: 8 * words_for(d, bits),
-                    })
-                    .collect();
+                let queries = queries(rng, boost);
                 let mut table = ScoreTable::default();
-                table.rebuild_parts(&parts, lanes).unwrap();
+                table
+                    .rebuild_parts(&table_parts(&queries, &codebooks), lanes)
+                    .unwrap();
                 table
             })
             .collect();
@@ -295,32 +311,9 @@ mod tests {
         let mut rng = Rng(11);
         for boost in [1.0f32, 20.0, 300.0, 1e-3] {
             let mut rng2 = Rng(rng.next());
-            let codebooks: Vec<Vec<f32>> = PARTS
-                .iter()
-                .map(|&(b, _)| (0..1 << b).map(|_| rng2.unit()).collect())
-                .collect();
-            let queries: Vec<Vec<f32>> = PARTS
-                .iter()
-                .map(|&(b, d)| {
-                    let scale = if super::super::table::is_wide(b) {
-                        boost
-                    } else {
-                        1.0
-                    };
-                    (0..d).map(|_| scale * rng2.unit()).collect()
-                })
-                .collect();
-            let parts: Vec<TablePart<'_>> = PARTS
-                .iter()
-                .zip(&queries)
-                .zip(&codebooks)
-                .map(|((&(bits, d), query), centroids)| TablePart {
-                    query,
-                    centroids,
-                    bits,
-                    lanes: 8 * words_for(d, bits),
-                })
-                .collect();
+            let codebooks = codebooks(&mut rng2);
+            let queries = queries(&mut rng2, boost);
+            let parts = table_parts(&queries, &codebooks);
             let lanes: usize = parts.iter().map(|p| p.lanes).sum();
             let mut table = ScoreTable::default();
             table
