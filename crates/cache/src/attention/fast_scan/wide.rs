@@ -439,4 +439,53 @@ mod tests {
             assert_eq!(expected[0], 0.25 + 0.5 * sum as f32);
         }
     }
+
+    /// A part whose last group's padding reaches past the block — a 6- or 8-bit part, its
+    /// last plane as wide as 2 or 4 bits, over a dimension not a multiple of 4, at the end of
+    /// a record — is read lane by lane (the vector kernels check the lanes once per part and
+    /// read within them unchecked): the same bits as the scalar loop, which reads only the
+    /// part's own coordinates.
+    #[test]
+    fn a_part_ending_its_block_sums_the_same_on_every_instruction_set() {
+        let mut rng = Rng(41);
+        for (bits, dim) in [(6u8, 5usize), (6, 9), (8, 7), (8, 1), (7, 9), (3, 10)] {
+            let part = WidePart::new(bits, dim, 2).unwrap();
+            let end = part
+                .spans
+                .iter()
+                .map(|s| s.first_lane + s.lanes)
+                .max()
+                .unwrap();
+            let block: Vec<u8> = (0..end * 16).map(|_| rng.next() as u8).collect();
+            let centroids: Vec<f32> = (0..1 << bits).map(|_| rng.unit()).collect();
+            let tables = ValueTables::new(&centroids, bits);
+            let weights: Vec<[u8; BLOCK]> = (0..2)
+                .map(|_| std::array::from_fn(|_| (rng.next() % 128) as u8))
+                .collect();
+            let scales = [0.75f32, 2.0];
+            let rows = dim.next_multiple_of(2);
+            let mut expected = vec![0.5f32; 2 * rows];
+            accumulate_block(
+                &part,
+                &block,
+                rows,
+                &tables,
+                &weights,
+                &scales,
+                &mut expected,
+            );
+            for isa in Isa::available() {
+                let mut got = vec![0.5f32; 2 * rows];
+                accumulate(
+                    isa, &part, &block, rows, &tables, &weights, &scales, &mut got,
+                );
+                let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits_of(&got),
+                    bits_of(&expected),
+                    "{isa:?}, {bits} bits, d {dim}"
+                );
+            }
+        }
+    }
 }

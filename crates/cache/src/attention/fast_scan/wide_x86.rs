@@ -24,13 +24,21 @@ use crate::record_order::LANE_BYTES;
 /// a part's last group of four coordinates may lie past a record's last part).
 ///
 /// # Safety
-/// AVX2 must be available.
+/// AVX2 must be available; with `WITHIN` the lane must lie in the block
+/// ([`groups_within`]: the check is then made once per part, not per lane).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn nibbles(block: &[u8], lane: usize) -> __m256i {
+unsafe fn nibbles<const WITHIN: bool>(block: &[u8], lane: usize) -> __m256i {
     let at = lane * LANE_BYTES;
-    let Some(bytes) = block.get(at..at + LANE_BYTES) else {
-        return _mm256_setzero_si256();
+    let bytes = if WITHIN {
+        debug_assert!(at + LANE_BYTES <= block.len());
+        // SAFETY: the lane lies in the block (the caller's contract).
+        unsafe { block.get_unchecked(at..at + LANE_BYTES) }
+    } else {
+        match block.get(at..at + LANE_BYTES) {
+            Some(bytes) => bytes,
+            None => return _mm256_setzero_si256(),
+        }
     };
     // SAFETY: `bytes` holds 16 bytes.
     let v = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
@@ -41,6 +49,17 @@ fn nibbles(block: &[u8], lane: usize) -> __m256i {
         _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4),
     );
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// How many of `part`'s groups of four coordinates, from the first, read only lanes inside
+/// `block`: those [`group`] may read without a check per lane (all of them, unless the
+/// padding of the last group reaches past a record's last part).
+fn groups_within(part: &WidePart, block: &[u8]) -> usize {
+    let lanes = block.len() / LANE_BYTES;
+    part.spans
+        .iter()
+        .map(|span| lanes.saturating_sub(span.first_lane) / usize::from(span.width))
+        .fold(part.dim.div_ceil(4), usize::min)
 }
 
 /// The plane widths of a `bits`-bit code, low bits first, 0 past the last plane (what
@@ -64,9 +83,14 @@ const fn widths(bits: u8) -> [u8; 3] {
 /// and the codes stay in registers.
 ///
 /// # Safety
-/// AVX2 must be available (it is inlined into the AVX2 and AVX-512 kernels).
+/// AVX2 must be available (it is inlined into the AVX2 kernels); with `WITHIN`, `k` must be
+/// below [`groups_within`].
 #[inline(always)]
-unsafe fn group<const B: u8>(part: &WidePart, block: &[u8], k: usize) -> [__m256i; 4] {
+unsafe fn group<const B: u8, const WITHIN: bool>(
+    part: &WidePart,
+    block: &[u8],
+    k: usize,
+) -> [__m256i; 4] {
     debug_assert_eq!(part.bits, B);
     let widths = const { widths(B) };
     // SAFETY: AVX2 is available (the caller's contract); every `lut` holds 16 bytes.
@@ -79,7 +103,7 @@ unsafe fn group<const B: u8>(part: &WidePart, block: &[u8], k: usize) -> [__m256
             let (w, m) = (usize::from(width), usize::from(4 / width));
             let first = part.spans[p].first_lane;
             for l in 0..w {
-                let n = nibbles(block, first + k * w + l);
+                let n = nibbles::<WITHIN>(block, first + k * w + l);
                 for i in 0..m {
                     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
                         part.luts[p][i].as_ptr().cast(),
@@ -186,12 +210,20 @@ unsafe fn block_avx2<const B: u8>(
         *lut = _mm256_broadcastsi128_si256(t);
     }
     let mut centroids = [_mm256_setzero_si256(); PASS];
+    let within = groups_within(part, block);
     for pass in 0..part.dim.div_ceil(PASS) {
         let valid = (part.dim - pass * PASS).min(PASS);
         for (half, c) in centroids.chunks_exact_mut(4).enumerate() {
             if 4 * half < valid {
-                // SAFETY: AVX2 is enabled here.
-                let codes = unsafe { group::<B>(part, block, 2 * pass + half) };
+                let k = 2 * pass + half;
+                // SAFETY: AVX2 is enabled here; `k < within` for the unchecked form.
+                let codes = unsafe {
+                    if k < within {
+                        group::<B, true>(part, block, k)
+                    } else {
+                        group::<B, false>(part, block, k)
+                    }
+                };
                 for (c, codes) in c.iter_mut().zip(codes) {
                     *c = centroid_bytes(&luts, bits, codes);
                 }
@@ -212,12 +244,23 @@ unsafe fn block_avx2<const B: u8>(
             let low = _mm256_permute2x128_si256::<0x20>(a, b);
             let high = _mm256_permute2x128_si256::<0x31>(a, b);
             let sums = _mm256_add_epi32(low, high);
-            let mut out = [0i32; PASS];
-            // SAFETY: `out` holds 8 i32.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sums) };
             let at = h * rows + pass * PASS;
-            for (lane, &sum) in lanes[at..at + valid].iter_mut().zip(&out) {
-                *lane += scale * sum as f32;
+            if valid == PASS {
+                // `lane + scale·sum`, each lane rounded as the loop below rounds it.
+                let lanes = &mut lanes[at..at + PASS];
+                let add = _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sums));
+                // SAFETY: `lanes` holds 8 f32.
+                unsafe {
+                    let sum = _mm256_add_ps(_mm256_loadu_ps(lanes.as_ptr()), add);
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+                }
+            } else {
+                let mut out = [0i32; PASS];
+                // SAFETY: `out` holds 8 i32.
+                unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sums) };
+                for (lane, &sum) in lanes[at..at + valid].iter_mut().zip(&out) {
+                    *lane += scale * sum as f32;
+                }
             }
         }
     }
@@ -361,10 +404,17 @@ unsafe fn gather_part<const B: u8>(
 ) {
     let (at, len) = (part.centroids_at, part.centroid_len());
     debug_assert_eq!(part.query_at, 2 * (gathered.first + gathered.len));
+    let within = groups_within(part, block);
     for k in 0..part.dim.div_ceil(4) {
-        // SAFETY: AVX2 is enabled here (and for the calls below); the lengths are asserted in
-        // `centroid_words`.
-        let codes = unsafe { group::<B>(part, block, k) };
+        // SAFETY: AVX2 is enabled here (and for the calls below); `k < within` for the
+        // unchecked form; the lengths are asserted in `centroid_words`.
+        let codes = unsafe {
+            if k < within {
+                group::<B, true>(part, block, k)
+            } else {
+                group::<B, false>(part, block, k)
+            }
+        };
         // Both pairs of every group, so that the pairs stay consecutive: the coordinates past
         // the part's (defined codes of another part or of zero lanes) meet padding slots,
         // whose `Q` is zero.
@@ -414,4 +464,22 @@ fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m256i;
     }
     gathered.first += n;
     gathered.len = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The groups read unchecked stop before the first whose lanes reach past the block: a
+    /// 6-bit part of 5 coordinates (a 4-bit plane of 5 lanes, then a 2-bit plane of 3) reads
+    /// lanes 2 and 3 of its 2-bit plane for its second group.
+    #[test]
+    fn groups_within_stop_at_the_first_lane_past_the_block() {
+        let part = WidePart::new(6, 5, 2).unwrap();
+        let end = 2 + 5 + 3;
+        assert_eq!(groups_within(&part, &vec![0u8; end * LANE_BYTES]), 1);
+        assert_eq!(groups_within(&part, &vec![0u8; (end + 1) * LANE_BYTES]), 2);
+        assert_eq!(groups_within(&part, &vec![0u8; 60 * LANE_BYTES]), 2);
+        assert_eq!(groups_within(&part, &[]), 0);
+    }
 }
