@@ -69,6 +69,10 @@ fn synthetic_needle_table_names_every_allocation() {
 
 #[test]
 fn needle_errors_are_messages_not_panics() {
+    // A spec without {key} hides the same needle whatever the seed.
+    let literal = std::env::temp_dir().join(format!("tq-literal-{}.toml", std::process::id()));
+    let spec = "filler = \"a\"\nneedle = \"b\"\nquestion = \"c\"\nfacts = [\"b\"]\n";
+    std::fs::write(&literal, spec).expect("temp file");
     for (args, says) in [
         (&["needle", "--synthetic", "--depths", "1.5"][..], "depth"),
         (&["needle", "--synthetic", "--alloc", "k9v9"][..], "k9v9"),
@@ -83,12 +87,23 @@ fn needle_errors_are_messages_not_panics() {
             "spec",
         ),
         (&["demo", "--depth=-0.5"][..], "depth"),
+        (
+            &[
+                "needle",
+                "--spec",
+                literal.to_str().expect("a UTF-8 temp path"),
+                "--key-seeds",
+                "1,2",
+            ][..],
+            "--key-seeds",
+        ),
     ] {
         let (ok, _, stderr) = tq(args);
         assert!(!ok, "tq {args:?} succeeded");
         assert!(stderr.contains(says), "tq {args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+    let _ = std::fs::remove_file(literal);
 }
 
 #[test]
@@ -128,6 +143,60 @@ fn needle_json_rows_have_the_contract_keys() {
         assert_eq!(row["facts_total"], 1);
         assert_eq!(row["context"], 300);
     }
+}
+
+/// `--key-seeds` runs the grid once per seed: each seed hides another key in the same cells,
+/// the rows say which, and the table's summary pairs the allocations on the same cells.
+#[test]
+fn key_seeds_run_the_grid_once_per_seed() {
+    if !model_present() {
+        return;
+    }
+    let grid = [
+        "needle",
+        "--contexts",
+        "300",
+        "--depths",
+        "0.5",
+        "--alloc",
+        "f16,tq3.5",
+        "--max-tokens",
+        "8",
+        "--key-seeds",
+        "1,2",
+    ];
+    let json: Vec<&str> = grid.iter().copied().chain(["--json"]).collect();
+    let (ok, stdout, stderr) = tq(&json);
+    assert!(ok, "{stderr}");
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    let rows = rows.as_array().expect("an array");
+    let cells: Vec<(String, u64, String)> = rows
+        .iter()
+        .map(|r| {
+            let seed = r["key_seed"].as_u64().expect("a key seed");
+            (r["alloc"].to_string(), seed, r["expected"].to_string())
+        })
+        .collect();
+    assert_eq!(cells.len(), 4, "{cells:?}");
+    let seeds: Vec<u64> = cells.iter().map(|c| c.1).collect();
+    assert_eq!(seeds, [1, 1, 2, 2]);
+    // The two allocations of a seed look for the same key; the two seeds for different ones.
+    assert_eq!(cells[0].2, cells[1].2);
+    assert_eq!(cells[2].2, cells[3].2);
+    assert_ne!(cells[0].2, cells[2].2);
+
+    let (ok, stdout, stderr) = tq(&grid);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("key seed"), "{stdout}");
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("tq3.5:"))
+        .unwrap_or_else(|| panic!("no summary line for tq3.5: {stdout}"));
+    assert!(
+        summary.contains("of 2 cells") && summary.contains("against f16 on the same 2 cells"),
+        "{summary}"
+    );
+    assert!(summary.contains("McNemar's exact p ="), "{summary}");
 }
 
 /// `--concurrent` runs the cells as parallel tasks: the same rows in the same order, the same

@@ -10,7 +10,7 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, run_grid,
+    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, paired_hits, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -34,6 +34,12 @@ pub struct NeedleArgs {
     /// Needle depths in [0, 1].
     #[arg(long, value_delimiter = ',', default_values_t = vec![0.1, 0.5, 0.9])]
     depths: Vec<f64>,
+    /// Pass-key seeds: the grid once per seed, each drawing other keys for the same cells
+    /// (the spec's `key_seed` replaced); with several allocations the summary pairs each with
+    /// the first on the same cells (McNemar's exact test) [default: the spec's `key_seed`, 7
+    /// for the built-in spec].
+    #[arg(long, value_delimiter = ',')]
+    key_seeds: Vec<u64>,
     /// New tokens at most per answer.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
@@ -138,6 +144,13 @@ pub(super) fn read_spec(
 
 fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     let spec = read_spec(args.spec.as_deref())?;
+    if args.key_seeds.len() > 1 && spec.as_ref().is_some_and(|spec| !spec.uses_key()) {
+        return Err(
+            "--key-seeds: this spec draws no pass key ({key} appears nowhere), so \
+                    every seed would ask the same prompts"
+                .into(),
+        );
+    }
     let allocations = load_allocations(&or_default(&args.alloc, &MODEL_ALLOCS))?;
     let contexts = or_default(&args.contexts, &MODEL_CONTEXTS);
     let model = super::model::open_model(&args.model)?;
@@ -157,7 +170,12 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         prefill_chunk: args.prefill_chunk,
         ..NeedleOptions::default()
     };
-    let cells = contexts.len() * args.depths.len() * allocations.len();
+    let seeds = if args.key_seeds.is_empty() {
+        vec![spec.key_seed]
+    } else {
+        args.key_seeds.clone()
+    };
+    let cells = seeds.len() * contexts.len() * args.depths.len() * allocations.len();
     let bar = progress(cells as u64);
     let named: Vec<(&str, &Allocation)> = allocations
         .iter()
@@ -173,36 +191,74 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         CellOrder::OneAtATime
     };
-    let rows = run_grid(
-        model,
-        &tokenizer,
-        &style,
-        &spec,
-        &grid,
-        &options,
-        order,
-        &|row| {
-            bar.set_message(format!(
-                "{} at {} tokens, depth {:.0}%: done",
-                row.alloc,
-                row.context,
-                100.0 * row.depth
-            ));
-            bar.inc(1);
-        },
-    )?;
+    let mut rows = Vec::with_capacity(cells);
+    for &key_seed in &seeds {
+        let spec = NeedleSpec {
+            key_seed,
+            ..spec.clone()
+        };
+        rows.extend(run_grid(
+            model,
+            &tokenizer,
+            &style,
+            &spec,
+            &grid,
+            &options,
+            order,
+            &|row| {
+                bar.set_message(format!(
+                    "{} at {} tokens, depth {:.0}%, key seed {key_seed}: done",
+                    row.alloc,
+                    row.context,
+                    100.0 * row.depth
+                ));
+                bar.inc(1);
+            },
+        )?);
+    }
     bar.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("{}", model_table(&rows));
-        let hits = rows.iter().filter(|r| r.hit()).count();
-        println!(
-            "\n{hits} of {} cells retrieved every fact (exact case).",
-            rows.len()
-        );
+        println!("{}", model_table(&rows, seeds.len() > 1));
+        println!();
+        for line in summary(&rows, &named) {
+            println!("{line}");
+        }
     }
     Ok(())
+}
+
+/// Per allocation, the cells that retrieved every fact; after the first, each paired with the
+/// first on the same cells.
+fn summary(rows: &[NeedleRow], allocations: &[(&str, &Allocation)]) -> Vec<String> {
+    let hits = |name: &str| {
+        let mine = rows.iter().filter(|r| r.alloc == name);
+        let cells = mine.clone().count();
+        (mine.filter(|r| r.hit()).count(), cells)
+    };
+    let mut lines = Vec::new();
+    let Some(&(baseline, _)) = allocations.first() else {
+        return lines;
+    };
+    for &(name, _) in allocations {
+        let (found, cells) = hits(name);
+        let mut line =
+            format!("{name}: {found} of {cells} cells retrieved every fact (exact case)");
+        if name != baseline {
+            let paired = paired_hits(rows, name, baseline);
+            line += &format!(
+                "; against {baseline} on the same {} cells: {} found where it missed, {} \
+                 missed where it found (McNemar's exact p = {:.3})",
+                paired.cells,
+                paired.only_this,
+                paired.only_baseline,
+                paired.p_value()
+            );
+        }
+        lines.push(line + ".");
+    }
+    lines
 }
 
 /// The answer on one line, cut to `width` characters.
@@ -216,11 +272,12 @@ pub(crate) fn one_line(answer: &str, width: usize) -> String {
     }
 }
 
-fn model_table(rows: &[NeedleRow]) -> String {
+/// The rows as a table, with a key seed column when the grid ran several.
+fn model_table(rows: &[NeedleRow], seeds: bool) -> String {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
+            let mut cells = vec![
                 r.alloc.clone(),
                 r.prompt_tokens.to_string(),
                 format!("{:.0}%", 100.0 * r.depth),
@@ -229,22 +286,27 @@ fn model_table(rows: &[NeedleRow]) -> String {
                 format!("{:.2}", r.score_case_insensitive),
                 r.expected.join(", "),
                 one_line(&r.answer, 48),
-            ]
+            ];
+            if seeds {
+                cells.insert(3, r.key_seed.to_string());
+            }
+            cells
         })
         .collect();
-    table(
-        &[
-            "allocation",
-            "tokens",
-            "depth",
-            "",
-            "facts",
-            "score (any case)",
-            "expected",
-            "answer",
-        ],
-        &cells,
-    )
+    let mut header = vec![
+        "allocation",
+        "tokens",
+        "depth",
+        "",
+        "facts",
+        "score (any case)",
+        "expected",
+        "answer",
+    ];
+    if seeds {
+        header.insert(3, "key seed");
+    }
+    table(&header, &cells)
 }
 
 fn run_synthetic_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {

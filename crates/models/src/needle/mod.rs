@@ -9,10 +9,13 @@
 //! greedily and [`score`](score::score) counts the facts found, with exact and
 //! case-insensitive matching as the evaluation seed does. One call is one cell of the
 //! (allocation, context, depth) grid and yields one [`NeedleRow`]; [`run_grid`] runs a whole
-//! grid, one cell at a time or concurrently ([`CellOrder`]).
+//! grid, one cell at a time or concurrently ([`CellOrder`]); [`paired_hits`] compares two
+//! allocations over the same cells (McNemar's exact test: `tq needle --key-seeds` runs a grid
+//! per pass key for it).
 
 mod error;
 mod grid;
+mod paired;
 pub mod prompt;
 mod run;
 pub mod score;
@@ -21,6 +24,7 @@ mod style;
 
 pub use error::NeedleError;
 pub use grid::{CellOrder, NeedleGrid, run_grid};
+pub use paired::{PairedHits, paired_hits};
 pub use prompt::{NeedlePrompt, build_prompt};
 pub use run::{NeedleOptions, NeedleRow, run_cell, run_prompt};
 pub use score::{FactScore, score};

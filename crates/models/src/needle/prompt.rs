@@ -15,6 +15,8 @@ pub struct NeedlePrompt {
     pub tokens: Vec<u32>,
     /// The pass key, if the spec draws one.
     pub key: Option<u32>,
+    /// The spec's `key_seed`, which drew the key.
+    pub key_seed: u64,
     /// The facts with the key filled in.
     pub facts: Vec<String>,
     /// Token index where the haystack (filler and needle) starts.
@@ -159,6 +161,7 @@ pub fn build_prompt(
         text,
         tokens,
         key,
+        key_seed: spec.key_seed,
         facts,
         filler_sentences: count,
     })

@@ -44,6 +44,8 @@ pub struct NeedleRow {
     pub context: usize,
     /// Requested needle depth.
     pub depth: f64,
+    /// The spec's `key_seed` (which pass key this cell hid).
+    pub key_seed: u64,
     /// Facts found with exact case.
     pub facts_found: usize,
     /// Facts asked for.
@@ -143,6 +145,7 @@ pub fn run_prompt(
         alloc: alloc_name.to_owned(),
         context,
         depth,
+        key_seed: prompt.key_seed,
         facts_found: found.found,
         facts_total: found.total,
         score: found.score(),
