@@ -97,6 +97,16 @@ fn needle_errors_are_messages_not_panics() {
             ][..],
             "--key-seeds",
         ),
+        (
+            &[
+                "needle",
+                "--key-seeds",
+                "1,2,1",
+                "--model",
+                "/nonexistent.gguf",
+            ][..],
+            "seed 1 is given twice",
+        ),
     ] {
         let (ok, _, stderr) = tq(args);
         assert!(!ok, "tq {args:?} succeeded");

@@ -151,6 +151,16 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .into(),
         );
     }
+    if let Some((i, seed)) =
+        (args.key_seeds.iter().enumerate()).find(|(i, seed)| args.key_seeds[..*i].contains(seed))
+    {
+        return Err(format!(
+            "--key-seeds: seed {seed} is given twice (position {}): its cells would be \
+             counted twice",
+            i + 1
+        )
+        .into());
+    }
     let allocations = load_allocations(&or_default(&args.alloc, &MODEL_ALLOCS))?;
     let contexts = or_default(&args.contexts, &MODEL_CONTEXTS);
     let model = super::model::open_model(&args.model)?;
@@ -248,8 +258,8 @@ fn summary(rows: &[NeedleRow], allocations: &[(&str, &Allocation)]) -> Vec<Strin
         if name != baseline {
             let paired = paired_hits(rows, name, baseline);
             line += &format!(
-                "; against {baseline} on the same {} cells: {} found where it missed, {} \
-                 missed where it found (McNemar's exact p = {:.3})",
+                "; against {baseline} on the same {} cells: {} found where {baseline} missed, \
+                 {} missed where {baseline} found (McNemar's exact p = {:.3})",
                 paired.cells,
                 paired.only_this,
                 paired.only_baseline,

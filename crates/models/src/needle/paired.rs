@@ -132,6 +132,35 @@ mod tests {
         assert!(long > 0.0 && long < 1e-10, "{long}");
     }
 
+    /// `2·Σ_{i ≤ low} C(n, i) / 2^n` in exact integers (n ≤ 120 fits u128).
+    fn exact(only_this: usize, only_baseline: usize) -> f64 {
+        let n = (only_this + only_baseline) as u128;
+        let low = only_this.min(only_baseline) as u128;
+        let (mut c, mut sum) = (1u128, 0u128);
+        for i in 0..=low {
+            sum += c;
+            c = c * (n - i) / (i + 1);
+        }
+        (2.0 * sum as f64 / 2f64.powi(n as i32)).min(1.0)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 500,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(41),
+            ..Default::default()
+        })]
+
+        /// The p-value summed in logs is the exact binomial tail to a few roundings, for
+        /// every split of up to 120 discordant cells.
+        #[test]
+        fn p_values_match_exact_integer_tails(a in 0usize..=60, b in 0usize..=60) {
+            let p = paired(a, b).p_value();
+            let e = exact(a, b);
+            proptest::prop_assert!((p - e).abs() <= 1e-11 * e, "{a}/{b}: {p} vs {e}");
+        }
+    }
+
     fn row(alloc: &str, context: usize, key_seed: u64, hit: bool) -> NeedleRow {
         NeedleRow {
             alloc: alloc.into(),
