@@ -1,25 +1,8 @@
 //! The `tq` commands' JSON contracts and error behaviour, run as a user would run them.
 
-use std::process::Command;
+mod common;
 
-fn tq(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .expect("tq runs");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let (ok, stdout, stderr) = tq(args);
-    assert!(ok, "tq {args:?} failed: {stderr}");
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("tq {args:?} printed invalid JSON ({e}): {stdout}"))
-}
+use common::{json, tq};
 
 #[test]
 fn codebook_json_has_the_contract_keys_and_values() {

@@ -5,11 +5,27 @@
 
 mod common;
 
-use common::{present, tq};
+use common::{json, present, tq};
 use tq_models::fetch::KnownModel;
 
 fn model_present() -> bool {
     present(KnownModel::SmolLm2).is_some()
+}
+
+/// The smallest model grid (300 tokens, f16 and `tq3.5`, answers of `max_tokens` tokens) at
+/// `depths`, followed by `extra`.
+fn small_grid<'a>(depths: &'a str, max_tokens: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let grid = ["needle", "--contexts", "300", "--depths", depths];
+    let tail = ["--alloc", "f16,tq3.5", "--max-tokens", max_tokens];
+    grid.into_iter()
+        .chain(tail)
+        .chain(extra.iter().copied())
+        .collect()
+}
+
+/// The JSON rows `tq` prints for `args`.
+fn rows(args: &[&str]) -> Vec<serde_json::Value> {
+    json(args).as_array().expect("an array of rows").clone()
 }
 
 #[test]
@@ -121,21 +137,7 @@ fn needle_json_rows_have_the_contract_keys() {
     if !model_present() {
         return;
     }
-    let (ok, stdout, stderr) = tq(&[
-        "needle",
-        "--contexts",
-        "300",
-        "--depths",
-        "0.5",
-        "--alloc",
-        "f16,tq3.5",
-        "--max-tokens",
-        "12",
-        "--json",
-    ]);
-    assert!(ok, "{stderr}");
-    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout only");
-    let rows = rows.as_array().expect("an array");
+    let rows = rows(&small_grid("0.5", "12", &["--json"]));
     assert_eq!(rows.len(), 2);
     for row in rows {
         for key in [
@@ -162,24 +164,8 @@ fn key_seeds_run_the_grid_once_per_seed() {
     if !model_present() {
         return;
     }
-    let grid = [
-        "needle",
-        "--contexts",
-        "300",
-        "--depths",
-        "0.5",
-        "--alloc",
-        "f16,tq3.5",
-        "--max-tokens",
-        "8",
-        "--key-seeds",
-        "1,2",
-    ];
-    let json: Vec<&str> = grid.iter().copied().chain(["--json"]).collect();
-    let (ok, stdout, stderr) = tq(&json);
-    assert!(ok, "{stderr}");
-    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
-    let rows = rows.as_array().expect("an array");
+    let grid = small_grid("0.5", "8", &["--key-seeds", "1,2"]);
+    let rows = rows(&[grid.as_slice(), &["--json"]].concat());
     let cells: Vec<(String, u64, String)> = rows
         .iter()
         .map(|r| {
@@ -216,25 +202,8 @@ fn concurrent_cells_give_the_same_rows() {
     if !model_present() {
         return;
     }
-    let grid = [
-        "needle",
-        "--contexts",
-        "300",
-        "--depths",
-        "0.2,0.8",
-        "--alloc",
-        "f16,tq3.5",
-        "--max-tokens",
-        "8",
-        "--json",
-    ];
     let answers = |extra: &[&str]| {
-        let args: Vec<&str> = grid.iter().chain(extra).copied().collect();
-        let (ok, stdout, stderr) = tq(&args);
-        assert!(ok, "{stderr}");
-        let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
-        rows.as_array()
-            .expect("an array")
+        rows(&small_grid("0.2,0.8", "8", &[&["--json"], extra].concat()))
             .iter()
             .map(|r| {
                 let keys = ["alloc", "context", "depth", "answer", "prompt_tokens"];

@@ -1,4 +1,5 @@
-//! What the CLI tests share: running the `tq` binary, and skipping when a model is absent.
+//! What the CLI tests share: running the `tq` binary (and reading its JSON), and skipping when
+//! a model is absent.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -17,6 +18,14 @@ pub fn tq(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// Runs `tq` with `args`, asserts it succeeded and returns its stdout parsed as JSON.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let (ok, stdout, stderr) = tq(args);
+    assert!(ok, "tq {args:?} failed: {stderr}");
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("tq {args:?} printed invalid JSON ({e}): {stdout}"))
 }
 
 /// The model's file if it is present; otherwise skips with a message (`None`), or fails when

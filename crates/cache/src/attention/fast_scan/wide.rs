@@ -393,6 +393,40 @@ mod tests {
         }
     }
 
+    /// Value sums of `part` over `block` for one head per scale, every lane starting at
+    /// `start`: random centroids and weight bytes drawn from `rng` (in that order), the loop's
+    /// sums, asserted bit for bit on every instruction set; returns them with the weights and
+    /// the tables.
+    fn value_sums_on_every_isa(
+        rng: &mut Rng,
+        part: &WidePart,
+        block: &[u8],
+        scales: &[f32],
+        start: f32,
+    ) -> (Vec<f32>, Vec<[u8; BLOCK]>, ValueTables) {
+        let bits = part.bits;
+        let centroids: Vec<f32> = (0..1 << bits).map(|_| rng.unit()).collect();
+        let tables = ValueTables::new(&centroids, bits);
+        let weights: Vec<[u8; BLOCK]> = (0..scales.len())
+            .map(|_| std::array::from_fn(|_| (rng.next() % 128) as u8))
+            .collect();
+        let rows = part.dim.next_multiple_of(2);
+        let mut expected = vec![start; scales.len() * rows];
+        accumulate_block(part, block, rows, &tables, &weights, scales, &mut expected);
+        for isa in Isa::available() {
+            let mut got = vec![start; scales.len() * rows];
+            accumulate(isa, part, block, rows, &tables, &weights, scales, &mut got);
+            let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits_of(&got),
+                bits_of(&expected),
+                "{isa:?}, {bits} bits, d {}",
+                part.dim
+            );
+        }
+        (expected, weights, tables)
+    }
+
     /// The values' bit-plane sums: the same bits on every instruction set as the loop.
     #[test]
     fn wide_value_sums_are_the_same_on_every_instruction_set() {
@@ -404,31 +438,8 @@ mod tests {
             let part = WidePart::new(bits, dim, 3).unwrap();
             let lanes = 3 + 8 * words_for(dim, bits);
             let block: Vec<u8> = (0..lanes * 16).map(|_| rng.next() as u8).collect();
-            let centroids: Vec<f32> = (0..1 << bits).map(|_| rng.unit()).collect();
-            let tables = ValueTables::new(&centroids, bits);
-            let weights: Vec<[u8; BLOCK]> = (0..3)
-                .map(|_| std::array::from_fn(|_| (rng.next() % 128) as u8))
-                .collect();
-            let scales = [0.5f32, 1e-3, 3.0];
-            let rows = dim.next_multiple_of(2);
-            let mut expected = vec![0.25f32; 3 * rows];
-            accumulate_block(
-                &part,
-                &block,
-                rows,
-                &tables,
-                &weights,
-                &scales,
-                &mut expected,
-            );
-            for isa in Isa::available() {
-                let mut got = vec![0.25f32; 3 * rows];
-                accumulate(
-                    isa, &part, &block, rows, &tables, &weights, &scales, &mut got,
-                );
-                let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits_of(&got), bits_of(&expected), "{isa:?}, {bits} bits");
-            }
+            let (expected, weights, tables) =
+                value_sums_on_every_isa(&mut rng, &part, &block, &[0.5, 1e-3, 3.0], 0.25);
             // Coordinate 0 of head 0 by hand.
             let sum: i32 = (0..BLOCK)
                 .map(|t| {
@@ -457,35 +468,7 @@ mod tests {
                 .max()
                 .unwrap();
             let block: Vec<u8> = (0..end * 16).map(|_| rng.next() as u8).collect();
-            let centroids: Vec<f32> = (0..1 << bits).map(|_| rng.unit()).collect();
-            let tables = ValueTables::new(&centroids, bits);
-            let weights: Vec<[u8; BLOCK]> = (0..2)
-                .map(|_| std::array::from_fn(|_| (rng.next() % 128) as u8))
-                .collect();
-            let scales = [0.75f32, 2.0];
-            let rows = dim.next_multiple_of(2);
-            let mut expected = vec![0.5f32; 2 * rows];
-            accumulate_block(
-                &part,
-                &block,
-                rows,
-                &tables,
-                &weights,
-                &scales,
-                &mut expected,
-            );
-            for isa in Isa::available() {
-                let mut got = vec![0.5f32; 2 * rows];
-                accumulate(
-                    isa, &part, &block, rows, &tables, &weights, &scales, &mut got,
-                );
-                let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits_of(&got),
-                    bits_of(&expected),
-                    "{isa:?}, {bits} bits, d {dim}"
-                );
-            }
+            value_sums_on_every_isa(&mut rng, &part, &block, &[0.75, 2.0], 0.5);
         }
     }
 }

@@ -117,6 +117,28 @@ unsafe fn group<const B: u8, const WITHIN: bool>(
     }
 }
 
+/// [`group`] `k`, read unchecked below `within` (what [`groups_within`] gives for this part
+/// and block) and lane by lane from there.
+///
+/// # Safety
+/// AVX2 must be available; `within` must not exceed [`groups_within`]`(part, block)`.
+#[inline(always)]
+unsafe fn group_checked_past<const B: u8>(
+    part: &WidePart,
+    block: &[u8],
+    k: usize,
+    within: usize,
+) -> [__m256i; 4] {
+    // SAFETY: AVX2 is available (the caller's contract); `k < within` for the unchecked form.
+    unsafe {
+        if k < within {
+            group::<B, true>(part, block, k)
+        } else {
+            group::<B, false>(part, block, k)
+        }
+    }
+}
+
 /// The centroid bytes of 32 codes: `e[code]`, one `vpshufb` per 16 entries of the table
 /// (blended on the code's high bits where it has more than 4).
 ///
@@ -215,15 +237,9 @@ unsafe fn block_avx2<const B: u8>(
         let valid = (part.dim - pass * PASS).min(PASS);
         for (half, c) in centroids.chunks_exact_mut(4).enumerate() {
             if 4 * half < valid {
-                let k = 2 * pass + half;
-                // SAFETY: AVX2 is enabled here; `k < within` for the unchecked form.
-                let codes = unsafe {
-                    if k < within {
-                        group::<B, true>(part, block, k)
-                    } else {
-                        group::<B, false>(part, block, k)
-                    }
-                };
+                // SAFETY: AVX2 is enabled here; `within` is `groups_within(part, block)`.
+                let codes =
+                    unsafe { group_checked_past::<B>(part, block, 2 * pass + half, within) };
                 for (c, codes) in c.iter_mut().zip(codes) {
                     *c = centroid_bytes(&luts, bits, codes);
                 }
@@ -406,15 +422,9 @@ unsafe fn gather_part<const B: u8>(
     debug_assert_eq!(part.query_at, 2 * (gathered.first + gathered.len));
     let within = groups_within(part, block);
     for k in 0..part.dim.div_ceil(4) {
-        // SAFETY: AVX2 is enabled here (and for the calls below); `k < within` for the
-        // unchecked form; the lengths are asserted in `centroid_words`.
-        let codes = unsafe {
-            if k < within {
-                group::<B, true>(part, block, k)
-            } else {
-                group::<B, false>(part, block, k)
-            }
-        };
+        // SAFETY: AVX2 is enabled here (and for the calls below); `within` is
+        // `groups_within(part, block)`; the lengths are asserted in `centroid_words`.
+        let codes = unsafe { group_checked_past::<B>(part, block, k, within) };
         // Both pairs of every group, so that the pairs stay consecutive: the coordinates past
         // the part's (defined codes of another part or of zero lanes) meet padding slots,
         // whose `Q` is zero.
