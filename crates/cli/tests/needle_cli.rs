@@ -195,6 +195,45 @@ fn key_seeds_run_the_grid_once_per_seed() {
     assert!(summary.contains("McNemar's exact p ="), "{summary}");
 }
 
+/// `--needle-attention` measures the weight every query head of every layer puts on the
+/// needle without changing the answers, and the table names the heads that read it most.
+#[test]
+fn needle_attention_measures_every_head_without_changing_the_answers() {
+    if !model_present() {
+        return;
+    }
+    let answers = |rows: &[serde_json::Value]| -> Vec<String> {
+        rows.iter().map(|r| r["answer"].to_string()).collect()
+    };
+    let plain = rows(&small_grid("0.5", "8", &["--json"]));
+    let probed = rows(&small_grid("0.5", "8", &["--json", "--needle-attention"]));
+    assert_eq!(answers(&probed), answers(&plain));
+    assert!(plain[0].get("needle_attention").is_none(), "{}", plain[0]);
+    for row in &probed {
+        let layers = row["needle_attention"].as_array().expect("per layer");
+        assert_eq!(layers.len(), 30, "SmolLM2's layers");
+        let weights: Vec<f64> = layers
+            .iter()
+            .flat_map(|heads| heads.as_array().expect("per query head").clone())
+            .map(|w| w.as_f64().expect("a weight"))
+            .collect();
+        assert_eq!(weights.len(), 30 * 9, "SmolLM2's query heads");
+        assert!(
+            weights.iter().all(|w| (0.0..=1.0).contains(w)),
+            "{weights:?}"
+        );
+        // The needle is a sentence among some 300 tokens: some head reads it.
+        assert!(weights.iter().any(|&w| w > 0.1), "{weights:?}");
+    }
+    let (ok, stdout, stderr) = tq(&small_grid("0.5", "8", &["--needle-attention"]));
+    assert!(ok, "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("f16: KV heads by weight on the needle"))
+        .unwrap_or_else(|| panic!("no retrieval-head line for f16: {stdout}"));
+    assert_eq!(line.matches("layer ").count(), 12, "{line}");
+}
+
 /// `--concurrent` runs the cells as parallel tasks: the same rows in the same order, the same
 /// answers (only the speeds may differ).
 #[test]

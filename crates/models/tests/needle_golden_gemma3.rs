@@ -53,6 +53,7 @@ fn needle_retrieval_on_gemma3() {
         max_tokens: 12,
         prefill_chunk: 512,
         kernel: AttentionKernel::FusedOn(Isa::Avx2),
+        ..NeedleOptions::default()
     };
     let cells = run_grid(&model, &style, &spec, &ALLOCS, &CONTEXTS, &DEPTHS, &options);
     insta::with_settings!({

@@ -10,7 +10,8 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, paired_hits, run_grid,
+    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, paired_hits,
+    rank_retrieval_heads, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -54,6 +55,12 @@ pub struct NeedleArgs {
     /// flight holds a cache of its own (--max-cache-bytes bounds one).
     #[arg(long)]
     concurrent: bool,
+    /// Also measure, per layer and query head, the softmax weight on the needle while the
+    /// model answers (scored against the exact keys): JSON rows gain `needle_attention`
+    /// (`[layer][q_head]`), the table is followed by the KV heads that read the needle most
+    /// (the retrieval heads, where a recipe may spend more bits).
+    #[arg(long)]
+    needle_attention: bool,
     #[command(flatten)]
     budget: super::limits::CacheBudgetArgs,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
@@ -178,6 +185,7 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
     let options = NeedleOptions {
         max_tokens: args.max_tokens,
         prefill_chunk: args.prefill_chunk,
+        needle_attention: args.needle_attention,
         ..NeedleOptions::default()
     };
     let seeds = if args.key_seeds.is_empty() {
@@ -235,6 +243,15 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         for line in summary(&rows, &named) {
             println!("{line}");
         }
+        if args.needle_attention {
+            for &(name, _) in &named {
+                println!();
+                println!(
+                    "{}",
+                    retrieval_heads_line(&rows, name, model.dims().kv_heads)
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -269,6 +286,28 @@ fn summary(rows: &[NeedleRow], allocations: &[(&str, &Allocation)]) -> Vec<Strin
         lines.push(line + ".");
     }
     lines
+}
+
+/// How many KV heads the retrieval ranking prints.
+const RETRIEVAL_HEADS_SHOWN: usize = 12;
+
+/// The KV heads whose query heads put the most weight on the needle in `name`'s cells.
+fn retrieval_heads_line(rows: &[NeedleRow], name: &str, kv_heads: usize) -> String {
+    let cells = rows
+        .iter()
+        .filter(|r| r.alloc == name)
+        .filter_map(|r| r.needle_attention.as_deref());
+    let ranked = rank_retrieval_heads(cells, kv_heads);
+    let heads: Vec<String> = ranked
+        .iter()
+        .take(RETRIEVAL_HEADS_SHOWN)
+        .map(|h| format!("layer {} head {} {:.3}", h.layer, h.kv_head, h.weight))
+        .collect();
+    format!(
+        "{name}: KV heads by weight on the needle (mean over cells of the largest among their \
+         query heads): {}",
+        heads.join(", ")
+    )
 }
 
 /// The answer on one line, cut to `width` characters.

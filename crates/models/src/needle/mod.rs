@@ -11,8 +11,11 @@
 //! (allocation, context, depth) grid and yields one [`NeedleRow`]; [`run_grid`] runs a whole
 //! grid, one cell at a time or concurrently ([`CellOrder`]); [`paired_hits`] compares two
 //! allocations over the same cells (McNemar's exact test: `tq needle --key-seeds` runs a grid
-//! per pass key for it).
+//! per pass key for it). With [`NeedleOptions::needle_attention`] a cell also measures how
+//! much weight each query head puts on the needle while the model answers, and
+//! [`rank_retrieval_heads`] ranks the KV heads by it (`tq needle --needle-attention`).
 
+mod attention;
 mod error;
 mod grid;
 mod paired;
@@ -22,6 +25,7 @@ pub mod score;
 mod spec;
 mod style;
 
+pub use attention::{NeedleAttention, RetrievalHead, rank_retrieval_heads};
 pub use error::NeedleError;
 pub use grid::{CellOrder, NeedleGrid, run_grid};
 pub use paired::{PairedHits, paired_hits};

@@ -178,6 +178,7 @@ mod tests {
             cache_bytes_per_token: 0,
             prefill_tokens_per_s: 0.0,
             decode_tokens_per_s: 0.0,
+            needle_attention: None,
         }
     }
 

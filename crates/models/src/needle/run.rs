@@ -6,10 +6,11 @@ use tq_cache::allocation::Allocation;
 use tq_cache::attention::AttentionKernel;
 
 use crate::causal_lm::CausalLm;
-use crate::llama::generate::generate;
-use crate::llama::{GenerationOptions, Sampler};
+use crate::llama::generate::{generate, generate_with};
+use crate::llama::{CpuAttention, GenerationOptions, Sampler};
 use crate::tokenizer::Tokenizer;
 
+use super::attention::NeedleAttentionProbe;
 use super::prompt::{NeedlePrompt, build_prompt};
 use super::score::score;
 use super::{NeedleError, NeedleSpec, PromptStyle};
@@ -23,6 +24,10 @@ pub struct NeedleOptions {
     pub prefill_chunk: usize,
     /// CPU attention kernel.
     pub kernel: AttentionKernel,
+    /// Also measure the weight each query head puts on the needle while answering
+    /// ([`NeedleRow::needle_attention`]): the prompt's last token and every answer token are
+    /// scored a second time against the exact keys.
+    pub needle_attention: bool,
 }
 
 impl Default for NeedleOptions {
@@ -31,6 +36,7 @@ impl Default for NeedleOptions {
             max_tokens: 32,
             prefill_chunk: 256,
             kernel: AttentionKernel::Fused,
+            needle_attention: false,
         }
     }
 }
@@ -68,6 +74,11 @@ pub struct NeedleRow {
     pub prefill_tokens_per_s: f64,
     /// Decode steps per second.
     pub decode_tokens_per_s: f64,
+    /// With [`NeedleOptions::needle_attention`]: per layer and query head, the mean softmax
+    /// weight on the needle's tokens over the prompt's last token and the answer tokens, from
+    /// the exact keys (the model's own attention; where it is large, the head retrieves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_attention: Option<Vec<Vec<f32>>>,
 }
 
 impl NeedleRow {
@@ -130,14 +141,39 @@ pub fn run_prompt(
         kernel: options.kernel,
         stop_tokens,
     };
-    let generation = generate(
-        model,
-        &mut cache,
-        &prompt.tokens,
-        &mut Sampler::Greedy,
-        &generation_options,
-        |_| {},
-    )?;
+    let (generation, needle_attention) = if options.needle_attention {
+        let attention = CpuAttention {
+            cache: &mut cache,
+            kernel: options.kernel,
+        };
+        let last = prompt.tokens.len().saturating_sub(1);
+        let mut probe = NeedleAttentionProbe::new(
+            attention,
+            model.ring_slots(),
+            prompt.needle_token..prompt.needle_end,
+            last,
+        );
+        let generation = generate_with(
+            model,
+            &mut probe,
+            0,
+            &prompt.tokens,
+            &mut Sampler::Greedy,
+            &generation_options,
+            |_| {},
+        )?;
+        (generation, Some(probe.into_record().mean_per_head()))
+    } else {
+        let generation = generate(
+            model,
+            &mut cache,
+            &prompt.tokens,
+            &mut Sampler::Greedy,
+            &generation_options,
+            |_| {},
+        )?;
+        (generation, None)
+    };
     let answer = tokenizer.decode(&generation.tokens)?;
     let found = score(&answer, &prompt.facts);
     let cache_bytes_per_token = cache.memory().iter().map(|m| m.bytes_per_token).sum();
@@ -157,5 +193,6 @@ pub fn run_prompt(
         cache_bytes_per_token,
         prefill_tokens_per_s: generation.prefill_tokens_per_s(),
         decode_tokens_per_s: generation.decode_tokens_per_s(),
+        needle_attention,
     })
 }
