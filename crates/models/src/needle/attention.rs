@@ -118,8 +118,6 @@ pub(super) struct NeedleAttentionProbe<'a> {
     attention: CpuAttention<'a>,
     /// Per layer, the exact keys `[tokens, kv_heads·head_dim]` in append order.
     exact_keys: Vec<Vec<f32>>,
-    /// Per layer, the sliding window it attends over (`None`: every token).
-    windows: Vec<Option<usize>>,
     /// The needle's token positions.
     needle: Range<usize>,
     /// The first query position scored.
@@ -128,20 +126,18 @@ pub(super) struct NeedleAttentionProbe<'a> {
 }
 
 impl<'a> NeedleAttentionProbe<'a> {
-    /// A probe over `attention` for a model whose layers attend over `windows` (per layer,
-    /// [`CausalLm::ring_slots`](crate::causal_lm::CausalLm::ring_slots)), measuring the weight
-    /// on the tokens `needle` of query rows at positions `from` and later.
+    /// A probe over `attention` for a model of `layers` layers, measuring the weight on the
+    /// tokens `needle` of query rows at positions `from` and later. A sliding-window layer
+    /// scores only the tokens its window shows the query (the cache layout's window).
     pub(super) fn new(
         attention: CpuAttention<'a>,
-        windows: Vec<Option<usize>>,
+        layers: usize,
         needle: Range<usize>,
         from: usize,
     ) -> Self {
-        let layers = windows.len();
         Self {
             attention,
             exact_keys: vec![Vec::new(); layers],
-            windows,
             needle,
             from,
             record: NeedleAttention {
@@ -171,11 +167,10 @@ impl AttentionBackend for NeedleAttentionProbe<'_> {
         self.attention
             .attend(layer, queries, keys, values, positions, shape, out)?;
         let layers = self.exact_keys.len();
-        let (Some(exact), Some(mass), Some(rows), Some(&window)) = (
+        let (Some(exact), Some(mass), Some(rows)) = (
             self.exact_keys.get_mut(layer),
             self.record.mass.get_mut(layer),
             self.record.rows.get_mut(layer),
-            self.windows.get(layer),
         ) else {
             return Err(ModelError::InvalidCall(format!(
                 "layer {layer} of a needle probe for {layers} layers"
@@ -183,7 +178,7 @@ impl AttentionBackend for NeedleAttentionProbe<'_> {
         };
         exact.extend_from_slice(keys);
         let layout = self.attention.cache.kv(layer)?.layout();
-        let (d, kv_heads) = (layout.head_dim, layout.kv_heads);
+        let (d, kv_heads, window) = (layout.head_dim, layout.kv_heads, layout.window());
         let width = kv_heads * d;
         if exact.len() != positions.len() * width || !shape.q_heads.is_multiple_of(kv_heads.max(1))
         {
@@ -251,11 +246,18 @@ mod tests {
 
     use super::*;
 
-    /// An f16 cache of one layer with one KV head of dimension 2.
-    fn cache(tokens: usize) -> ModelCache {
+    /// An f16 cache of one layer with one KV head of dimension 2, growing or sliding over
+    /// `window` tokens.
+    fn cache(tokens: usize, window: Option<usize>) -> ModelCache {
         use tq_cache::kv_cache::{KvKind, KvLayout};
         use tq_cache::states::{StateKind, StateSpec};
         use tq_cache::token_store::Growth;
+        let kind = match window {
+            Some(window) => KvKind::Sliding { window },
+            None => KvKind::Growing {
+                growth: Growth::Static { capacity: tokens },
+            },
+        };
         let specs = vec![StateSpec {
             name: "blk.0.kv".into(),
             kind: StateKind::Kv {
@@ -263,10 +265,9 @@ mod tests {
                 layout: KvLayout {
                     kv_heads: 1,
                     head_dim: 2,
-                    kind: KvKind::Growing {
-                        growth: Growth::Static { capacity: tokens },
-                    },
-                    max_rewind: 0,
+                    kind,
+                    // A ring that takes a whole call's tokens at once.
+                    max_rewind: tokens,
                     rope_pairs: tq_cache::basis::RopePairs::Adjacent,
                     rope_base: tq_cache::rope_center::RopeBase::UNKNOWN,
                 },
@@ -278,14 +279,14 @@ mod tests {
 
     #[test]
     fn weights_on_the_needle_follow_the_softmax_of_the_exact_scores() {
-        let mut cache = cache(8);
+        let mut cache = cache(8, None);
         let attention = CpuAttention {
             cache: &mut cache,
             kernel: AttentionKernel::Fused,
         };
         // Four tokens in two calls; the needle is token 1. One query head; positions 0-2 come
         // before `from` and are not scored.
-        let mut probe = NeedleAttentionProbe::new(attention, vec![None], 1..2, 3);
+        let mut probe = NeedleAttentionProbe::new(attention, 1, 1..2, 3);
         let keys = [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.5];
         let values = [0.0; 8];
         let queries = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 2.0, 1.0];
@@ -332,30 +333,27 @@ mod tests {
 
     #[test]
     fn a_sliding_window_hides_a_needle_behind_it() {
-        let mut cache = cache(8);
-        let attention = CpuAttention {
-            cache: &mut cache,
-            kernel: AttentionKernel::Fused,
+        // The needle is token 0, whose key scores 9 against every query; position 3 with a
+        // window of 3 sees tokens 1..=3 only.
+        let weight = |window: Option<usize>| {
+            let mut cache = cache(8, window);
+            let attention = CpuAttention {
+                cache: &mut cache,
+                kernel: AttentionKernel::Fused,
+            };
+            let mut probe = NeedleAttentionProbe::new(attention, 1, 0..1, 3);
+            let keys = [9.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 1.0];
+            let shape = AttentionShape {
+                q_heads: 1,
+                scale: 1.0,
+            };
+            let positions = [0, 1, 2, 3];
+            let mut out = [0.0; 8];
+            let result = probe.attend(0, &[1.0; 8], &keys, &[0.0; 8], &positions, shape, &mut out);
+            result.expect("attends");
+            probe.into_record().mean_per_head()[0][0]
         };
-        // The needle is token 0; position 3 with a window of 3 sees tokens 1..=3 only.
-        let mut probe = NeedleAttentionProbe::new(attention, vec![Some(3)], 0..1, 3);
-        let keys = [9.0, 0.0, 0.0, 1.0, 0.5, 0.5, 1.0, 1.0];
-        let mut out = [0.0; 8];
-        let shape = AttentionShape {
-            q_heads: 1,
-            scale: 1.0,
-        };
-        let result = probe.attend(
-            0,
-            &[1.0; 8],
-            &keys,
-            &[0.0; 8],
-            &[0, 1, 2, 3],
-            shape,
-            &mut out,
-        );
-        // The cache itself has no window, but the probe counts only what the layer would see.
-        result.expect("attends");
-        assert_eq!(probe.into_record().mean_per_head()[0][0], 0.0);
+        assert_eq!(weight(Some(3)), 0.0);
+        assert!(weight(None) > 0.99, "{}", weight(None));
     }
 }

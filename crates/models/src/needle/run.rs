@@ -149,7 +149,7 @@ pub fn run_prompt(
         let last = prompt.tokens.len().saturating_sub(1);
         let mut probe = NeedleAttentionProbe::new(
             attention,
-            model.ring_slots(),
+            model.dims().layers,
             prompt.needle_token..prompt.needle_end,
             last,
         );
