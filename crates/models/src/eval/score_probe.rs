@@ -354,11 +354,19 @@ fn body_error(
     Ok(())
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter()
         .zip(b)
         .map(|(&x, &y)| f64::from(x) * f64::from(y))
         .sum()
+}
+
+/// The softmax weights of `scores` (shifted by their maximum, so no score overflows).
+pub(crate) fn softmax(scores: &[f64]) -> impl Iterator<Item = f64> {
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+    let total: f64 = w.iter().sum();
+    w.into_iter().map(move |x| x / total)
 }
 
 /// The statistics of one query row from its exact and compressed scores.
@@ -368,12 +376,6 @@ fn row_stats(exact: &[f64], approx: &[f64]) -> LayerScoreStats {
     }
     let squared_error = exact.iter().zip(approx).map(|(e, a)| (a - e).powi(2)).sum();
     let squared_exact = exact.iter().map(|e| e * e).sum();
-    let softmax = |s: &[f64]| {
-        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
-        let total: f64 = w.iter().sum();
-        w.into_iter().map(move |x| x / total)
-    };
     let weight_tv_sum = 0.5
         * softmax(exact)
             .zip(softmax(approx))

@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use tq_cache::attention::AttentionShape;
 
+use crate::eval::score_probe::{dot, softmax};
 use crate::llama::{AttentionBackend, CpuAttention, ModelError};
 
 /// Per layer and query head, the softmax weight the model put on the needle's tokens,
@@ -128,7 +129,9 @@ pub(super) struct NeedleAttentionProbe<'a> {
 impl<'a> NeedleAttentionProbe<'a> {
     /// A probe over `attention` for a model of `layers` layers, measuring the weight on the
     /// tokens `needle` of query rows at positions `from` and later. A sliding-window layer
-    /// scores only the tokens its window shows the query (the cache layout's window).
+    /// scores only the tokens its window shows the query ([`KvCache::visible`]).
+    ///
+    /// [`KvCache::visible`]: tq_cache::kv_cache::KvCache::visible
     pub(super) fn new(
         attention: CpuAttention<'a>,
         layers: usize,
@@ -177,8 +180,8 @@ impl AttentionBackend for NeedleAttentionProbe<'_> {
             )));
         };
         exact.extend_from_slice(keys);
-        let layout = self.attention.cache.kv(layer)?.layout();
-        let (d, kv_heads, window) = (layout.head_dim, layout.kv_heads, layout.window());
+        let kv = self.attention.cache.kv(layer)?;
+        let (d, kv_heads) = (kv.layout().head_dim, kv.layout().kv_heads);
         let width = kv_heads * d;
         if exact.len() != positions.len() * width || !shape.q_heads.is_multiple_of(kv_heads.max(1))
         {
@@ -193,30 +196,25 @@ impl AttentionBackend for NeedleAttentionProbe<'_> {
         let group = shape.q_heads / kv_heads;
         let n = queries.len() / (shape.q_heads * d).max(1);
         let first = positions.len() - n;
-        let mut weights = Vec::new();
+        let mut scores = Vec::new();
         for (i, query) in queries.chunks_exact(shape.q_heads * d).enumerate() {
-            let position = first + i;
-            if position < self.from {
+            if first + i < self.from {
                 continue;
             }
-            let visible = window.map_or(0, |w| (position + 1).saturating_sub(w))..position + 1;
+            // The tokens this layer shows the query (a sliding layer: its window).
+            let visible = kv.visible(positions[first + i]);
             for (h, q) in query.chunks_exact(d).enumerate() {
                 let g = h / group;
-                weights.clear();
-                weights.extend(visible.clone().map(|t| {
-                    let k = &exact[t * width + g * d..][..d];
-                    f64::from(shape.scale)
-                        * q.iter().zip(k).map(|(a, b)| f64::from(a * b)).sum::<f64>()
-                }));
-                let top = weights.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = weights.iter().map(|s| (s - top).exp()).sum();
-                let on_needle: f64 = visible
-                    .clone()
-                    .zip(&weights)
+                scores.clear();
+                scores.extend(
+                    visible
+                        .clone()
+                        .map(|t| f64::from(shape.scale) * dot(q, &exact[t * width + g * d..][..d])),
+                );
+                mass[h] += (visible.clone().zip(softmax(&scores)))
                     .filter(|(t, _)| self.needle.contains(t))
-                    .map(|(_, s)| (s - top).exp())
-                    .sum();
-                mass[h] += on_needle / total;
+                    .map(|(_, w)| w)
+                    .sum::<f64>();
             }
             *rows += 1;
         }
