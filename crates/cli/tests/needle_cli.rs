@@ -123,6 +123,24 @@ fn needle_errors_are_messages_not_panics() {
             ][..],
             "seed 1 is given twice",
         ),
+        (
+            &[
+                "needle",
+                "--exact-needle",
+                "both",
+                "--exact-needle-layers",
+                "3-1",
+            ][..],
+            "comes before",
+        ),
+        (
+            &["needle", "--exact-needle", "both", "--needle-attention"][..],
+            "cannot be used with",
+        ),
+        (
+            &["needle", "--exact-needle-layers", "0-3"][..],
+            "--exact-needle",
+        ),
     ] {
         let (ok, _, stderr) = tq(args);
         assert!(!ok, "tq {args:?} succeeded");
@@ -232,6 +250,84 @@ fn needle_attention_measures_every_head_without_changing_the_answers() {
         .find(|l| l.starts_with("f16: KV heads by weight on the needle"))
         .unwrap_or_else(|| panic!("no retrieval-head line for f16: {stdout}"));
     assert_eq!(line.matches("layer ").count(), 12, "{line}");
+}
+
+/// `--exact-needle` swaps the needle's share of every row after it (its window aside) for
+/// its exact keys and values, in the layers asked for: the rows say what was read exactly and
+/// how many outputs were swapped; a layer range beyond the model is a message.
+#[test]
+fn exact_needle_swaps_the_rows_after_the_needle_in_the_layers_asked_for() {
+    if !model_present() {
+        return;
+    }
+    let swapped = |extra: &[&str]| -> Vec<u64> {
+        let args = small_grid(
+            "0.2",
+            "8",
+            &[&["--json", "--exact-needle", "both"], extra].concat(),
+        );
+        rows(&args)
+            .iter()
+            .map(|row| {
+                let exact = &row["exact_needle"];
+                assert_eq!(exact[0]["streams"], "both", "{row}");
+                exact[1].as_u64().expect("a count of swapped outputs")
+            })
+            .collect()
+    };
+    let all = swapped(&[]);
+    let first_layer = swapped(&["--exact-needle-layers", "0-0"]);
+    let answer_only = swapped(&["--exact-needle-answer-only"]);
+    for ((all, first_layer), answer_only) in all.iter().zip(&first_layer).zip(&answer_only) {
+        // tq3.5 keeps no window, so its rows after the needle are swapped in every layer.
+        assert!(*first_layer > 0, "{first_layer}");
+        assert!(first_layer < all, "{first_layer} of {all}");
+        assert!(answer_only < all, "{answer_only} of {all}");
+    }
+    let plain = rows(&small_grid("0.2", "8", &["--json"]));
+    assert!(plain[0].get("exact_needle").is_none(), "{}", plain[0]);
+    let (ok, _, stderr) = tq(&small_grid(
+        "0.2",
+        "8",
+        &["--exact-needle", "keys", "--exact-needle-layers", "0-30"],
+    ));
+    assert!(
+        !ok && stderr.contains("the model has 30 layers"),
+        "{stderr}"
+    );
+}
+
+/// `--window-attention W` ranks every needle token in every layer, and the table reports the
+/// share in the top 1% per layer.
+#[test]
+fn window_attention_ranks_the_needles_tokens_in_every_layer() {
+    if !model_present() {
+        return;
+    }
+    for row in rows(&small_grid(
+        "0.5",
+        "4",
+        &["--json", "--window-attention", "64"],
+    )) {
+        let layers = row["needle_window_ranks"].as_array().expect("per layer");
+        assert_eq!(layers.len(), 30, "SmolLM2's layers");
+        for tokens in layers {
+            let ranks = tokens.as_array().expect("per needle token");
+            assert!(!ranks.is_empty(), "{row}");
+            assert!(
+                ranks
+                    .iter()
+                    .all(|r| (0.0..1.0).contains(&r.as_f64().expect("a rank"))),
+                "{ranks:?}"
+            );
+        }
+    }
+    let (ok, stdout, stderr) = tq(&small_grid("0.5", "4", &["--window-attention", "64"]));
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("f16: needle tokens in the top 1% by attention received in a 64-token window, per layer: 0: "),
+        "{stdout}"
+    );
 }
 
 /// `--concurrent` runs the cells as parallel tasks: the same rows in the same order, the same

@@ -10,8 +10,8 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    CellOrder, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, PromptStyle, paired_hits,
-    rank_retrieval_heads, run_grid,
+    CellOrder, ExactNeedle, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, NeedleStreams,
+    PromptStyle, paired_hits, rank_retrieval_heads, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -61,6 +61,28 @@ pub struct NeedleArgs {
     /// (the retrieval heads, where a recipe may spend more bits).
     #[arg(long)]
     needle_attention: bool,
+    /// An oracle for per-token precision: answer with the needle's own tokens read exactly
+    /// (their keys, values or both), every other token as the allocation stores it — what
+    /// keeping just those tokens at full precision could buy at most. Rows whose window still
+    /// holds the needle are left as the cache wrote them. Not with --needle-attention.
+    #[arg(long, value_enum, conflicts_with = "needle_attention")]
+    exact_needle: Option<ExactStreams>,
+    /// With --exact-needle: the layers where the needle is read exactly, `FIRST-LAST`
+    /// (inclusive) [default: every layer].
+    #[arg(long, requires = "exact_needle", value_parser = parse_layers)]
+    exact_needle_layers: Option<std::ops::Range<usize>>,
+    /// With --exact-needle: swap only the rows from the prompt's last token on (what a cache
+    /// that chose the needle's tokens when the prompt ends could do), not every row after the
+    /// needle.
+    #[arg(long, requires = "exact_needle")]
+    exact_needle_answer_only: bool,
+    /// Rank every token, per layer, by the attention it receives (exact keys) from the queries
+    /// of the W tokens from it on — what a heavy-hitter policy could see before a window of W
+    /// tokens writes its codes — and report where the needle's tokens rank: JSON rows gain
+    /// `needle_window_ranks` (`[layer][needle token]`, 0 = received the most), the table per
+    /// layer the share of needle tokens in the top 1%.
+    #[arg(long, value_name = "W", conflicts_with_all = ["needle_attention", "exact_needle"])]
+    window_attention: Option<usize>,
     #[command(flatten)]
     budget: super::limits::CacheBudgetArgs,
     /// The model: `smollm2` (the reference model, the default), `gemma3-270m` (fetched on
@@ -75,6 +97,31 @@ pub struct NeedleArgs {
     /// Head dimension of the synthetic experiment.
     #[arg(long, default_value_t = 128)]
     head_dim: usize,
+}
+
+/// `--exact-needle`'s streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExactStreams {
+    Keys,
+    Values,
+    Both,
+}
+
+/// `FIRST-LAST` (inclusive) as a range of layers.
+fn parse_layers(text: &str) -> Result<std::ops::Range<usize>, String> {
+    let (first, last) = text
+        .split_once('-')
+        .ok_or_else(|| format!("`{text}`: expected FIRST-LAST, e.g. 0-14"))?;
+    let number = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("`{s}` in `{text}`: {e}"))
+    };
+    let (first, last) = (number(first)?, number(last)?);
+    if last < first {
+        return Err(format!("`{text}`: the last layer comes before the first"));
+    }
+    Ok(first..last + 1)
 }
 
 const MODEL_ALLOCS: [&str; 4] = ["f16", "k5v4", "tq3.5", "mse-k4v4"];
@@ -179,6 +226,18 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         "the longest --contexts plus --max-tokens",
         &args.budget,
     )?;
+    if let Some(layers) = &args.exact_needle_layers
+        && layers.end > model.dims().layers
+    {
+        return Err(format!(
+            "--exact-needle-layers {}-{}: the model has {} layers (0-{})",
+            layers.start,
+            layers.end - 1,
+            model.dims().layers,
+            model.dims().layers - 1
+        )
+        .into());
+    }
     let tokenizer = Tokenizer::from_gguf(model.file())?;
     let style = PromptStyle::for_model(model.file());
     let spec = spec.unwrap_or_else(|| NeedleSpec::builtin_for(&style));
@@ -186,6 +245,19 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_tokens: args.max_tokens,
         prefill_chunk: args.prefill_chunk,
         needle_attention: args.needle_attention,
+        exact_needle: args.exact_needle.map(|streams| ExactNeedle {
+            streams: match streams {
+                ExactStreams::Keys => NeedleStreams::Keys,
+                ExactStreams::Values => NeedleStreams::Values,
+                ExactStreams::Both => NeedleStreams::Both,
+            },
+            layers: args
+                .exact_needle_layers
+                .clone()
+                .unwrap_or(0..model.dims().layers),
+            answer_only: args.exact_needle_answer_only,
+        }),
+        window_attention: args.window_attention,
         ..NeedleOptions::default()
     };
     let seeds = if args.key_seeds.is_empty() {
@@ -242,6 +314,32 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!();
         for line in summary(&rows, &named) {
             println!("{line}");
+        }
+        if let Some(exact) = &options.exact_needle {
+            let swapped: Vec<String> = rows
+                .iter()
+                .filter_map(|r| r.exact_needle.as_ref().map(|(_, n)| n.to_string()))
+                .collect();
+            println!();
+            println!(
+                "The needle's {:?} read exactly in layers {}-{}{} (an oracle); outputs swapped \
+                 per cell (query rows × heads, all layers): {}",
+                exact.streams,
+                exact.layers.start,
+                exact.layers.end.saturating_sub(1),
+                if exact.answer_only {
+                    ", from the prompt's last token on"
+                } else {
+                    ""
+                },
+                swapped.join(", ")
+            );
+        }
+        if let Some(window) = args.window_attention {
+            for &(name, _) in &named {
+                println!();
+                println!("{}", window_ranks_line(&rows, name, window));
+            }
         }
         if args.needle_attention {
             for &(name, _) in &named {
@@ -307,6 +405,35 @@ fn retrieval_heads_line(rows: &[NeedleRow], name: &str, kv_heads: usize) -> Stri
         "{name}: KV heads by weight on the needle (mean over cells of the largest among their \
          query heads): {}",
         heads.join(", ")
+    )
+}
+
+/// Per layer, the share of the needle's tokens that rank in the top 1% of all tokens by the
+/// attention received in the window, over `name`'s cells.
+fn window_ranks_line(rows: &[NeedleRow], name: &str, window: usize) -> String {
+    let mut top = Vec::<(usize, usize)>::new();
+    for ranks in rows
+        .iter()
+        .filter(|r| r.alloc == name)
+        .filter_map(|r| r.needle_window_ranks.as_deref())
+    {
+        top.resize(top.len().max(ranks.len()), (0, 0));
+        for (layer, tokens) in ranks.iter().enumerate() {
+            top[layer].0 += tokens.iter().filter(|&&rank| rank < 0.01).count();
+            top[layer].1 += tokens.len();
+        }
+    }
+    let layers: Vec<String> = top
+        .iter()
+        .enumerate()
+        .map(|(layer, &(hit, all))| {
+            format!("{layer}: {:.0}%", 100.0 * hit as f64 / all.max(1) as f64)
+        })
+        .collect();
+    format!(
+        "{name}: needle tokens in the top 1% by attention received in a {window}-token window, \
+         per layer: {}",
+        layers.join(", ")
     )
 }
 

@@ -247,32 +247,8 @@ mod tests {
     /// An f16 cache of one layer with one KV head of dimension 2, growing or sliding over
     /// `window` tokens.
     fn cache(tokens: usize, window: Option<usize>) -> ModelCache {
-        use tq_cache::kv_cache::{KvKind, KvLayout};
-        use tq_cache::states::{StateKind, StateSpec};
-        use tq_cache::token_store::Growth;
-        let kind = match window {
-            Some(window) => KvKind::Sliding { window },
-            None => KvKind::Growing {
-                growth: Growth::Static { capacity: tokens },
-            },
-        };
-        let specs = vec![StateSpec {
-            name: "blk.0.kv".into(),
-            kind: StateKind::Kv {
-                layer: 0,
-                layout: KvLayout {
-                    kv_heads: 1,
-                    head_dim: 2,
-                    kind,
-                    // A ring that takes a whole call's tokens at once.
-                    max_rewind: tokens,
-                    rope_pairs: tq_cache::basis::RopePairs::Adjacent,
-                    rope_base: tq_cache::rope_center::RopeBase::UNKNOWN,
-                },
-            },
-        }];
         let f16 = Allocation::preset("f16").expect("the f16 preset");
-        ModelCache::with_allocation(specs, &f16).expect("an f16 cache")
+        super::super::test_cache::one_layer(tokens, 2, window, &f16)
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub enum NeedleError {
         /// The model's context length.
         limit: usize,
     },
+    /// Options that cannot be used together.
+    #[error("needle options: {0}")]
+    Options(String),
     /// Tokenization failed.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),

@@ -13,10 +13,14 @@
 //! allocations over the same cells (McNemar's exact test: `tq needle --key-seeds` runs a grid
 //! per pass key for it). With [`NeedleOptions::needle_attention`] a cell also measures how
 //! much weight each query head puts on the needle while the model answers, and
-//! [`rank_retrieval_heads`] ranks the KV heads by it (`tq needle --needle-attention`).
+//! [`rank_retrieval_heads`] ranks the KV heads by it (`tq needle --needle-attention`); with
+//! [`NeedleOptions::exact_needle`] it answers with the needle's own tokens read exactly, every
+//! other token as the cache stores it (an oracle for per-token precision, `tq needle
+//! --exact-needle`).
 
 mod attention;
 mod error;
+mod exact;
 mod grid;
 mod paired;
 pub mod prompt;
@@ -24,9 +28,13 @@ mod run;
 pub mod score;
 mod spec;
 mod style;
+#[cfg(test)]
+mod test_cache;
+mod window_attention;
 
 pub use attention::{NeedleAttention, RetrievalHead, rank_retrieval_heads};
 pub use error::NeedleError;
+pub use exact::{ExactNeedle, NeedleStreams};
 pub use grid::{CellOrder, NeedleGrid, run_grid};
 pub use paired::{PairedHits, paired_hits};
 pub use prompt::{NeedlePrompt, build_prompt};
@@ -34,3 +42,4 @@ pub use run::{NeedleOptions, NeedleRow, run_cell, run_prompt};
 pub use score::{FactScore, score};
 pub use spec::{KEY_PLACEHOLDER, NeedleSpec};
 pub use style::PromptStyle;
+pub use window_attention::WindowAttention;

@@ -179,6 +179,8 @@ mod tests {
             prefill_tokens_per_s: 0.0,
             decode_tokens_per_s: 0.0,
             needle_attention: None,
+            exact_needle: None,
+            needle_window_ranks: None,
         }
     }
 

@@ -11,8 +11,10 @@ use crate::llama::{CpuAttention, GenerationOptions, Sampler};
 use crate::tokenizer::Tokenizer;
 
 use super::attention::NeedleAttentionProbe;
+use super::exact::{ExactNeedle, ExactNeedleAttention};
 use super::prompt::{NeedlePrompt, build_prompt};
 use super::score::score;
+use super::window_attention::WindowAttentionProbe;
 use super::{NeedleError, NeedleSpec, PromptStyle};
 
 /// How to run a cell.
@@ -28,6 +30,15 @@ pub struct NeedleOptions {
     /// ([`NeedleRow::needle_attention`]): the prompt's last token and every answer token are
     /// scored a second time against the exact keys.
     pub needle_attention: bool,
+    /// An oracle for per-token precision: the needle's own tokens read exactly (their keys,
+    /// values or both, in the given layers), every other token as the cache stores it
+    /// ([`ExactNeedle`]). Not with the other two instruments.
+    pub exact_needle: Option<ExactNeedle>,
+    /// With `Some(w)`: rank every token, per layer, by the attention it receives (exact keys)
+    /// from the queries of the `w` tokens from it on — what a heavy-hitter policy could see
+    /// before a window of `w` tokens writes its codes ([`NeedleRow::needle_window_ranks`]).
+    /// Not with the other two instruments.
+    pub window_attention: Option<usize>,
 }
 
 impl Default for NeedleOptions {
@@ -37,6 +48,8 @@ impl Default for NeedleOptions {
             prefill_chunk: 256,
             kernel: AttentionKernel::Fused,
             needle_attention: false,
+            exact_needle: None,
+            window_attention: None,
         }
     }
 }
@@ -79,6 +92,15 @@ pub struct NeedleRow {
     /// the exact keys (the model's own attention; where it is large, the head retrieves).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needle_attention: Option<Vec<Vec<f32>>>,
+    /// With [`NeedleOptions::exact_needle`]: what was read exactly, and how many (query row,
+    /// query head) outputs of all layers were swapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_needle: Option<(ExactNeedle, usize)>,
+    /// With [`NeedleOptions::window_attention`]: per layer, each needle token's rank among
+    /// all tokens by the attention it received in the window, as a fraction of the tokens (0:
+    /// received the most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_window_ranks: Option<Vec<Vec<f64>>>,
 }
 
 impl NeedleRow {
@@ -141,7 +163,63 @@ pub fn run_prompt(
         kernel: options.kernel,
         stop_tokens,
     };
-    let (generation, needle_attention) = if options.needle_attention {
+    let instruments = usize::from(options.needle_attention)
+        + usize::from(options.exact_needle.is_some())
+        + usize::from(options.window_attention.is_some());
+    if instruments > 1 {
+        return Err(NeedleError::Options(
+            "the needle-attention probe, the exact-needle oracle and the window-attention \
+             probe run one at a time"
+                .into(),
+        ));
+    }
+    let mut exact_needle = None;
+    let mut needle_window_ranks = None;
+    let (generation, needle_attention) = if let Some(window) = options.window_attention {
+        let attention = CpuAttention {
+            cache: &mut cache,
+            kernel: options.kernel,
+        };
+        let mut probe = WindowAttentionProbe::new(attention, model.dims().layers, window);
+        let generation = generate_with(
+            model,
+            &mut probe,
+            0,
+            &prompt.tokens,
+            &mut Sampler::Greedy,
+            &generation_options,
+            |_| {},
+        )?;
+        needle_window_ranks = Some(
+            probe
+                .into_record()
+                .needle_ranks(prompt.needle_token..prompt.needle_end),
+        );
+        (generation, None)
+    } else if let Some(exact) = &options.exact_needle {
+        let attention = CpuAttention {
+            cache: &mut cache,
+            kernel: options.kernel,
+        };
+        let mut oracle = ExactNeedleAttention::new(
+            attention,
+            model.dims().layers,
+            prompt.needle_token..prompt.needle_end,
+            prompt.tokens.len().saturating_sub(1),
+            exact.clone(),
+        );
+        let generation = generate_with(
+            model,
+            &mut oracle,
+            0,
+            &prompt.tokens,
+            &mut Sampler::Greedy,
+            &generation_options,
+            |_| {},
+        )?;
+        exact_needle = Some((exact.clone(), oracle.swapped().iter().sum()));
+        (generation, None)
+    } else if options.needle_attention {
         let attention = CpuAttention {
             cache: &mut cache,
             kernel: options.kernel,
@@ -194,5 +272,7 @@ pub fn run_prompt(
         prefill_tokens_per_s: generation.prefill_tokens_per_s(),
         decode_tokens_per_s: generation.decode_tokens_per_s(),
         needle_attention,
+        exact_needle,
+        needle_window_ranks,
     })
 }
