@@ -286,6 +286,24 @@ fn exact_needle_swaps_the_rows_after_the_needle_in_the_layers_asked_for() {
     }
     let plain = rows(&small_grid("0.2", "8", &["--json"]));
     assert!(plain[0].get("exact_needle").is_none(), "{}", plain[0]);
+    // The heavy-hitter simulation: rows report the share kept per layer, small for a high
+    // threshold.
+    let policy = rows(&small_grid(
+        "0.2",
+        "4",
+        &["--json", "--exact-needle", "both", "--exact-policy", "32,8"],
+    ));
+    for row in &policy {
+        let kept: Vec<f64> = row["exact_kept"]
+            .as_array()
+            .expect("the share kept per layer")
+            .iter()
+            .map(|k| k.as_f64().expect("a share"))
+            .collect();
+        assert_eq!(kept.len(), 30, "{row}");
+        assert!(kept.iter().all(|k| (0.0..0.5).contains(k)), "{kept:?}");
+        assert!(kept.iter().any(|&k| k > 0.0), "{kept:?}");
+    }
     let (ok, _, stderr) = tq(&small_grid(
         "0.2",
         "8",

@@ -10,8 +10,8 @@ use tq_cache::allocation::Allocation;
 use tq_cache::synthetic_needle::{NeedleOutcome, NeedleSetup, run as run_synthetic};
 use tq_models::fetch::ModelSpec;
 use tq_models::needle::{
-    CellOrder, ExactNeedle, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec, NeedleStreams,
-    PromptStyle, paired_hits, rank_retrieval_heads, run_grid,
+    CellOrder, ExactChoice, ExactNeedle, NeedleGrid, NeedleOptions, NeedleRow, NeedleSpec,
+    NeedleStreams, PromptStyle, paired_hits, rank_retrieval_heads, run_grid,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -76,6 +76,15 @@ pub struct NeedleArgs {
     /// needle.
     #[arg(long, requires = "exact_needle")]
     exact_needle_answer_only: bool,
+    /// With --exact-needle: instead of the needle, read exactly the tokens a heavy-hitter
+    /// policy would keep, `W,FACTOR`: per layer and KV head, each token whose attention
+    /// received from the queries of the W tokens from it on (exact keys) reaches FACTOR times
+    /// uniform attention, from the row that completes its window on (a simulation of keeping
+    /// those tokens at full precision as they leave a W-token window); `every:N`, the control:
+    /// every N-th token, as many kept without looking. Rows gain `exact_kept`, the share kept
+    /// per layer.
+    #[arg(long, requires = "exact_needle", value_name = "W,FACTOR|every:N", value_parser = parse_policy)]
+    exact_policy: Option<ExactChoice>,
     /// Rank every token, per layer, by the attention it receives (exact keys) from the queries
     /// of the W tokens from it on — what a heavy-hitter policy could see before a window of W
     /// tokens writes its codes — and report where the needle's tokens rank: JSON rows gain
@@ -105,6 +114,38 @@ enum ExactStreams {
     Keys,
     Values,
     Both,
+}
+
+/// `--exact-policy`: `W,FACTOR` (heavy hitters: a window of at least one token and a finite
+/// factor ≥ 0) or `every:N` (the control: every N-th token, N ≥ 1).
+fn parse_policy(text: &str) -> Result<ExactChoice, String> {
+    if let Some(every) = text.strip_prefix("every:") {
+        let every: usize = every
+            .trim()
+            .parse()
+            .map_err(|e| format!("stride `{every}`: {e}"))?;
+        if every == 0 {
+            return Err(format!("`{text}`: the stride must be at least 1 token"));
+        }
+        return Ok(ExactChoice::Every { every });
+    }
+    let (window, factor) = text
+        .split_once(',')
+        .ok_or_else(|| format!("`{text}`: expected W,FACTOR (e.g. 512,8) or every:N"))?;
+    let window: usize = window
+        .trim()
+        .parse()
+        .map_err(|e| format!("window `{window}`: {e}"))?;
+    let factor: f64 = factor
+        .trim()
+        .parse()
+        .map_err(|e| format!("factor `{factor}`: {e}"))?;
+    if window == 0 || !factor.is_finite() || factor < 0.0 {
+        return Err(format!(
+            "`{text}`: the window must be at least 1 token and the factor finite and ≥ 0"
+        ));
+    }
+    Ok(ExactChoice::HeavyHitters { window, factor })
 }
 
 /// `FIRST-LAST` (inclusive) as a range of layers.
@@ -256,6 +297,7 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .clone()
                 .unwrap_or(0..model.dims().layers),
             answer_only: args.exact_needle_answer_only,
+            choice: args.exact_policy.unwrap_or(ExactChoice::Needle),
         }),
         window_attention: args.window_attention,
         ..NeedleOptions::default()
@@ -321,8 +363,28 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .filter_map(|r| r.exact_needle.as_ref().map(|(_, n)| n.to_string()))
                 .collect();
             println!();
+            let kept: Vec<String> = rows
+                .iter()
+                .filter_map(|r| r.exact_kept.as_ref())
+                .map(|share| {
+                    let mean = share.iter().sum::<f64>() / share.len().max(1) as f64;
+                    format!("{:.2}%", 100.0 * mean)
+                })
+                .collect();
+            let tokens = match exact.choice {
+                ExactChoice::Needle => "The needle's".to_owned(),
+                ExactChoice::HeavyHitters { window, factor } => format!(
+                    "The heavy hitters' (attention received in a {window}-token window at least \
+                     {factor}× uniform; kept per cell, mean over layers: {})",
+                    kept.join(", ")
+                ),
+                ExactChoice::Every { every } => format!(
+                    "Every {every}th token's (kept per cell, mean over layers: {})",
+                    kept.join(", ")
+                ),
+            };
             println!(
-                "The needle's {:?} read exactly in layers {}-{}{} (an oracle); outputs swapped \
+                "{tokens} {:?} read exactly in layers {}-{}{} (an oracle); outputs swapped \
                  per cell (query rows × heads, all layers): {}",
                 exact.streams,
                 exact.layers.start,

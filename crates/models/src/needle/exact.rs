@@ -1,21 +1,25 @@
-//! An oracle for per-token precision: the needle's own tokens read exactly, every other token
-//! as the cache stores it — what keeping just those tokens at full precision could buy at
-//! most, before anyone builds a policy that would find them.
+//! An oracle for per-token precision: chosen tokens read exactly, every other token as the
+//! cache stores it — what keeping just those tokens at full precision could buy at most.
+//! The tokens are the needle's own ([`ExactChoice::Needle`]: the upper bound, before anyone
+//! builds a policy that would find them), or those a heavy-hitter policy would keep, decided
+//! while each token sits in a recent window from the attention it receives there
+//! ([`ExactChoice::HeavyHitters`]: a simulation of that policy, before the cache has it).
 //!
 //! An instrumented [`AttentionBackend`]: attention runs on the CPU cache as usual, then each
-//! query row that reads the whole needle from the compressed body has the needle's share of
-//! its output swapped for the exact one. With `Z = Σ_t e^{s̃_t}` over the row's visible tokens
-//! (the scores of the records the kernel read: body codes, or the 8-bit or f16 copies of the
-//! row's window and sinks) and the cache's output `o`, the row becomes
+//! query row that reads chosen tokens from the compressed body has their share of its output
+//! swapped for the exact one. With `Z = Σ_t e^{s̃_t}` over the row's visible tokens (the
+//! scores of the records the kernel read: body codes, or the 8-bit or f16 copies of the row's
+//! window and sinks) and the cache's output `o`, the row becomes
 //!
 //! ```text
 //! (o·Z − Σ_n e^{s̃_n}·ṽ_n + Σ_n e^{s_n}·v_n) / (Z − Σ_n e^{s̃_n} + Σ_n e^{s_n})
 //! ```
 //!
-//! over the needle's tokens `n` (`s`, `v` exact; `s̃`, `ṽ` the stored ones) — the softmax over
-//! the same tokens with the needle's scores and values replaced. With keys only, `v_n = ṽ_n`;
-//! with values only, `s_n = s̃_n`. Rows whose window still holds part of the needle read it at
-//! the window's precision already and are left as the cache wrote them.
+//! over the chosen tokens `n` (`s`, `v` exact; `s̃`, `ṽ` the stored ones) — the softmax over
+//! the same tokens with their scores and values replaced. With keys only, `v_n = ṽ_n`; with
+//! values only, `s_n = s̃_n`. A token the row still reads from its window or a sink is read at
+//! that precision already and left alone; with the needle, a row swaps only when the whole
+//! needle has left its window.
 
 use std::ops::Range;
 
@@ -24,17 +28,19 @@ use serde::Serialize;
 use tq_cache::CacheError;
 use tq_cache::attention::AttentionShape;
 use tq_cache::codec::CodecScratch;
+use tq_cache::kv_cache::KvCache;
 use tq_cache::stream::Stream;
 
+use crate::eval::score_probe::softmax;
 use crate::llama::{AttentionBackend, CpuAttention, ModelError};
 
-/// Which of the needle's streams an [`ExactNeedle`] run reads exactly.
+/// Which of the chosen tokens' streams an [`ExactNeedle`] run reads exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NeedleStreams {
-    /// The needle's keys (its values as stored).
+    /// The keys (the values as stored).
     Keys,
-    /// The needle's values (its keys as stored).
+    /// The values (the keys as stored).
     Values,
     /// Both.
     Both,
@@ -50,26 +56,55 @@ impl NeedleStreams {
     }
 }
 
-/// Read the needle's own tokens exactly, every other token as the cache stores it — an
-/// oracle for per-token precision ([`NeedleOptions::exact_needle`](super::NeedleOptions::exact_needle)).
+/// Which tokens an [`ExactNeedle`] run reads exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExactChoice {
+    /// The needle's own tokens, in every KV head (the oracle's upper bound).
+    Needle,
+    /// Per layer and KV head, each token whose attention received from the queries of the
+    /// `window` tokens from it on (exact keys, summed over those rows, averaged over the KV
+    /// head's query heads) reaches `factor` times what uniform attention over each row's
+    /// visible tokens would give it — decided once the last of those rows is read, so a row
+    /// only uses what a cache could have known when the token left a window of `window`
+    /// tokens.
+    HeavyHitters {
+        /// The window the attention is gathered over, in tokens.
+        window: usize,
+        /// The threshold, in multiples of uniform attention.
+        factor: f64,
+    },
+    /// Every `every`-th token (`t mod every = 0`), in every KV head, once it has left the
+    /// window: the control for [`HeavyHitters`](Self::HeavyHitters) — as many tokens kept
+    /// without looking at them.
+    Every {
+        /// The stride, in tokens (at least 1).
+        every: usize,
+    },
+}
+
+/// Read chosen tokens exactly, every other token as the cache stores it — an oracle for
+/// per-token precision ([`NeedleOptions::exact_needle`](super::NeedleOptions::exact_needle)).
 ///
-/// Each query row that reads the whole needle from the compressed body has the needle's
-/// share of its softmax swapped: with the cache's output `o`, `Z = Σ_t e^{s̃_t}` over the
-/// records the kernel read, the stored scores and values `s̃`, `ṽ` and the exact `s`, `v` of
-/// the needle's tokens `n`, the row becomes
+/// Each query row that reads chosen tokens from the compressed body has their share of its
+/// softmax swapped: with the cache's output `o`, `Z = Σ_t e^{s̃_t}` over the records the
+/// kernel read, the stored scores and values `s̃`, `ṽ` and the exact `s`, `v` of the chosen
+/// tokens `n`, the row becomes
 /// `(o·Z − Σ_n e^{s̃_n}·ṽ_n + Σ_n e^{s_n}·v_n) / (Z − Σ_n e^{s̃_n} + Σ_n e^{s_n})`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ExactNeedle {
     /// Which streams.
     pub streams: NeedleStreams,
-    /// The layers where the needle is read exactly (the others read the cache as usual).
+    /// The layers where the tokens are read exactly (the others read the cache as usual).
     pub layers: Range<usize>,
     /// Only the rows from the prompt's last token on (the answer's), as a cache would that
-    /// chose the needle's tokens when the prompt ends; otherwise every row after the needle.
+    /// chose the tokens when the prompt ends; otherwise every row.
     pub answer_only: bool,
+    /// Which tokens.
+    pub choice: ExactChoice,
 }
 
-/// [`CpuAttention`] with the needle's tokens swapped for their exact keys and values.
+/// [`CpuAttention`] with chosen tokens swapped for their exact keys and values.
 #[derive(Debug)]
 pub(super) struct ExactNeedleAttention<'a> {
     attention: CpuAttention<'a>,
@@ -78,9 +113,15 @@ pub(super) struct ExactNeedleAttention<'a> {
     needle: Range<usize>,
     /// The first query row (token index) swapped.
     from: usize,
-    /// Per layer, the needle's exact `[keys, values]` (`[tokens, kv_heads·head_dim]`), in
-    /// token order, as they arrive.
-    kept: Vec<[Vec<f32>; 2]>,
+    /// Per layer, every token's exact `[keys, values]` (`[tokens, kv_heads·head_dim]`).
+    exact_kv: Vec<[Vec<f32>; 2]>,
+    /// Per layer and KV head, the attention each token received in its window (heavy
+    /// hitters).
+    received: Vec<Vec<Vec<f64>>>,
+    /// Per layer and KV head, the tokens kept so far, ascending (heavy hitters).
+    kept: Vec<Vec<Vec<usize>>>,
+    /// Per layer, the tokens decided so far (heavy hitters).
+    decided: Vec<usize>,
     /// Per layer, the query rows (per query head) whose output was swapped.
     swapped: Vec<usize>,
 }
@@ -97,14 +138,17 @@ impl<'a> ExactNeedleAttention<'a> {
     ) -> Self {
         Self {
             attention,
-            from: if exact.answer_only {
-                last_prompt_token
-            } else {
-                needle.end
+            from: match (exact.answer_only, exact.choice) {
+                (true, _) => last_prompt_token,
+                (false, ExactChoice::Needle) => needle.end,
+                (false, ExactChoice::HeavyHitters { .. } | ExactChoice::Every { .. }) => 0,
             },
             exact,
             needle,
-            kept: vec![[Vec::new(), Vec::new()]; layers],
+            exact_kv: vec![[Vec::new(), Vec::new()]; layers],
+            received: vec![Vec::new(); layers],
+            kept: vec![Vec::new(); layers],
+            decided: vec![0; layers],
             swapped: vec![0; layers],
         }
     }
@@ -112,6 +156,84 @@ impl<'a> ExactNeedleAttention<'a> {
     /// Per layer, how many (query row, query head) outputs were swapped.
     pub(super) fn swapped(&self) -> &[usize] {
         &self.swapped
+    }
+
+    /// Per layer, the share of the decided tokens kept, over the KV heads (heavy hitters and
+    /// their control; zeros for the needle).
+    pub(super) fn kept_share(&self) -> Vec<f64> {
+        self.kept
+            .iter()
+            .zip(&self.decided)
+            .map(|(heads, &decided)| {
+                let kept: usize = heads.iter().map(Vec::len).sum();
+                kept as f64 / (decided * heads.len()).max(1) as f64
+            })
+            .collect()
+    }
+
+    /// Adds this call's rows to the attention each token received in its window, then keeps
+    /// the tokens whose window is complete and whose received attention reaches the
+    /// threshold.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &mut self,
+        layer: usize,
+        queries: &[f32],
+        positions: &[u32],
+        shape: AttentionShape,
+        window: usize,
+        factor: f64,
+    ) -> Result<(), ModelError> {
+        let kv = self.attention.cache.kv(layer)?;
+        let (d, kv_heads) = (kv.layout().head_dim, kv.layout().kv_heads);
+        let width = kv_heads * d;
+        let group = shape.q_heads / kv_heads;
+        let exact = &self.exact_kv[layer][0];
+        let received = &mut self.received[layer];
+        received.resize(kv_heads, Vec::new());
+        for heads in received.iter_mut() {
+            heads.resize(positions.len(), 0.0);
+        }
+        let n = queries.len() / (shape.q_heads * d).max(1);
+        let first = positions.len() - n;
+        let scale = f64::from(shape.scale);
+        let per_head = 1.0 / group as f64;
+        let mut scores = Vec::new();
+        for (i, query) in queries.chunks_exact(shape.q_heads * d).enumerate() {
+            let row = first + i;
+            let visible = kv.visible(positions[row]);
+            let reads = (row + 1).saturating_sub(window).max(visible.start)..visible.end;
+            for (h, q) in query.chunks_exact(d).enumerate() {
+                let g = h / group;
+                scores.clear();
+                scores.extend(
+                    visible
+                        .clone()
+                        .map(|t| scale * lanes_dot(q, &exact[t * width + g * d..][..d])),
+                );
+                for (t, w) in visible.clone().zip(softmax(&scores)) {
+                    if reads.contains(&t) {
+                        received[g][t] += per_head * w;
+                    }
+                }
+            }
+        }
+        // Token t's window is complete once row t + window − 1 is read.
+        let complete = (positions.len() + 1).saturating_sub(window);
+        let kept = &mut self.kept[layer];
+        kept.resize(kv_heads, Vec::new());
+        for t in self.decided[layer]..complete {
+            let uniform: f64 = (t..t + window)
+                .map(|r| 1.0 / kv.visible(positions[r]).len().max(1) as f64)
+                .sum();
+            for (heads, drawn) in kept.iter_mut().zip(received.iter()) {
+                if drawn[t] >= factor * uniform {
+                    heads.push(t);
+                }
+            }
+        }
+        self.decided[layer] = self.decided[layer].max(complete);
+        Ok(())
     }
 }
 
@@ -128,32 +250,26 @@ impl AttentionBackend for ExactNeedleAttention<'_> {
     ) -> Result<(), ModelError> {
         self.attention
             .attend(layer, queries, keys, values, positions, shape, out)?;
-        let layers = self.kept.len();
-        let Some(kept) = self.kept.get_mut(layer) else {
+        let layers = self.exact_kv.len();
+        let Some(exact) = self.exact_kv.get_mut(layer) else {
             return Err(ModelError::InvalidCall(format!(
-                "layer {layer} of an exact-needle oracle for {layers} layers"
+                "layer {layer} of an exact-token oracle for {layers} layers"
             )));
         };
+        exact[0].extend_from_slice(keys);
+        exact[1].extend_from_slice(values);
         let kv = self.attention.cache.kv(layer)?;
         let (d, kv_heads) = (kv.layout().head_dim, kv.layout().kv_heads);
         let width = kv_heads * d;
-        let n = keys.len() / width.max(1);
-        let first = positions.len() - n;
-        for t in self.needle.start.max(first)..self.needle.end.min(positions.len()) {
-            let i = t - first;
-            kept[0].extend_from_slice(&keys[i * width..(i + 1) * width]);
-            kept[1].extend_from_slice(&values[i * width..(i + 1) * width]);
-        }
-        let held = self.needle.end.min(positions.len()) - self.needle.start.min(positions.len());
-        if kept[0].len() != held * width {
+        if exact[0].len() != positions.len() * width {
             return Err(ModelError::InvalidCall(format!(
-                "layer {layer}: the exact-needle oracle holds {} key floats for {held} needle \
-                 tokens of {kv_heads}×{d} (a cache that started non-empty, or was truncated?)",
-                kept[0].len()
+                "layer {layer}: the exact-token oracle holds {} key floats for {} positions of \
+                 {kv_heads}×{d} (a cache that started non-empty, or was truncated?)",
+                exact[0].len(),
+                positions.len()
             )));
         }
-        if !self.exact.layers.contains(&layer) || held < self.needle.len() || self.needle.is_empty()
-        {
+        if !self.exact.layers.contains(&layer) {
             return Ok(());
         }
         if !shape.q_heads.is_multiple_of(kv_heads.max(1)) {
@@ -162,16 +278,47 @@ impl AttentionBackend for ExactNeedleAttention<'_> {
                 shape.q_heads
             )));
         }
+        let n = queries.len() / (shape.q_heads * d).max(1);
+        let first = positions.len() - n;
+        let choice = match self.exact.choice {
+            ExactChoice::Needle => {
+                if positions.len() < self.needle.end || self.needle.is_empty() {
+                    return Ok(());
+                }
+                Chosen::Needle(&self.needle)
+            }
+            ExactChoice::HeavyHitters { window, factor } => {
+                self.gather(layer, queries, positions, shape, window.max(1), factor)?;
+                Chosen::Kept {
+                    tokens: &self.kept[layer],
+                    window: window.max(1),
+                }
+            }
+            ExactChoice::Every { every } => {
+                let every = every.max(1);
+                let kept = &mut self.kept[layer];
+                kept.resize(kv_heads, Vec::new());
+                for heads in kept.iter_mut() {
+                    heads.extend((self.decided[layer]..positions.len()).filter(|t| t % every == 0));
+                }
+                self.decided[layer] = positions.len();
+                Chosen::Kept {
+                    tokens: &self.kept[layer],
+                    window: 1,
+                }
+            }
+        };
         // Rows before `from` are left as the cache wrote them.
         let skip = self.from.saturating_sub(first).min(n);
         let row_width = shape.q_heads * d;
-        let swapped = swap_needle(
+        let kv = self.attention.cache.kv(layer)?;
+        let swapped = swap_tokens(
             kv,
-            [&kept[0], &kept[1]],
-            &self.needle,
+            [&self.exact_kv[layer][0], &self.exact_kv[layer][1]],
+            choice,
             self.exact.streams,
             &queries[skip * row_width..],
-            &positions[first + skip..],
+            (&positions[first + skip..], first + skip),
             shape,
             &mut out[skip * row_width..],
         )?;
@@ -194,6 +341,38 @@ impl AttentionBackend for ExactNeedleAttention<'_> {
     }
 }
 
+/// The tokens a call swaps.
+#[derive(Clone, Copy)]
+enum Chosen<'a> {
+    /// The needle, in every KV head, and only whole.
+    Needle(&'a Range<usize>),
+    /// Per KV head, the kept tokens, each from the row that completes its window on.
+    Kept {
+        tokens: &'a [Vec<usize>],
+        window: usize,
+    },
+}
+
+impl Chosen<'_> {
+    /// The chosen tokens that row `row` (a token index) of KV head `g` reads from the body:
+    /// before `body_end` (its windows' start), at or after `stored` (sinks and overwritten
+    /// tokens aside). `None` where the row swaps nothing.
+    fn for_row(self, g: usize, row: usize, stored: usize, body_end: usize) -> Option<Vec<usize>> {
+        match self {
+            Chosen::Needle(needle) => {
+                (needle.start >= stored && needle.end <= body_end).then(|| needle.clone().collect())
+            }
+            Chosen::Kept { tokens, window } => {
+                let tokens = tokens.get(g)?;
+                let end = body_end.min((row + 2).saturating_sub(window));
+                let from = tokens.partition_point(|&t| t < stored);
+                let to = tokens.partition_point(|&t| t < end);
+                (from < to).then(|| tokens[from..to].to_vec())
+            }
+        }
+    }
+}
+
 /// One stream's tokens as a query reads them: the body's records (`body`, sinks as their
 /// copies) from `first` on, and the window copies (`window`) from `window_from` on, each as a
 /// true vector (a centered stream's center added back) with the codec's score correction.
@@ -204,7 +383,6 @@ struct Decoded {
     window: Vec<f32>,
     corrections: [Vec<f32>; 2],
 }
-
 impl Decoded {
     /// Decodes tokens `first..body_end` from the body (window start `len`: every token but a
     /// sink from its codes) and `window_from..len` from their copies (window start 0).
@@ -251,41 +429,46 @@ impl Decoded {
     }
 }
 
-/// Swaps the needle's share of each query row's output (see the module documentation) where
-/// the row reads the whole needle from the compressed body; returns how many (row, query head)
-/// outputs it swapped.
+/// A row's key window start and the chosen tokens it reads from the body, for one KV head.
+type RowPlan = (usize, Vec<usize>);
+
+/// Swaps the chosen tokens' share of each query row's output (see the module documentation);
+/// returns how many (row, query head) outputs it swapped. `rows`: the rows' positions and the
+/// first row's token index.
 #[allow(clippy::too_many_arguments)]
-fn swap_needle(
-    kv: &tq_cache::kv_cache::KvCache,
+fn swap_tokens(
+    kv: &KvCache,
     exact: [&[f32]; 2],
-    needle: &Range<usize>,
+    chosen: Chosen<'_>,
     streams: NeedleStreams,
     queries: &[f32],
-    query_positions: &[u32],
+    rows: (&[u32], usize),
     shape: AttentionShape,
     out: &mut [f32],
 ) -> Result<usize, ModelError> {
+    let (query_positions, first_row) = rows;
     let layout = kv.layout();
     let (d, kv_heads) = (layout.head_dim, layout.kv_heads);
     let width = kv_heads * d;
     let group = shape.q_heads / kv_heads;
-    // Per query row, where its key and value windows start, per KV head; `None` where the row
-    // does not read the whole needle from the body.
-    let windows: Vec<Option<Vec<[usize; 2]>>> = query_positions
+    // Per query row and KV head, the key window's start and the chosen tokens the row reads
+    // from the body (`None`: nothing to swap).
+    let plan: Vec<Vec<Option<RowPlan>>> = query_positions
         .iter()
-        .map(|&p| {
+        .enumerate()
+        .map(|(i, &p)| {
             let visible = kv.visible(p);
             (0..kv_heads)
                 .map(|h| {
-                    let starts =
-                        [kv.keys(h), kv.values(h)].map(|s| s.window_start(visible.end, true));
-                    let stored = [kv.keys(h), kv.values(h)]
+                    let streams = [kv.keys(h), kv.values(h)];
+                    let starts = streams.map(|s| s.window_start(visible.end, true));
+                    let stored = streams
                         .iter()
-                        .all(|s| needle.start >= s.sink_end().max(s.first_stored()));
-                    let body = needle.start >= visible.start
-                        && needle.end <= starts[0].min(starts[1])
-                        && stored;
-                    body.then_some(starts)
+                        .map(|s| s.sink_end().max(s.first_stored()))
+                        .fold(visible.start, usize::max);
+                    let tokens =
+                        chosen.for_row(h, first_row + i, stored, starts[0].min(starts[1]))?;
+                    Some((starts[0], tokens))
                 })
                 .collect()
         })
@@ -293,17 +476,23 @@ fn swap_needle(
     let len = kv.len();
     let first = kv.first_stored();
     // Per KV head, the keys of every token its rows read, in both versions where rows differ
-    // (the body's codes before the row's window, copies in it); the needle's values.
+    // (the body's codes before the row's window, copies in it); the body's values up to the
+    // last chosen token.
     let decoded: Vec<Option<[Decoded; 2]>> = (0..kv_heads)
         .into_par_iter()
         .map(|h| -> Result<_, CacheError> {
-            let starts = windows.iter().flatten().map(|heads| heads[h][0]);
+            let heads = plan.iter().filter_map(|row| row[h].as_ref());
+            let starts = heads.clone().map(|(start, _)| *start);
             let (Some(earliest), Some(latest)) = (starts.clone().min(), starts.max()) else {
                 return Ok(None);
             };
+            let last = heads
+                .filter_map(|(_, tokens)| tokens.last())
+                .max()
+                .map_or(first, |t| t + 1);
             Ok(Some([
                 Decoded::new(kv.keys(h), first, latest, earliest, d)?,
-                Decoded::new(kv.values(h), needle.start, needle.end, len, d)?,
+                Decoded::new(kv.values(h), first, last, len, d)?,
             ]))
         })
         .collect::<Result<_, _>>()?;
@@ -314,48 +503,41 @@ fn swap_needle(
         .map(|(row, o)| {
             let (i, h) = (row / shape.q_heads, row % shape.q_heads);
             let g = h / group;
-            let Some(heads) = &windows[i] else {
+            let (Some((key_window, tokens)), Some([keys, values])) = (&plan[i][g], &decoded[g])
+            else {
                 return 0;
             };
-            let [key_window, _] = heads[g];
             let q = &queries[row * d..(row + 1) * d];
-            let Some([keys, values]) = &decoded[g] else {
-                return 0;
-            };
             let visible = kv.visible(query_positions[i]);
             let stored: Vec<f64> = visible
                 .clone()
                 .map(|t| {
-                    let (k, correction) = keys.token(t, key_window, d);
+                    let (k, correction) = keys.token(t, *key_window, d);
                     scale * lanes_dot(q, k) * f64::from(correction)
                 })
                 .collect();
-            let needle_stored = &stored[needle.start - visible.start..needle.end - visible.start];
-            let needle_exact: Vec<f64> = needle
-                .clone()
-                .map(|t| {
-                    let k = &exact[0][(t - needle.start) * width + g * d..][..d];
-                    scale * lanes_dot(q, k)
-                })
-                .collect();
-            let new_scores = if streams.keys() {
-                &needle_exact[..]
+            let old_scores: Vec<f64> = tokens.iter().map(|&t| stored[t - visible.start]).collect();
+            let new_scores: Vec<f64> = if streams.keys() {
+                tokens
+                    .iter()
+                    .map(|&t| scale * lanes_dot(q, &exact[0][t * width + g * d..][..d]))
+                    .collect()
             } else {
-                needle_stored
+                old_scores.clone()
             };
             let max = stored
                 .iter()
-                .chain(new_scores)
+                .chain(&new_scores)
                 .copied()
                 .fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = stored.iter().map(|s| (s - max).exp()).sum();
             let mut total = z;
             let mut sum: Vec<f64> = o.iter().map(|&x| f64::from(x) * z).collect();
-            for (j, t) in needle.clone().enumerate() {
-                let (old_w, new_w) = ((needle_stored[j] - max).exp(), (new_scores[j] - max).exp());
+            for (j, &t) in tokens.iter().enumerate() {
+                let (old_w, new_w) = ((old_scores[j] - max).exp(), (new_scores[j] - max).exp());
                 let (stored_v, _) = values.token(t, len, d);
                 let new_v = if streams.values() {
-                    &exact[1][(t - needle.start) * width + g * d..][..d]
+                    &exact[1][t * width + g * d..][..d]
                 } else {
                     stored_v
                 };
@@ -426,45 +608,66 @@ mod tests {
         [draw(TOKENS * 2 * D), draw(TOKENS * D), draw(TOKENS * D)]
     }
 
-    /// The attention output of every row (one call over all tokens), with the oracle reading
-    /// `streams` exactly, or the plain cache; the cache after it; the swapped count.
-    fn run(alloc: &Allocation, streams: Option<NeedleStreams>) -> (Vec<f32>, ModelCache, usize) {
+    /// The attention output of every row (one call over all of `inputs`' tokens) with the
+    /// oracle reading `exact` (streams, tokens) exactly, or the plain cache; the cache after
+    /// it; the swapped count; the kept tokens of the one KV head (heavy hitters).
+    fn run_on(
+        alloc: &Allocation,
+        inputs: &[Vec<f32>; 3],
+        exact: Option<(NeedleStreams, ExactChoice)>,
+    ) -> (Vec<f32>, ModelCache, usize, Vec<usize>) {
         let mut cache = crate::needle::test_cache::one_layer(TOKENS, D, None, alloc);
-        let [queries, keys, values] = inputs();
+        let [queries, keys, values] = inputs;
         let positions: Vec<u32> = (0..TOKENS as u32).collect();
         let mut out = vec![0.0f32; queries.len()];
         let attention = CpuAttention {
             cache: &mut cache,
             kernel: AttentionKernel::Fused,
         };
-        let swapped = match streams {
-            Some(streams) => {
+        let (swapped, kept) = match exact {
+            Some((streams, choice)) => {
                 let exact = ExactNeedle {
                     streams,
                     layers: 0..1,
                     answer_only: false,
+                    choice,
                 };
                 let mut oracle = ExactNeedleAttention::new(attention, 1, NEEDLE, TOKENS - 1, exact);
                 oracle
-                    .attend(0, &queries, &keys, &values, &positions, SHAPE, &mut out)
+                    .attend(0, queries, keys, values, &positions, SHAPE, &mut out)
                     .expect("attends");
-                oracle.swapped()[0]
+                let kept = oracle.kept[0].first().cloned().unwrap_or_default();
+                (oracle.swapped()[0], kept)
             }
             None => {
                 let mut attention = attention;
                 attention
-                    .attend(0, &queries, &keys, &values, &positions, SHAPE, &mut out)
+                    .attend(0, queries, keys, values, &positions, SHAPE, &mut out)
                     .expect("attends");
-                0
+                (0, Vec::new())
             }
         };
+        (out, cache, swapped, kept)
+    }
+
+    /// [`run_on`] the random inputs, the needle or the plain cache.
+    fn run(alloc: &Allocation, streams: Option<NeedleStreams>) -> (Vec<f32>, ModelCache, usize) {
+        let exact = streams.map(|s| (s, ExactChoice::Needle));
+        let (out, cache, swapped, _) = run_on(alloc, &inputs(), exact);
         (out, cache, swapped)
     }
 
     /// Row `i`, head `h` by hand: the softmax over tokens `0..=i` of the cache's decoded keys
-    /// and values, the needle's replaced by the exact ones where `streams` says.
-    fn by_hand(cache: &ModelCache, i: usize, h: usize, streams: NeedleStreams) -> Vec<f64> {
-        let [queries, keys, values] = inputs();
+    /// and values, those of the tokens `replaced` says replaced by the exact ones where
+    /// `streams` says.
+    fn by_hand_on(
+        cache: &ModelCache,
+        inputs: &[Vec<f32>; 3],
+        (i, h): (usize, usize),
+        streams: NeedleStreams,
+        replaced: impl Fn(usize) -> bool,
+    ) -> Vec<f64> {
+        let [queries, keys, values] = inputs;
         let kv = cache.kv(0).expect("layer 0");
         let mut scratch = CodecScratch::new(D);
         let q = &queries[(i * 2 + h) * D..][..D];
@@ -478,10 +681,10 @@ mod tests {
             kv.values(0)
                 .reconstruct(t, &mut scratch, &mut v)
                 .expect("value");
-            if NEEDLE.contains(&t) && streams.keys() {
+            if replaced(t) && streams.keys() {
                 k.copy_from_slice(&keys[t * D..(t + 1) * D]);
             }
-            if NEEDLE.contains(&t) && streams.values() {
+            if replaced(t) && streams.values() {
                 v.copy_from_slice(&values[t * D..(t + 1) * D]);
             }
             let s: f64 = q
@@ -500,6 +703,54 @@ mod tests {
                     .sum()
             })
             .collect()
+    }
+
+    /// [`by_hand_on`] the random inputs with the needle replaced.
+    fn by_hand(cache: &ModelCache, i: usize, h: usize, streams: NeedleStreams) -> Vec<f64> {
+        by_hand_on(cache, &inputs(), (i, h), streams, |t| NEEDLE.contains(&t))
+    }
+
+    #[test]
+    fn heavy_hitters_are_kept_once_their_window_is_read_and_swapped_from_then_on() {
+        // Queries with a positive mean and token 2's key along it: token 2 draws most of
+        // every later row's weight, far above uniform attention.
+        let mut inputs = inputs();
+        for q in inputs[0].iter_mut() {
+            *q += 1.0;
+        }
+        inputs[1][2 * D..3 * D].fill(1.5);
+        let alloc = allocation("");
+        let (window, factor) = (3, 2.0);
+        let choice = ExactChoice::HeavyHitters { window, factor };
+        let (plain, _, _, _) = run_on(&alloc, &inputs, None);
+        let (out, cache, swapped, kept) =
+            run_on(&alloc, &inputs, Some((NeedleStreams::Both, choice)));
+        assert!(kept.contains(&2), "{kept:?}");
+        // Decided: tokens whose 3 rows were all read (t + 3 ≤ 12); each row swaps the kept
+        // tokens whose window it completed or passed.
+        assert!(kept.iter().all(|&t| t + window <= TOKENS), "{kept:?}");
+        let mut rows = 0;
+        for i in 0..TOKENS {
+            let replaced = |t: usize| kept.contains(&t) && t + window <= i + 1;
+            for h in 0..2 {
+                let row = &out[(i * 2 + h) * D..][..D];
+                if !(0..=i).any(replaced) {
+                    assert_eq!(row, &plain[(i * 2 + h) * D..][..D], "row {i} unchanged");
+                    continue;
+                }
+                rows += 1;
+                let expected = by_hand_on(&cache, &inputs, (i, h), NeedleStreams::Both, replaced);
+                for (&got, &want) in row.iter().zip(&expected) {
+                    assert!(
+                        (f64::from(got) - want).abs() < 1e-5,
+                        "row {i}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        assert_eq!(swapped, rows);
+        // Token 2's window completes at row 4: rows 0-3 are the cache's own.
+        assert!(rows > 0 && rows <= 2 * (TOKENS - 4), "{rows}");
     }
 
     #[test]
@@ -561,6 +812,7 @@ mod tests {
             streams: NeedleStreams::Both,
             layers: 1..2,
             answer_only: false,
+            choice: ExactChoice::Needle,
         };
         let mut oracle = ExactNeedleAttention::new(attention, 1, NEEDLE, TOKENS - 1, exact);
         oracle

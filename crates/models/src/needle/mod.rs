@@ -34,7 +34,7 @@ mod window_attention;
 
 pub use attention::{NeedleAttention, RetrievalHead, rank_retrieval_heads};
 pub use error::NeedleError;
-pub use exact::{ExactNeedle, NeedleStreams};
+pub use exact::{ExactChoice, ExactNeedle, NeedleStreams};
 pub use grid::{CellOrder, NeedleGrid, run_grid};
 pub use paired::{PairedHits, paired_hits};
 pub use prompt::{NeedlePrompt, build_prompt};

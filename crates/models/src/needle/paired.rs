@@ -180,6 +180,7 @@ mod tests {
             decode_tokens_per_s: 0.0,
             needle_attention: None,
             exact_needle: None,
+            exact_kept: None,
             needle_window_ranks: None,
         }
     }

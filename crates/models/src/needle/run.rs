@@ -11,7 +11,7 @@ use crate::llama::{CpuAttention, GenerationOptions, Sampler};
 use crate::tokenizer::Tokenizer;
 
 use super::attention::NeedleAttentionProbe;
-use super::exact::{ExactNeedle, ExactNeedleAttention};
+use super::exact::{ExactChoice, ExactNeedle, ExactNeedleAttention};
 use super::prompt::{NeedlePrompt, build_prompt};
 use super::score::score;
 use super::window_attention::WindowAttentionProbe;
@@ -96,6 +96,10 @@ pub struct NeedleRow {
     /// query head) outputs of all layers were swapped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_needle: Option<(ExactNeedle, usize)>,
+    /// With [`ExactChoice::HeavyHitters`] or [`ExactChoice::Every`]: per layer, the share of
+    /// the decided tokens kept (over the KV heads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_kept: Option<Vec<f64>>,
     /// With [`NeedleOptions::window_attention`]: per layer, each needle token's rank among
     /// all tokens by the attention it received in the window, as a fraction of the tokens (0:
     /// received the most).
@@ -174,6 +178,7 @@ pub fn run_prompt(
         ));
     }
     let mut exact_needle = None;
+    let mut exact_kept = None;
     let mut needle_window_ranks = None;
     let (generation, needle_attention) = if let Some(window) = options.window_attention {
         let attention = CpuAttention {
@@ -218,6 +223,9 @@ pub fn run_prompt(
             |_| {},
         )?;
         exact_needle = Some((exact.clone(), oracle.swapped().iter().sum()));
+        if !matches!(exact.choice, ExactChoice::Needle) {
+            exact_kept = Some(oracle.kept_share());
+        }
         (generation, None)
     } else if options.needle_attention {
         let attention = CpuAttention {
@@ -273,6 +281,7 @@ pub fn run_prompt(
         decode_tokens_per_s: generation.decode_tokens_per_s(),
         needle_attention,
         exact_needle,
+        exact_kept,
         needle_window_ranks,
     })
 }
