@@ -141,6 +141,24 @@ fn needle_errors_are_messages_not_panics() {
             &["needle", "--exact-needle-layers", "0-3"][..],
             "--exact-needle",
         ),
+        (
+            &["needle", "--exact-needle", "keys", "--exact-policy", "0,4"][..],
+            "at least 1 token",
+        ),
+        (
+            &[
+                "needle",
+                "--exact-needle",
+                "keys",
+                "--exact-policy",
+                "every:0",
+            ][..],
+            "at least 1 token",
+        ),
+        (
+            &["needle", "--window-attention", "0"][..],
+            "at least 1 token",
+        ),
     ] {
         let (ok, _, stderr) = tq(args);
         assert!(!ok, "tq {args:?} succeeded");

@@ -90,7 +90,12 @@ pub struct NeedleArgs {
     /// tokens writes its codes — and report where the needle's tokens rank: JSON rows gain
     /// `needle_window_ranks` (`[layer][needle token]`, 0 = received the most), the table per
     /// layer the share of needle tokens in the top 1%.
-    #[arg(long, value_name = "W", conflicts_with_all = ["needle_attention", "exact_needle"])]
+    #[arg(
+        long,
+        value_name = "W",
+        value_parser = parse_window,
+        conflicts_with_all = ["needle_attention", "exact_needle"]
+    )]
     window_attention: Option<usize>,
     #[command(flatten)]
     budget: super::limits::CacheBudgetArgs,
@@ -146,6 +151,15 @@ fn parse_policy(text: &str) -> Result<ExactChoice, String> {
         ));
     }
     Ok(ExactChoice::HeavyHitters { window, factor })
+}
+
+/// `--window-attention`'s window: at least one token (a token is read in its own row).
+fn parse_window(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("the window must be at least 1 token".into()),
+        Ok(window) => Ok(window),
+        Err(e) => Err(format!("`{text}`: {e}")),
+    }
 }
 
 /// `FIRST-LAST` (inclusive) as a range of layers.
