@@ -30,9 +30,10 @@ pub struct NeedleOptions {
     /// ([`NeedleRow::needle_attention`]): the prompt's last token and every answer token are
     /// scored a second time against the exact keys.
     pub needle_attention: bool,
-    /// An oracle for per-token precision: the needle's own tokens read exactly (their keys,
-    /// values or both, in the given layers), every other token as the cache stores it
-    /// ([`ExactNeedle`]). Not with the other two instruments.
+    /// An oracle for per-token precision: chosen tokens read exactly (their keys, values or
+    /// both, in the given layers) — the needle's own, or those a heavy-hitter policy keeps
+    /// ([`ExactChoice`]) — every other token as the cache stores it ([`ExactNeedle`]). Not
+    /// with the other two instruments.
     pub exact_needle: Option<ExactNeedle>,
     /// With `Some(w)`: rank every token, per layer, by the attention it receives (exact keys)
     /// from the queries of the `w` tokens from it on — what a heavy-hitter policy could see
