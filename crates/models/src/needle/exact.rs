@@ -31,7 +31,7 @@ use tq_cache::codec::CodecScratch;
 use tq_cache::kv_cache::KvCache;
 use tq_cache::stream::Stream;
 
-use crate::eval::score_probe::softmax;
+use super::window_attention::add_window_weights;
 use crate::llama::{AttentionBackend, CpuAttention, ModelError};
 
 /// Which of the chosen tokens' streams an [`ExactNeedle`] run reads exactly.
@@ -185,8 +185,7 @@ impl<'a> ExactNeedleAttention<'a> {
         factor: f64,
     ) -> Result<(), ModelError> {
         let kv = self.attention.cache.kv(layer)?;
-        let (d, kv_heads) = (kv.layout().head_dim, kv.layout().kv_heads);
-        let width = kv_heads * d;
+        let kv_heads = kv.layout().kv_heads;
         let group = shape.q_heads / kv_heads;
         let exact = &self.exact_kv[layer][0];
         let received = &mut self.received[layer];
@@ -194,30 +193,10 @@ impl<'a> ExactNeedleAttention<'a> {
         for heads in received.iter_mut() {
             heads.resize(positions.len(), 0.0);
         }
-        let n = queries.len() / (shape.q_heads * d).max(1);
-        let first = positions.len() - n;
-        let scale = f64::from(shape.scale);
         let per_head = 1.0 / group as f64;
-        let mut scores = Vec::new();
-        for (i, query) in queries.chunks_exact(shape.q_heads * d).enumerate() {
-            let row = first + i;
-            let visible = kv.visible(positions[row]);
-            let reads = (row + 1).saturating_sub(window).max(visible.start)..visible.end;
-            for (h, q) in query.chunks_exact(d).enumerate() {
-                let g = h / group;
-                scores.clear();
-                scores.extend(
-                    visible
-                        .clone()
-                        .map(|t| scale * lanes_dot(q, &exact[t * width + g * d..][..d])),
-                );
-                for (t, w) in visible.clone().zip(softmax(&scores)) {
-                    if reads.contains(&t) {
-                        received[g][t] += per_head * w;
-                    }
-                }
-            }
-        }
+        add_window_weights(kv, exact, queries, positions, shape, window, |g, t, w| {
+            received[g][t] += per_head * w;
+        });
         // Token t's window is complete once row t + window − 1 is read.
         let complete = (positions.len() + 1).saturating_sub(window);
         let kept = &mut self.kept[layer];

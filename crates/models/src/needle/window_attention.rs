@@ -57,6 +57,48 @@ impl WindowAttention {
     }
 }
 
+/// Scores each query row (the last `queries.len() / (q_heads·d)` of `positions`) against
+/// `exact_keys` (`[tokens, kv_heads·head_dim]`) over the tokens `kv` shows it, and calls
+/// `add(kv_head, t, w)` with the softmax weight `w` of each query head on each token `t`
+/// whose `window` holds the row (`t ≤ row < t + window`). The one loop behind the window
+/// probe and the heavy-hitter simulation of [`exact`](super::exact).
+pub(super) fn add_window_weights(
+    kv: &tq_cache::kv_cache::KvCache,
+    exact_keys: &[f32],
+    queries: &[f32],
+    positions: &[u32],
+    shape: AttentionShape,
+    window: usize,
+    mut add: impl FnMut(usize, usize, f64),
+) {
+    let (d, kv_heads) = (kv.layout().head_dim, kv.layout().kv_heads);
+    let width = kv_heads * d;
+    let group = shape.q_heads / kv_heads.max(1);
+    let n = queries.len() / (shape.q_heads * d).max(1);
+    let first = positions.len() - n;
+    let scale = f64::from(shape.scale);
+    let mut scores = Vec::new();
+    for (i, query) in queries.chunks_exact(shape.q_heads * d).enumerate() {
+        let row = first + i;
+        let visible = kv.visible(positions[row]);
+        let reads = (row + 1).saturating_sub(window).max(visible.start)..visible.end;
+        for (h, q) in query.chunks_exact(d).enumerate() {
+            let g = h / group;
+            scores.clear();
+            scores.extend(
+                visible
+                    .clone()
+                    .map(|t| scale * lanes_dot(q, &exact_keys[t * width + g * d..][..d])),
+            );
+            for (t, w) in visible.clone().zip(softmax(&scores)) {
+                if reads.contains(&t) {
+                    add(g, t, w);
+                }
+            }
+        }
+    }
+}
+
 /// [`CpuAttention`] plus the in-window attention measurement.
 #[derive(Debug)]
 pub(super) struct WindowAttentionProbe<'a> {
@@ -123,32 +165,18 @@ impl AttentionBackend for WindowAttentionProbe<'_> {
             )));
         }
         received.resize(positions.len(), 0.0);
-        let group = shape.q_heads / kv_heads;
-        let n = queries.len() / (shape.q_heads * d).max(1);
-        let first = positions.len() - n;
-        let scale = f64::from(shape.scale);
         let per_head = 1.0 / shape.q_heads as f64;
-        let mut scores = Vec::new();
-        for (i, query) in queries.chunks_exact(shape.q_heads * d).enumerate() {
-            let row = first + i;
-            let visible = kv.visible(positions[row]);
-            // The tokens whose window holds this row: `t ≤ row < t + window`.
-            let reads = (row + 1).saturating_sub(self.window).max(visible.start)..visible.end;
-            for (h, q) in query.chunks_exact(d).enumerate() {
-                let g = h / group;
-                scores.clear();
-                scores.extend(
-                    visible
-                        .clone()
-                        .map(|t| scale * lanes_dot(q, &exact[t * width + g * d..][..d])),
-                );
-                for (t, w) in visible.clone().zip(softmax(&scores)) {
-                    if reads.contains(&t) {
-                        received[t] += per_head * w;
-                    }
-                }
-            }
-        }
+        add_window_weights(
+            kv,
+            exact,
+            queries,
+            positions,
+            shape,
+            self.window,
+            |_, t, w| {
+                received[t] += per_head * w;
+            },
+        );
         Ok(())
     }
 
