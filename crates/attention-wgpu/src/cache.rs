@@ -417,7 +417,8 @@ impl GpuKvCache {
     /// per center block from a table of block angles kept on the device
     /// ([`tq_cache::rope_center`]).
     ///
-    /// Errors: RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
+    /// Errors: heavy hitters ([`tq_cache::heavy_hitters`]: no kept copies on the GPU yet),
+    /// RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
     /// sink counts that differ between streams, a two-tier codec with a QJL or debiased tier,
     /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
     /// one token that does not fit one binding.
@@ -435,6 +436,11 @@ impl GpuKvCache {
             ));
         }
         let rope_pairs = (rope_keys != 0).then_some(layout.rope_pairs);
+        if cache.keeps_heavy_hitters() {
+            return Err(GpuError::Unsupported(
+                "heavy hitters (heavy_hitters): the GPU kernels read no kept copies yet".into(),
+            ));
+        }
         let (sinks, windows) = windows_of(cache);
         let window_q8 = windows.any()
             && (0..heads)

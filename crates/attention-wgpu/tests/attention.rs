@@ -943,6 +943,18 @@ fn errors_are_typed() {
         Err(GpuError::Unsupported(what)) => assert!(what.contains("TQ_mse"), "{what}"),
         other => panic!("QJL tiers must be refused, got {other:?}"),
     }
+    // Heavy hitters' kept copies are not read by the GPU kernels yet.
+    let heavy = Allocation::from_toml_str(
+        "name = \"heavy\"\n\
+         key = { codec = \"mse\", bits = 4, recent_fp_tokens = 8, heavy_hitters = 4.0 }\n\
+         value = { codec = \"mse\", bits = 3, recent_fp_tokens = 8, heavy_hitters = 4.0 }\n",
+    )
+    .unwrap();
+    let heavy = KvCache::with_allocation(growing(1, 128), &heavy, 3, 8).unwrap();
+    match GpuKvCache::new(&ctx, &heavy) {
+        Err(GpuError::Unsupported(what)) => assert!(what.contains("heavy"), "{what}"),
+        other => panic!("heavy hitters must be refused, got {other:?}"),
+    }
 }
 
 /// GQA groups larger than one workgroup's eight heads split into equal head chunks (the

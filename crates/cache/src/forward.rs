@@ -7,7 +7,7 @@
 //! reads storage only through its public accessors, so neither layer imports the other in a
 //! cycle; this module is the one place that uses both (see `docs/ARCHITECTURE.md`).
 
-use crate::attention::{AttentionKernel, AttentionShape, attend_in_step};
+use crate::attention::{AttentionKernel, AttentionShape, attend_in_step, attend_in_step_gathering};
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::states::ModelCache;
@@ -56,7 +56,23 @@ impl KvCache {
         }
         let new_positions = &positions[offset..];
         self.append_with_queries(keys, values, new_positions, queries, shape.q_heads)?;
-        attend_in_step(self, queries, new_positions, shape, kernel, out)
+        if !self.keeps_heavy_hitters() {
+            return attend_in_step(self, queries, new_positions, shape, kernel, out);
+        }
+        // The kernel hands back what each query gave its window tokens; the streams count it
+        // and keep the heavy hitters among the tokens that left.
+        let mut received = std::mem::take(&mut self.received);
+        let result = attend_in_step_gathering(
+            self,
+            queries,
+            new_positions,
+            shape,
+            kernel,
+            (out, &mut received),
+        )
+        .and_then(|()| self.add_received(&received));
+        self.received = received;
+        result
     }
 }
 

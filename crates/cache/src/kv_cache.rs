@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
+use crate::heavy_hitters::ReceivedWeights;
 use crate::stream::{Stream, StreamLayout};
 use crate::token_codec::CodecSpec;
 use crate::token_store::{Growth, TokenStore};
@@ -94,6 +95,10 @@ pub struct KvCache {
     /// so appending a token allocates nothing (working memory, not counted in the cache's
     /// bytes).
     scratch: Vec<[CodecScratch; 2]>,
+    /// The attention weights a step's queries gave their window tokens, for the heavy-hitter
+    /// counts (working memory of [`forward`](Self::forward), kept so a decode step allocates
+    /// nothing; not counted, not saved).
+    pub(crate) received: ReceivedWeights,
 }
 
 /// Stream layouts with the same codec on every head, no full-precision extras and no centering.
@@ -125,6 +130,7 @@ pub fn uniform_streams(layout: &KvLayout, codec: CodecSpec) -> Vec<StreamLayout>
             growth,
             ring_slots: layout.ring_slots(),
             order: crate::record_order::RecordOrder::Rows,
+            heavy_hitters: None,
         })
         .collect()
 }
@@ -183,7 +189,44 @@ impl KvCache {
             layout,
             positions,
             len: 0,
+            received: ReceivedWeights::default(),
         })
+    }
+
+    /// Whether a stream keeps heavy hitters ([`heavy_hitters`](crate::heavy_hitters)): then
+    /// [`forward`](Self::forward) gathers the attention each query gives its window tokens.
+    pub fn keeps_heavy_hitters(&self) -> bool {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .any(|s| s.heavy_hitters().is_some())
+    }
+
+    /// Bytes of the kept heavy-hitter copies of every stream, by formula (what the cache
+    /// holds beyond [`formula_bytes`](Self::formula_bytes)' per-token and fixed bytes).
+    pub fn kept_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(Stream::kept_bytes)
+            .sum()
+    }
+
+    /// Adds `received` (what one attention call's queries gave their window tokens, items
+    /// in query order) to both streams of each KV head, then decides the tokens the next
+    /// query no longer reads in its window.
+    pub(crate) fn add_received(&mut self, received: &ReceivedWeights) -> Result<(), CacheError> {
+        let kv_heads = self.layout.kv_heads;
+        for k in 0..received.items.len() {
+            let (row, weights) = received.item(k);
+            let g = k % kv_heads;
+            self.keys[g].add_received(row, weights);
+            self.values[g].add_received(row, weights);
+        }
+        for stream in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            stream.settle_kept()?;
+        }
+        Ok(())
     }
 
     /// A cache with one codec for all keys and one for all values.

@@ -35,6 +35,7 @@ pub mod attention;
 pub mod basis;
 pub mod center;
 mod forward;
+pub mod heavy_hitters;
 pub mod kv_cache;
 pub mod persist;
 pub mod rope_center;

@@ -43,6 +43,7 @@ use crate::basis::{BasisFit, BasisPolicy};
 use crate::center::CenterPolicy;
 use crate::codec::{CodecError, CodecScratch};
 use crate::error::CacheError;
+use crate::heavy_hitters::{GatheredRow, HeavyHitters};
 use crate::record_order::{BitPlanes, CodeRun, RecordOrder};
 use crate::token_codec::{CodecSpec, TokenCodec};
 use crate::token_store::{Growth, TokenStore};
@@ -132,6 +133,12 @@ pub struct StreamLayout {
     /// planes); every other body keeps rows ([`body_order`]), which reads the same tokens.
     #[serde(default, skip_serializing_if = "is_rows")]
     pub order: RecordOrder,
+    /// Heavy hitters: a token that drew at least this factor times the uniform share of
+    /// attention while in the recent window keeps its window copy when it leaves
+    /// ([`heavy_hitters`](crate::heavy_hitters)); `None`: every token leaves for its codes.
+    /// Needs a recent window; ignored in ring mode (as the window is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heavy_hitters: Option<f32>,
 }
 
 fn is_all_widths(widths: &crate::basis::GroupWidths) -> bool {
@@ -303,6 +310,9 @@ pub struct Stream {
     oldest_recent: usize,
     /// Full-precision copies for the current step's queries (see [`StepCopies`]).
     step: StepCopies,
+    /// Tokens that keep their window copy after the window ([`heavy_hitters`](crate::heavy_hitters)):
+    /// a windowed stream whose layout asks for them.
+    heavy: Option<HeavyHitters>,
 }
 
 /// Full-precision copies of the tokens the queries of the current step read in their windows:
@@ -711,6 +721,10 @@ impl Stream {
             )?,
         };
         body.set_planes(planes)?;
+        let heavy = match layout.heavy_hitters {
+            Some(factor) if windowed => Some(HeavyHitters::new(factor, &recent_codec)?),
+            _ => None,
+        };
         Ok(Self {
             layout,
             body,
@@ -741,6 +755,7 @@ impl Stream {
             oldest_body: 0,
             oldest_recent: 0,
             step: StepCopies::default(),
+            heavy,
         })
     }
 
@@ -818,10 +833,71 @@ impl Stream {
         &self.body
     }
 
+    /// The heavy-hitter state ([`heavy_hitters`](crate::heavy_hitters)): `None` for a stream
+    /// whose layout asks for none or that keeps no window.
+    pub fn heavy_hitters(&self) -> Option<&HeavyHitters> {
+        self.heavy.as_ref()
+    }
+
+    /// The first token at or after `t` read from a kept heavy-hitter copy (in
+    /// [`recent_codec`](Self::recent_codec)) rather than its codes, outside sinks and windows.
+    /// Kernels end a run of body records there.
+    pub fn next_kept(&self, t: usize) -> Option<usize> {
+        self.heavy.as_ref()?.next_kept(t)
+    }
+
+    /// Token `t`'s kept heavy-hitter copy (words, scales in
+    /// [`recent_codec`](Self::recent_codec)), if it has one.
+    pub fn kept_copy(&self, t: usize) -> Option<(&[u32], &[f16])> {
+        self.heavy.as_ref()?.copy(t)
+    }
+
+    /// Bytes of the kept heavy-hitter copies and their indices, by formula (data-dependent,
+    /// so not in [`fixed_bytes`](Self::fixed_bytes)).
+    pub fn kept_bytes(&self) -> usize {
+        self.heavy.as_ref().map_or(0, HeavyHitters::kept_bytes)
+    }
+
+    /// Adds what one query row gave this stream's window tokens (`weights[i]` for token
+    /// `row.first + i`; the row reads its own window, as in a step) to the heavy-hitter counts.
+    pub(crate) fn add_received(&mut self, row: GatheredRow, weights: &[f32]) {
+        let from = self
+            .window_start(row.end, true)
+            .max(self.sink_end())
+            .max(row.first);
+        let Some(heavy) = &mut self.heavy else {
+            return;
+        };
+        let uniform = 1.0 / row.visible.max(1) as f32;
+        for t in from..row.end {
+            heavy.add(t, weights[t - row.first], uniform);
+        }
+    }
+
+    /// Decides the heavy hitters among the tokens that the next query (a decode step) no
+    /// longer reads in its window.
+    pub(crate) fn settle_kept(&mut self) -> Result<(), CacheError> {
+        let end = self.len + 1;
+        self.settle_before(end.saturating_sub(self.window(end)))
+    }
+
+    fn settle_before(&mut self, end: usize) -> Result<(), CacheError> {
+        let Some(mut heavy) = self.heavy.take() else {
+            return Ok(());
+        };
+        let result = heavy.settle(end, |t| {
+            self.recent_copy(t)
+                .map(|(_, words, scales)| (words, scales))
+        });
+        self.heavy = Some(heavy);
+        result
+    }
+
     /// Bytes held by every buffer of the stream, measured from the buffers (the mean of a
     /// centered stream included).
     pub fn allocated_bytes(&self) -> usize {
-        self.body.allocated_bytes()
+        self.heavy.as_ref().map_or(0, HeavyHitters::allocated_bytes)
+            + self.body.allocated_bytes()
             + self.sinks.allocated_bytes()
             + self.recent.allocated_bytes()
             + self.layout.mean.as_ref().map_or(0, |m| 4 * m.capacity())
@@ -991,6 +1067,11 @@ impl Stream {
             return Err(e);
         }
         self.len += 1;
+        if let Some(heavy) = &mut self.heavy
+            && t >= self.sink_tokens
+        {
+            heavy.track(t);
+        }
         Ok(())
     }
 
@@ -1123,6 +1204,10 @@ impl Stream {
             .len
             .saturating_sub(self.window(self.len))
             .max(self.oldest_recent);
+        // Tokens no query of the batch reads in its window are decided while their copies are
+        // still held (a stream appended to without attention has counted nothing for them).
+        // The heavy-hitter copy cannot fail but on allocation: a token that fails is not kept.
+        let _ = self.settle_before(first);
         self.step.clear(first);
         for t in first..self.len {
             if let Some((record, scales)) = self.recent.record(t % self.recent_slots) {
@@ -1224,6 +1309,9 @@ impl Stream {
         if t < self.sink_end() || t >= window_start {
             let (codec, record, scales) = self.full_precision(t)?;
             return Some((codec, Cow::Borrowed(record), scales));
+        }
+        if let Some((record, scales)) = self.kept_copy(t) {
+            return Some((&self.recent_codec, Cow::Borrowed(record), scales));
         }
         let (record, scales) = self.body.record_copy(self.body_slot(t))?;
         Some((&self.codec, record, scales))
@@ -1402,6 +1490,9 @@ impl Stream {
         // size it was built with, so this cannot fail).
         let _ = self.reset_ring(self.initial_slots);
         self.step.clear(0);
+        if let Some(heavy) = &mut self.heavy {
+            heavy.clear();
+        }
         // Back to the uncalibrated codec's order; a body that cannot be reallocated keeps its
         // order, which reads and writes the same records.
         let _ = self.match_body_order();
@@ -1472,6 +1563,9 @@ impl Stream {
         }
         self.oldest_body = self.oldest_body.min(new_len);
         self.sinks.truncate(new_len.min(self.sink_tokens));
+        if let Some(heavy) = &mut self.heavy {
+            heavy.truncate(new_len);
+        }
         if new_len == 0 {
             self.forget_calibration();
         }
@@ -1496,6 +1590,9 @@ impl Stream {
         out.u64(self.oldest_recent as u64);
         for store in [&self.body, &self.sinks, &self.recent] {
             out.store(store);
+        }
+        if let Some(heavy) = &self.heavy {
+            heavy.write_to(out);
         }
     }
 
@@ -1523,6 +1620,10 @@ impl Stream {
                 .map_err(crate::persist::PersistError::Cache)?;
         }
         input.store(&mut self.recent)?;
+        let len = self.len;
+        if let Some(heavy) = &mut self.heavy {
+            heavy.read_from(input, len)?;
+        }
         let stored = self.body.len();
         let consistent = match self.ring_slots {
             Some(slots) => stored == self.len.min(slots) || stored == slots,

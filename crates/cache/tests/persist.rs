@@ -72,6 +72,17 @@ fn build_growing(
     window: Option<CodecSpec>,
     fraction: Option<f64>,
 ) -> ModelCache {
+    build_keeping(key, value, window, fraction, None)
+}
+
+/// [`build_growing`] with heavy hitters at `factor` (ignored by the sliding layer's ring).
+fn build_keeping(
+    key: usize,
+    value: usize,
+    window: Option<CodecSpec>,
+    fraction: Option<f64>,
+    factor: Option<f32>,
+) -> ModelCache {
     ModelCache::new(specs(), |layer, layout| {
         let streams = |c, recent: usize| {
             uniform_streams(layout, c)
@@ -82,6 +93,7 @@ fn build_growing(
                     s.recent_tokens = recent - head;
                     s.recent_fraction = fraction;
                     s.recent = window;
+                    s.heavy_hitters = factor;
                     s
                 })
                 .collect::<Vec<_>>()
@@ -173,6 +185,22 @@ fn growing_windows_reload_bit_identical() {
             assert!(keys.recent_slots() >= 10 + 4 && keys.recent_slots() > 7 - h + 4);
         }
         assert_reload_continues(&mut cache, 5);
+    }
+}
+
+/// Heavy hitters — kept tokens, their copies and the counts of the tokens still in the
+/// window — reload bit-identical, and the reloaded cache goes on keeping the same tokens.
+#[test]
+fn heavy_hitters_reload_bit_identical() {
+    for window in [None, Some(CodecSpec::Q8 { dim: 64 })] {
+        let mut cache = build_keeping(2, 3, window, None, Some(1.2));
+        run(&mut cache, 0, 40);
+        let kv = cache.kv(0).unwrap();
+        let kept = kv.keys(0).heavy_hitters().unwrap().kept().len();
+        assert!(kept > 0 && kv.kept_bytes() > 0, "{window:?}");
+        assert_reload_continues(&mut cache, 2);
+        let kv = cache.kv(0).unwrap();
+        assert!(kv.keys(0).heavy_hitters().unwrap().kept().len() >= kept);
     }
 }
 

@@ -14,7 +14,8 @@ impl Allocation {
     /// [`LayerKind::Sliding`] layer, a growing one a global layer), full-precision sinks from
     /// the allocation, and the recent window the stream resolves to (its own or the
     /// allocation's: a count, a fraction of the tokens held or both, see
-    /// [`RecentWindow::tokens_at`](super::RecentWindow::tokens_at)).
+    /// [`RecentWindow::tokens_at`](super::RecentWindow::tokens_at)) with its heavy-hitter
+    /// factor, if any (none on a sliding-window layout).
     pub fn stream_layouts(
         &self,
         layer: usize,
@@ -64,6 +65,7 @@ impl Allocation {
                     growth,
                     ring_slots: layout.ring_slots(),
                     order: resolved.record_order,
+                    heavy_hitters: resolved.heavy_hitters,
                 })
             })
             .collect()

@@ -135,6 +135,33 @@ pub enum FieldProblem {
         /// The value given.
         value: f64,
     },
+    /// A `heavy_hitters` factor must be a finite number > 0 that survives conversion to f32.
+    #[error(
+        "must be finite and > 0 (as f32): the multiple of the uniform share of attention a \
+         token must draw in the window to be kept, got {value}"
+    )]
+    BadHeavyHitters {
+        /// The value given.
+        value: f64,
+    },
+    /// `heavy_hitters` on a stream with no recent window in force (neither `recent_fp_tokens`
+    /// nor `recent_fraction` above 0): a token is judged by the attention it draws in the
+    /// window, and keeps its window copy.
+    #[error(
+        "heavy_hitters needs a recent window: give the stream `recent_fp_tokens` or \
+         `recent_fraction` above 0 (or the allocation a top-level one)"
+    )]
+    HeavyHittersWithoutWindow,
+    /// `heavy_hitters` on a full-precision stream: its tokens already are what a kept copy
+    /// would be.
+    #[error(
+        "nothing to keep: the body is full precision (codec `{codec}`); heavy_hitters applies \
+         to quantized codecs"
+    )]
+    NothingToKeep {
+        /// The codec in force.
+        codec: CodecKind,
+    },
     /// The outlier tier must leave at least one channel to each tier.
     #[error(
         "{channels} outlier channels do not fit head_dim {head_dim} \

@@ -75,6 +75,7 @@ pub(crate) struct Merged {
     basis_bits: Option<Sourced<GroupWidths>>,
     record_order: Option<Sourced<RecordOrder>>,
     window: Option<Sourced<RecentWindow>>,
+    heavy_hitters: Option<Sourced<f64>>,
 }
 
 /// Fully resolved settings of one tier: every default filled in and every rule checked.
@@ -103,6 +104,10 @@ pub(crate) struct Resolved {
     /// The stream's own recent window, `None` when no table set one (the allocation's
     /// top-level `recent_fp_tokens` / `recent_fraction` apply).
     pub window: Option<RecentWindow>,
+    /// The heavy-hitter factor, checked (finite and > 0 as f32, quantized codecs only), and
+    /// where it was set (for the error a stream without a window gives).
+    pub heavy_hitters: Option<f32>,
+    pub heavy_hitters_path: Option<Origin>,
 }
 
 fn set<T: Copy>(slot: &mut Option<Sourced<T>>, value: Option<T>, origin: Origin) {
@@ -128,6 +133,7 @@ impl Merged {
             basis_bits: None,
             record_order: None,
             window: None,
+            heavy_hitters: None,
         }
     }
 
@@ -136,7 +142,8 @@ impl Merged {
     /// A patch that names a codec first drops the inherited fields the new codec has no use
     /// for (so `key = { codec = "f16" }` over a `prod` base does not trip over the base's
     /// `qjl`), while fields the patch itself gives are kept and checked by [`Merged::finish`].
-    /// `center` and the window apply to every codec and are never dropped. A patch that gives
+    /// `center` and the window apply to every codec and are never dropped (`heavy_hitters`, which
+    /// keeps copies in place of codes, is dropped with the codes). A patch that gives
     /// `recent_fp_tokens`, `recent_fraction` or both replaces the whole window in force.
     pub fn apply(&mut self, patch: &StreamSettings, section: Section) {
         let origin = Origin {
@@ -148,6 +155,7 @@ impl Merged {
                 self.bits = None;
                 self.rotation = None;
                 self.norm_correction = None;
+                self.heavy_hitters = None;
             }
             if codec != CodecKind::Prod {
                 self.qjl = None;
@@ -171,6 +179,7 @@ impl Merged {
         set(&mut self.basis_bits, patch.basis_bits, origin);
         set(&mut self.record_order, patch.record_order, origin);
         set(&mut self.window, patch.window(), origin);
+        set(&mut self.heavy_hitters, patch.heavy_hitters, origin);
     }
 
     /// Fills in the defaults and checks every rule, naming the offending field's path.
@@ -207,6 +216,7 @@ impl Merged {
             ));
         }
         whole_stream_only(self.record_order.map(|o| o.origin), "record_order")?;
+        whole_stream_only(self.heavy_hitters.map(|h| h.origin), "heavy_hitters")?;
         if let Some(w) = self.window {
             let field = match w.value.tokens {
                 Some(_) => "recent_fp_tokens",
@@ -241,6 +251,12 @@ impl Merged {
             }
             if let Some(n) = self.norm_correction {
                 return Err(not_applicable(n.origin, "norm_correction"));
+            }
+            if let Some(h) = self.heavy_hitters {
+                return Err(AllocationError::field(
+                    h.origin.path("heavy_hitters"),
+                    FieldProblem::NothingToKeep { codec: kind },
+                ));
             }
         }
         if kind != CodecKind::Prod {
@@ -293,6 +309,20 @@ impl Merged {
                 single
             }
         };
+        let heavy_hitters = match self.heavy_hitters {
+            None => None,
+            Some(h) => {
+                // As for shrinkage: the factor the stream compares against is an f32.
+                let single = h.value as f32;
+                if !(h.value.is_finite() && h.value > 0.0 && single.is_finite() && single > 0.0) {
+                    return Err(AllocationError::field(
+                        h.origin.path("heavy_hitters"),
+                        FieldProblem::BadHeavyHitters { value: h.value },
+                    ));
+                }
+                Some(single)
+            }
+        };
         let qjl = self.qjl.map_or(SketchKind::Haar, |q| q.value);
         let default_scale = match qjl {
             SketchKind::Gaussian => SketchScale::Paper,
@@ -313,6 +343,8 @@ impl Merged {
             basis_bits: self.basis_bits.map_or(GroupWidths::ALL, |b| b.value),
             record_order: self.record_order.map_or(RecordOrder::Rows, |o| o.value),
             window: self.window.map(|w| w.value),
+            heavy_hitters,
+            heavy_hitters_path: self.heavy_hitters.map(|h| h.origin),
         })
     }
 }
@@ -362,7 +394,7 @@ pub(crate) fn check_window_fraction(fraction: f64, path: &str) -> Result<(), All
     }
 }
 
-/// A setting of the whole stream (centering, basis, record order, window) given in
+/// A setting of the whole stream (centering, basis, record order, window, heavy hitters) given in
 /// `[outliers]`, which configures one tier: the field's path with
 /// [`FieldProblem::WholeStreamOnly`].
 fn whole_stream_only(origin: Option<Origin>, field: &str) -> Result<(), AllocationError> {

@@ -42,7 +42,8 @@
 //! [[override]]
 //! layers = [10]
 //! key = { recent_fp_tokens = 160 } # these streams' own window (replaces the top-level one)
-//! value = { recent_fp_tokens = 96 }
+//! value = { recent_fp_tokens = 96, heavy_hitters = 8.0 } # keep the window copy of a token
+//!                                  # that drew ≥ 8× the uniform attention share in the window
 //!
 //! [[override]]
 //! layer_kind = "sliding"           # every sliding-window layer (or "global"); with `layers`,
@@ -76,6 +77,7 @@
 //! | `recent_fp_tokens` | 0, 1, … (this stream's newest tokens kept unquantized) | the top-level `recent_fp_tokens` | all codecs; not in `[outliers]`; ignored on sliding-window layers |
 //! | `recent_fraction` | in `[0, 1)`: the window as a fraction of the tokens held (`recent_fp_tokens` its floor) | the top-level `recent_fraction` | as `recent_fp_tokens` |
 //! | `record_order` | `rows`, `fast-scan` (records of 32 tokens nibble-major, codes of 3 and 5–8 bits as bit planes, scored with tables) | `rows` | `mse` bodies with `d·b` a multiple of 32 and fitted bases take it; others keep rows; not in `[outliers]` |
+//! | `heavy_hitters` | finite, > 0: a token that drew at least this factor times the uniform share of attention in the window keeps its window copy when it leaves | none (every token leaves for its codes) | quantized; needs a recent window in force; not in `[outliers]`; ignored (none) on sliding-window layers |
 //!
 //! A stream's own window lets it differ per layer, KV head and stream, like every other stream
 //! setting; a table that gives `recent_fp_tokens`, `recent_fraction` or both replaces the whole
@@ -120,6 +122,19 @@
 //! take it ([`body_order`](crate::stream::body_order)); other streams keep rows, so a base-level
 //! `record_order` is safe over any override. A basis stream asks for it from the start: it
 //! holds plain records until the basis is fitted, then the basis records.
+//!
+//! `heavy_hitters = factor` keeps some tokens exact-ish past the window: a token that drew at
+//! least `factor` times the uniform share of attention (`1/visible tokens`, summed over the
+//! rows that read it) while it was in the stream's recent window keeps its window copy (8-bit
+//! or f16, the window's codec) when it leaves the window, and every kernel reads that copy
+//! instead of its codes ([`heavy_hitters`](crate::heavy_hitters)). Each kept token costs its
+//! copy's bytes, which depend on the data: they are counted in the cache's measured bytes, not
+//! in [`StreamPlan::bytes_per_token`]. The decision is causal, made once the token has left
+//! every later query's window (`presets/README.md`, "Heavy hitters"). It needs a recent window
+//! in force (`recent_fp_tokens` or `recent_fraction` above 0, the stream's own or the
+//! top-level one): a stream without one is an error when it resolves; on sliding-window layers,
+//! which ignore windows, it resolves to none. A full-precision codec has nothing to keep (an
+//! error), and a patch switching to one drops an inherited factor.
 //!
 //! A field given for a codec it does not apply to is an error (`qjl` on `mse`). A patch that
 //! switches the codec drops the inherited fields the new codec cannot use, so
@@ -168,6 +183,8 @@ mod plan;
 mod resolve;
 mod schema;
 mod seed;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 pub use crate::center::CenterPolicy;

@@ -180,6 +180,11 @@ pub struct ResolvedStream {
     /// the allocation's top-level one (ignored on sliding-window layers). A count, a fraction
     /// of the tokens held or both: [`RecentWindow::tokens_at`] gives its tokens at a length.
     pub recent: RecentWindow,
+    /// The heavy-hitter factor (`heavy_hitters`): a token that drew at least this many times
+    /// the uniform share of attention in the window keeps its window copy when it leaves
+    /// ([`heavy_hitters`](crate::heavy_hitters)). `None` when no table set it and on
+    /// sliding-window layers, which ignore windows.
+    pub heavy_hitters: Option<f32>,
 }
 
 /// A stream's recent window as the allocation gives it: a token count (`recent_fp_tokens`), a
@@ -207,6 +212,12 @@ impl RecentWindow {
     /// keeps unquantized, whatever capacity it was built for.
     pub fn tokens_at(&self, held: usize) -> usize {
         crate::stream::window_tokens(self.tokens.unwrap_or(0), self.fraction, held)
+    }
+
+    /// Whether the window holds any token at some length: a count above 0 or a fraction
+    /// above 0 (what a stream with heavy hitters needs).
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_some_and(|t| t > 0) || self.fraction.is_some_and(|f| f > 0.0)
     }
 }
 

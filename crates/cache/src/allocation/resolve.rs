@@ -156,6 +156,19 @@ impl Allocation {
         }
         let whole = merged.finish()?;
         let (center, basis) = (whole.center, whole.basis);
+        let recent = whole.window.unwrap_or(self.top_level_window());
+        // A sliding-window layer ignores windows (its ring holds what attention reads), so it
+        // keeps no heavy hitters either; elsewhere they need a window to be judged in.
+        let heavy_hitters = whole.heavy_hitters.filter(|_| kind == LayerKind::Global);
+        if heavy_hitters.is_some()
+            && !recent.is_open()
+            && let Some(origin) = whole.heavy_hitters_path
+        {
+            return Err(AllocationError::field(
+                origin.path("heavy_hitters"),
+                FieldProblem::HeavyHittersWithoutWindow,
+            ));
+        }
         if basis == BasisPolicy::Planes
             && stream == StreamKind::Value
             && let Some(origin) = whole.basis_path
@@ -223,7 +236,8 @@ impl Allocation {
             basis,
             basis_bits: whole.basis_bits,
             record_order: whole.record_order,
-            recent: whole.window.unwrap_or(self.top_level_window()),
+            recent,
+            heavy_hitters,
         })
     }
 

@@ -285,6 +285,14 @@ pub struct StreamSettings {
     /// floor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_fraction: Option<f64>,
+    /// Heavy hitters (quantized codecs; finite, > 0): a token that drew at least this factor
+    /// times the uniform share of attention while in the stream's recent window keeps its
+    /// window copy (`recent_dtype`) when it leaves the window, and every kernel reads that copy
+    /// instead of its codes (see [`heavy_hitters`](crate::heavy_hitters)). Default: none kept.
+    /// Needs a recent window in force; resolves to none on sliding-window layers, which ignore
+    /// windows. Not allowed in `[outliers]`: the copy holds the whole vector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heavy_hitters: Option<f64>,
 }
 
 impl StreamSettings {

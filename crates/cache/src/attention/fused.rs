@@ -33,6 +33,7 @@ use super::fast_scan;
 use super::simd::{self, CodedRun, Isa, KeyQueries, PlainKind, PlainRun};
 use super::{AttentionShape, check_shapes};
 use crate::error::CacheError;
+use crate::heavy_hitters::{GatheredRow, ReceivedWeights};
 use crate::kv_cache::KvCache;
 use crate::record_order::RecordOrder;
 use crate::stream::Stream;
@@ -690,6 +691,10 @@ struct BlockPartial {
     full: Vec<f32>,
     /// One per value part (only the first `value_parts.len()` are meaningful).
     parts: Vec<PartAccumulators>,
+    /// With heavy hitters: `e^(s − max)` of the block's tokens from `gathered_first` on,
+    /// `[group, n]` (empty when the block gathers none).
+    gathered: Vec<f32>,
+    gathered_first: usize,
 }
 
 /// One thread's working buffers of [`run_block`]: scores and probabilities of a block, the
@@ -777,12 +782,15 @@ fn reserve_for(buffer: &mut Vec<f32>, len: usize) {
 struct Workspace {
     prepared: Vec<PreparedGroup>,
     combine: Vec<CombineScratch>,
-    /// (item in the wave, block range, key and value window starts).
-    tasks: Vec<(usize, std::ops::Range<usize>, [usize; 2])>,
+    tasks: Vec<Task>,
     partials: Vec<BlockPartial>,
     first_task: Vec<usize>,
     task_count: Vec<usize>,
 }
+
+/// One block of work: (item in the wave, block range, key and value window starts, the first
+/// token whose weight is gathered for heavy hitters).
+type Task = (usize, std::ops::Range<usize>, [usize; 2], Option<usize>);
 
 /// Idle workspaces (one per concurrent caller at most).
 static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec::new());
@@ -807,7 +815,8 @@ enum Record<'a> {
 
 /// Calls `visit(first_token, words, scales, tokens, record)` for consecutive runs of records
 /// covering `range`: body records and the query's window copies (from `window_start` on:
-/// [`Stream::window_start`]) in contiguous runs, sinks one at a time.
+/// [`Stream::window_start`]) in contiguous runs, sinks and kept heavy hitters
+/// ([`Stream::next_kept`]) one at a time.
 fn walk<'a>(
     stream: &'a Stream,
     range: std::ops::Range<usize>,
@@ -841,7 +850,24 @@ fn walk<'a>(
             }
             t += 1;
         } else {
-            let limit = range.end.min(window_start) - t;
+            let mut limit = range.end.min(window_start) - t;
+            // A kept heavy hitter is read from its copy, one at a time; a body run ends there.
+            if let Some(kept) = stream.next_kept(t)
+                && kept < t + limit
+            {
+                if kept == t {
+                    if let Some((words, s)) = stream.kept_copy(t) {
+                        let record = match stream.recent_codec() {
+                            TokenCodec::Q8(_) => Record::Q8,
+                            codec => Record::Plain(plain_kind(codec)),
+                        };
+                        visit(t, words, s, 1, record);
+                    }
+                    t += 1;
+                    continue;
+                }
+                limit = kept - t;
+            }
             let Some((records, s, n)) = body.records(stream.body_slot(t), limit) else {
                 return;
             };
@@ -957,12 +983,12 @@ fn run_block(
     isa: Isa,
     plan: &HeadPlan<'_>,
     prepared: &PreparedGroup,
-    (range, windows): (std::ops::Range<usize>, [usize; 2]),
+    block: (std::ops::Range<usize>, [usize; 2], Option<usize>),
     d: usize,
     partial: &mut BlockPartial,
 ) {
     BLOCK_SCRATCH.with_borrow_mut(|scratch| {
-        run_block_with(isa, plan, prepared, (range, windows), d, partial, scratch);
+        run_block_with(isa, plan, prepared, block, d, partial, scratch);
     });
 }
 
@@ -970,7 +996,11 @@ fn run_block_with(
     isa: Isa,
     plan: &HeadPlan<'_>,
     prepared: &PreparedGroup,
-    (range, [key_window, value_window]): (std::ops::Range<usize>, [usize; 2]),
+    (range, [key_window, value_window], gather): (
+        std::ops::Range<usize>,
+        [usize; 2],
+        Option<usize>,
+    ),
     d: usize,
     partial: &mut BlockPartial,
     scratch: &mut BlockScratch,
@@ -1102,6 +1132,8 @@ fn run_block_with(
         sum,
         full,
         parts,
+        gathered,
+        gathered_first,
     } = partial;
     max.clear();
     max.resize(group, f32::NEG_INFINITY);
@@ -1111,6 +1143,15 @@ fn run_block_with(
         let row = &mut scores[h * len..(h + 1) * len];
         max[h] = simd::max(isa, row);
         sum[h] = simd::exp_shifted_sum(isa, row, max[h]);
+    }
+    // The window tokens' `e^(s − max)`, normalized once the blocks are combined.
+    gathered.clear();
+    if let Some(first) = gather {
+        let from = first.clamp(start, range.end);
+        *gathered_first = from;
+        for h in 0..group {
+            gathered.extend_from_slice(&scores[h * len + (from - start)..(h + 1) * len]);
+        }
     }
     // Emptied, not freed: `ensure` marks a used accumulator by its length.
     full.clear();
@@ -1277,7 +1318,10 @@ fn run_block_with(
 /// which the public [`fused_attention`](super::fused_attention) runs.
 ///
 /// `in_step`: the queries are those of the batch just appended, each reading its own
-/// full-precision window ([`Stream::window_start`]).
+/// full-precision window ([`Stream::window_start`]). `received`: where to hand back the share
+/// of attention each query gave the tokens of its windows (sinks aside), for the
+/// heavy-hitter counts ([`heavy_hitters`](crate::heavy_hitters)).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn fused_attention_on(
     isa: Isa,
     cache: &KvCache,
@@ -1286,6 +1330,7 @@ pub(super) fn fused_attention_on(
     shape: AttentionShape,
     in_step: bool,
     out: &mut [f32],
+    received: Option<&mut ReceivedWeights>,
 ) -> Result<(), CacheError> {
     let (n, group) = check_shapes(cache, queries, query_positions, shape, out)?;
     let idle =
@@ -1297,7 +1342,7 @@ pub(super) fn fused_attention_on(
         (queries, query_positions),
         shape,
         in_step,
-        out,
+        (out, received),
         (n, group),
         &mut workspace,
     );
@@ -1312,7 +1357,7 @@ fn attend_with(
     (queries, query_positions): (&[f32], &[u32]),
     shape: AttentionShape,
     in_step: bool,
-    out: &mut [f32],
+    (out, mut received): (&mut [f32], Option<&mut ReceivedWeights>),
     (n, group): (usize, usize),
     workspace: &mut Workspace,
 ) -> Result<(), CacheError> {
@@ -1320,6 +1365,9 @@ fn attend_with(
     let kv_heads = cache.layout().kv_heads;
     for g in 0..kv_heads {
         head_plan(cache, g)?;
+    }
+    if let Some(received) = received.as_deref_mut() {
+        received.reset((0..n * kv_heads).map(|k| gathered_row(cache, query_positions, k, in_step)));
     }
     let Workspace {
         prepared,
@@ -1357,10 +1405,11 @@ fn attend_with(
             let g = wave_end % kv_heads;
             let windows = [cache.keys(g), cache.values(g)]
                 .map(|stream| stream.window_start(range.end, in_step));
+            let gather = received.as_ref().map(|r| r.items[wave_end].first);
             let mut start = range.start;
             while start < range.end {
                 let end = (start + block).min(range.end);
-                tasks.push((wave_end - wave_start, start..end, windows));
+                tasks.push((wave_end - wave_start, start..end, windows, gather));
                 start = end;
             }
             task_count.push(blocks);
@@ -1389,9 +1438,9 @@ fn attend_with(
         partials[..tasks.len()]
             .par_iter_mut()
             .zip(tasks.par_iter())
-            .try_for_each(|(partial, (i, range, windows))| {
+            .try_for_each(|(partial, (i, range, windows, gather))| {
                 let plan = head_plan(cache, (wave_start + i) % kv_heads)?;
-                let block = (range.clone(), *windows);
+                let block = (range.clone(), *windows, *gather);
                 run_block(isa, &plan, &wave_prepared[*i], block, d, partial);
                 Ok::<(), CacheError>(())
             })?;
@@ -1406,9 +1455,74 @@ fn attend_with(
                 let blocks = &wave_partials[first_task[i]..first_task[i] + task_count[i]];
                 combine(isa, &plan.value_parts, blocks, group, d, row, scratch)
             })?;
+        if let Some(received) = received.as_deref_mut() {
+            let stride = received.stride;
+            let rows = &received.items[wave_start..wave_end];
+            received.weights[wave_start * stride..wave_end * stride]
+                .par_chunks_mut(stride.max(1))
+                .zip(rows.par_iter())
+                .enumerate()
+                .for_each(|(i, (weights, row))| {
+                    let blocks = &wave_partials[first_task[i]..first_task[i] + task_count[i]];
+                    gather_weights(blocks, group, row.first, weights);
+                });
+        }
         wave_start = wave_end;
     }
     Ok(())
+}
+
+/// The tokens item `k` (query `k / kv_heads`, KV head `k % kv_heads`) gathers weights for:
+/// those its windows read (the earlier of the key and value window starts, sinks aside) up to
+/// the end of its visible range.
+fn gathered_row(cache: &KvCache, positions: &[u32], k: usize, in_step: bool) -> GatheredRow {
+    let kv_heads = cache.layout().kv_heads;
+    let range = cache.visible(positions[k / kv_heads]);
+    let (keys, values) = (cache.keys(k % kv_heads), cache.values(k % kv_heads));
+    let first = keys
+        .window_start(range.end, in_step)
+        .min(values.window_start(range.end, in_step))
+        .max(keys.sink_end())
+        .clamp(range.start, range.end);
+    GatheredRow {
+        first,
+        end: range.end,
+        visible: range.len(),
+    }
+}
+
+/// Writes one item's gathered weights: each block's `e^(s − max_b)` times `e^(max_b − max)`
+/// over the softmax total, the mean over the group's heads (heads, then blocks, in order, so
+/// the sum is the same whatever the thread count).
+fn gather_weights(blocks: &[BlockPartial], group: usize, first: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for h in 0..group {
+        let max = blocks
+            .iter()
+            .map(|b| b.max[h])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = blocks
+            .iter()
+            .map(|b| (b.max[h] - max).exp() * b.sum[h])
+            .sum();
+        if total <= 0.0 || !total.is_finite() {
+            continue;
+        }
+        for b in blocks {
+            if b.gathered.is_empty() {
+                continue;
+            }
+            let n = b.gathered.len() / group;
+            let scale = (b.max[h] - max).exp() / total / group as f32;
+            let at = b.gathered_first - first;
+            for (o, &e) in out[at..at + n]
+                .iter_mut()
+                .zip(&b.gathered[h * n..(h + 1) * n])
+            {
+                *o += e * scale;
+            }
+        }
+    }
 }
 
 /// Merges block partials (fixed order) and maps each part's accumulators back to the original

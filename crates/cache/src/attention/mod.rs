@@ -25,6 +25,7 @@ mod reference;
 pub mod simd;
 
 use crate::error::CacheError;
+use crate::heavy_hitters::ReceivedWeights;
 use crate::kv_cache::KvCache;
 
 /// Which implementation computes attention.
@@ -110,7 +111,14 @@ pub fn attend(
     kernel: AttentionKernel,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
-    attend_with_window(cache, (queries, query_positions), shape, kernel, false, out)
+    attend_with_window(
+        cache,
+        (queries, query_positions),
+        shape,
+        kernel,
+        false,
+        (out, None),
+    )
 }
 
 /// [`attend`] for the queries of the batch the cache's last append wrote (what
@@ -126,7 +134,36 @@ pub fn attend_in_step(
     kernel: AttentionKernel,
     out: &mut [f32],
 ) -> Result<(), CacheError> {
-    attend_with_window(cache, (queries, query_positions), shape, kernel, true, out)
+    attend_with_window(
+        cache,
+        (queries, query_positions),
+        shape,
+        kernel,
+        true,
+        (out, None),
+    )
+}
+
+/// [`attend_in_step`] that also hands back, in `received`, the share of attention each query
+/// gave each token of its windows ([`ReceivedWeights`]): what a cache with heavy hitters
+/// ([`heavy_hitters`](crate::heavy_hitters)) counts. The reference and fused kernels give it;
+/// the llama.cpp-compatible ones (all-f16 caches, which keep no heavy hitters) refuse.
+pub fn attend_in_step_gathering(
+    cache: &KvCache,
+    queries: &[f32],
+    query_positions: &[u32],
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+    (out, received): (&mut [f32], &mut ReceivedWeights),
+) -> Result<(), CacheError> {
+    attend_with_window(
+        cache,
+        (queries, query_positions),
+        shape,
+        kernel,
+        true,
+        (out, Some(received)),
+    )
 }
 
 fn attend_with_window(
@@ -135,12 +172,17 @@ fn attend_with_window(
     shape: AttentionShape,
     kernel: AttentionKernel,
     in_step: bool,
-    out: &mut [f32],
+    (out, received): (&mut [f32], Option<&mut ReceivedWeights>),
 ) -> Result<(), CacheError> {
     match kernel {
-        AttentionKernel::Reference => {
-            reference::run(cache, queries, query_positions, shape, in_step, out)
-        }
+        AttentionKernel::Reference => reference::run(
+            cache,
+            (queries, query_positions),
+            shape,
+            in_step,
+            out,
+            received,
+        ),
         AttentionKernel::Fused => fused::fused_attention_on(
             simd::Isa::detect(),
             cache,
@@ -149,6 +191,7 @@ fn attend_with_window(
             shape,
             in_step,
             out,
+            received,
         ),
         AttentionKernel::FusedOn(isa) => {
             if !isa.is_available() {
@@ -156,7 +199,25 @@ fn attend_with_window(
                     "the fused kernel cannot run on {isa:?}: this CPU lacks it"
                 )));
             }
-            fused::fused_attention_on(isa, cache, queries, query_positions, shape, in_step, out)
+            fused::fused_attention_on(
+                isa,
+                cache,
+                queries,
+                query_positions,
+                shape,
+                in_step,
+                out,
+                received,
+            )
+        }
+        AttentionKernel::LlamaCppF16 | AttentionKernel::LlamaCppF16Avx512Fp16
+            if received.is_some() =>
+        {
+            Err(CacheError::InvalidConfig(
+                "the llama.cpp-compatible kernels read all-f16 caches, which keep no heavy \
+                 hitters: they gather no attention weights"
+                    .into(),
+            ))
         }
         AttentionKernel::LlamaCppF16 => llamacpp::run(
             cache,

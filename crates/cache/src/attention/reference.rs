@@ -7,31 +7,58 @@ use rayon::prelude::*;
 use super::{AttentionShape, check_shapes};
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
+use crate::heavy_hitters::{GatheredRow, ReceivedWeights};
 use crate::kv_cache::KvCache;
 /// Exact attention over the decoded cache, in the stored domain: the value means of centered
 /// streams are added by [`attend`](super::attend), through which the public
 /// [`reference_attention`](super::reference_attention) runs. `in_step`: see
 /// [`attend_in_step`](super::attend_in_step).
+///
+/// `received`: also hand back each query's share of attention for the tokens of its windows
+/// (the heavy-hitter counts, [`ReceivedWeights`]), the mean over each KV head's query heads.
 pub(super) fn run(
     cache: &KvCache,
-    queries: &[f32],
-    query_positions: &[u32],
+    (queries, query_positions): (&[f32], &[u32]),
     shape: AttentionShape,
     in_step: bool,
     out: &mut [f32],
+    received: Option<&mut ReceivedWeights>,
 ) -> Result<(), CacheError> {
-    let (_, group) = check_shapes(cache, queries, query_positions, shape, out)?;
+    let (n, group) = check_shapes(cache, queries, query_positions, shape, out)?;
     let d = cache.layout().head_dim;
     let q_heads = shape.q_heads;
-    out.par_chunks_mut(d)
+    let kv_heads = cache.layout().kv_heads;
+    let rows: Vec<GatheredRow> = match &received {
+        Some(_) => (0..n * kv_heads)
+            .map(|k| {
+                let range = cache.visible(query_positions[k / kv_heads]);
+                let (keys, values) = (cache.keys(k % kv_heads), cache.values(k % kv_heads));
+                let first = keys
+                    .window_start(range.end, in_step)
+                    .min(values.window_start(range.end, in_step))
+                    .max(keys.sink_end())
+                    .clamp(range.start, range.end);
+                GatheredRow {
+                    first,
+                    end: range.end,
+                    visible: range.len(),
+                }
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let gather = received.is_some();
+    let probabilities: Vec<Vec<f64>> = out
+        .par_chunks_mut(d)
         .enumerate()
-        .try_for_each(|(row, o)| -> Result<(), CacheError> {
+        .map(|(row, o)| -> Result<Vec<f64>, CacheError> {
             let (i, h) = (row / q_heads, row % q_heads);
             let q = &queries[row * d..(row + 1) * d];
             let kv = h / group;
             let keys = cache.keys(kv);
             let values = cache.values(kv);
             let range = cache.visible(query_positions[i]);
+            let range_start = range.start;
             let key_window = keys.window_start(range.end, in_step);
             let value_window = values.window_start(range.end, in_step);
             let mut scratch = CodecScratch::new(d);
@@ -72,6 +99,26 @@ pub(super) fn run(
                 // A query that sees no token (possible only with an empty window) outputs zero.
                 *o = if total > 0.0 { (a / total) as f32 } else { 0.0 };
             }
-            Ok(())
+            if !gather || total <= 0.0 {
+                return Ok(Vec::new());
+            }
+            let item = rows[i * kv_heads + kv];
+            Ok(scores[item.first - range_start..]
+                .iter()
+                .map(|s| (s - max).exp() / total)
+                .collect())
         })
+        .collect::<Result<_, _>>()?;
+    if let Some(received) = received {
+        received.reset(rows.iter().copied());
+        let stride = received.stride;
+        for (row, p) in probabilities.iter().enumerate() {
+            let item = (row / q_heads) * kv_heads + (row % q_heads) / group;
+            let weights = &mut received.weights[item * stride..];
+            for (w, &p) in weights.iter_mut().zip(p) {
+                *w += (p / group as f64) as f32;
+            }
+        }
+    }
+    Ok(())
 }

@@ -138,6 +138,20 @@ pub fn forward_in_pieces(
     piece: usize,
     shape: tq_cache::attention::AttentionShape,
 ) -> Vec<f32> {
+    let fused = tq_cache::attention::AttentionKernel::Fused;
+    forward_in_pieces_with(cache, t, (from, to), piece, shape, fused)
+}
+
+/// [`forward_in_pieces`] through `kernel`.
+#[allow(dead_code)]
+pub fn forward_in_pieces_with(
+    cache: &mut KvCache,
+    t: &Tokens,
+    (from, to): (usize, usize),
+    piece: usize,
+    shape: tq_cache::attention::AttentionShape,
+    kernel: tq_cache::attention::AttentionKernel,
+) -> Vec<f32> {
     let dim = cache.layout().head_dim;
     let (kw, qw) = (cache.layout().kv_heads * dim, shape.q_heads * dim);
     let mut out = Vec::new();
@@ -153,7 +167,7 @@ pub fn forward_in_pieces(
                 &t.values[start * kw..end * kw],
                 &positions,
                 shape,
-                tq_cache::attention::AttentionKernel::Fused,
+                kernel,
                 &mut rows,
             )
             .unwrap();

@@ -411,6 +411,12 @@ fn run_model_grid(args: &NeedleArgs) -> Result<(), Box<dyn std::error::Error>> {
                 swapped.join(", ")
             );
         }
+        for &(name, _) in &named {
+            if let Some(line) = heavy_hitters_line(&rows, name) {
+                println!();
+                println!("{line}");
+            }
+        }
         if let Some(window) = args.window_attention {
             for &(name, _) in &named {
                 println!();
@@ -482,6 +488,40 @@ fn retrieval_heads_line(rows: &[NeedleRow], name: &str, kv_heads: usize) -> Stri
          query heads): {}",
         heads.join(", ")
     )
+}
+
+/// For an allocation that keeps heavy hitters: the share of tokens kept per cell, and per
+/// layer the share of the needle's tokens kept (mean over `name`'s cells); `None` otherwise.
+fn heavy_hitters_line(rows: &[NeedleRow], name: &str) -> Option<String> {
+    let kept: Vec<_> = rows
+        .iter()
+        .filter(|r| r.alloc == name)
+        .filter_map(|r| r.heavy_hitters.as_ref())
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    let shares: Vec<String> = kept
+        .iter()
+        .map(|k| format!("{:.2}%", 100.0 * k.share))
+        .collect();
+    let layers = kept.iter().map(|k| k.needle.len()).max().unwrap_or(0);
+    let needle: Vec<String> = (0..layers)
+        .map(|l| {
+            let mean = kept
+                .iter()
+                .map(|k| k.needle.get(l).copied().unwrap_or(0.0))
+                .sum::<f64>()
+                / kept.len() as f64;
+            format!("{l}: {:.0}%", 100.0 * mean)
+        })
+        .collect();
+    Some(format!(
+        "{name}: heavy hitters kept (share of the tokens that left the windows) per cell: {}; \
+         the needle's tokens kept by the keys, per layer: {}",
+        shares.join(", "),
+        needle.join(", ")
+    ))
 }
 
 /// Per layer, the share of the needle's tokens that rank in the top 1% of all tokens by the

@@ -311,7 +311,10 @@ pub fn all_in_bits_per_value(
     }
     for spec in cache.specs() {
         if let StateKind::Kv { layer, .. } = spec.kind {
-            bytes += cache.kv(layer)?.fixed_bytes();
+            // Kept heavy hitters are data-dependent: those of the cache as it stands (the last
+            // chunk's, at this context).
+            let kv = cache.kv(layer)?;
+            bytes += kv.fixed_bytes() + kv.kept_bytes();
         }
     }
     let values = 2 * shape.num_kv_heads * shape.head_dim * tokens.max(1);

@@ -182,6 +182,7 @@ mod tests {
             exact_needle: None,
             exact_kept: None,
             needle_window_ranks: None,
+            heavy_hitters: None,
         }
     }
 

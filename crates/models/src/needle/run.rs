@@ -12,6 +12,7 @@ use crate::tokenizer::Tokenizer;
 
 use super::attention::NeedleAttentionProbe;
 use super::exact::{ExactChoice, ExactNeedle, ExactNeedleAttention};
+use super::kept::KeptTokens;
 use super::prompt::{NeedlePrompt, build_prompt};
 use super::score::score;
 use super::window_attention::WindowAttentionProbe;
@@ -106,6 +107,10 @@ pub struct NeedleRow {
     /// received the most).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needle_window_ranks: Option<Vec<Vec<f64>>>,
+    /// With an allocation that keeps heavy hitters: what the cache kept by the end of the
+    /// cell (the share of the tokens decided, and per layer of the needle's tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heavy_hitters: Option<KeptTokens>,
 }
 
 impl NeedleRow {
@@ -264,6 +269,11 @@ pub fn run_prompt(
     let answer = tokenizer.decode(&generation.tokens)?;
     let found = score(&answer, &prompt.facts);
     let cache_bytes_per_token = cache.memory().iter().map(|m| m.bytes_per_token).sum();
+    let heavy_hitters = KeptTokens::of(
+        &cache,
+        model.dims().layers,
+        prompt.needle_token..prompt.needle_end,
+    );
     Ok(NeedleRow {
         alloc: alloc_name.to_owned(),
         context,
@@ -284,5 +294,6 @@ pub fn run_prompt(
         exact_needle,
         exact_kept,
         needle_window_ranks,
+        heavy_hitters,
     })
 }

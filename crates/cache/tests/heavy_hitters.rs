@@ -1,0 +1,411 @@
+//! Heavy hitters: a token that drew `factor` times its uniform share of attention while in the
+//! window keeps its window copy, and every kernel reads that copy instead of its codes.
+
+mod common;
+
+use common::{Tokens, assert_rows_match, bits, codec, growing};
+use tq_cache::CodecSpec;
+use tq_cache::attention::{
+    AttentionKernel, AttentionShape, attend, attend_in_step, attend_in_step_gathering,
+};
+use tq_cache::codec::CodecScratch;
+use tq_cache::heavy_hitters::ReceivedWeights;
+use tq_cache::kv_cache::{KvCache, KvLayout, uniform_streams};
+use tq_cache::record_order::RecordOrder;
+use tq_cache::stream::StreamLayout;
+
+const D: usize = 64;
+const KV: usize = 2;
+const Q: usize = 6;
+const SINKS: usize = 2;
+const RECENT: usize = 16;
+
+const SHAPE: AttentionShape = AttentionShape {
+    q_heads: Q,
+    scale: 0.125,
+};
+
+/// 4-bit TQ_mse keys and 3-bit values (rows or the fast-scan order), 2 f16 sinks, 8-bit
+/// windows of 16 tokens, heavy hitters at `factor` (`None`: none).
+fn cache(factor: Option<f32>, order: RecordOrder) -> KvCache {
+    cache_in(factor, order, 0)
+}
+
+/// [`cache`] in rows that may rewind `max_rewind` tokens.
+fn cache_with_rewind(factor: Option<f32>, max_rewind: usize) -> KvCache {
+    cache_in(factor, RecordOrder::Rows, max_rewind)
+}
+
+fn cache_in(factor: Option<f32>, order: RecordOrder, max_rewind: usize) -> KvCache {
+    let layout = KvLayout {
+        max_rewind,
+        ..growing(KV, D)
+    };
+    let streams = |spec| -> Vec<StreamLayout> {
+        uniform_streams(&layout, spec)
+            .into_iter()
+            .map(|mut s| {
+                s.sink_tokens = SINKS;
+                s.recent_tokens = RECENT;
+                s.recent = Some(CodecSpec::Q8 { dim: D });
+                s.order = order;
+                s.heavy_hitters = factor;
+                s.max_rewind = max_rewind;
+                s
+            })
+            .collect()
+    };
+    KvCache::new(
+        layout,
+        &streams(codec(2, D, 4, 3)),
+        &streams(codec(2, D, 3, 4)),
+    )
+    .unwrap()
+}
+
+/// Tokens whose keys are mostly one shared direction plus noise, so that queries, which share
+/// it too, give some tokens far more than their uniform share.
+fn tokens(n: usize, seed: u64) -> Tokens {
+    let mut t = Tokens::new(n, KV, Q, D, seed);
+    for (i, k) in t.keys.chunks_exact_mut(D).enumerate() {
+        // Every fifth token's key leans on coordinate 0, which every query favours.
+        if (i / KV).is_multiple_of(5) {
+            k[0] += 3.0;
+        }
+    }
+    for q in t.queries.chunks_exact_mut(D) {
+        q[0] += 2.0;
+    }
+    t
+}
+
+fn run(cache: &mut KvCache, t: &Tokens, from: usize, to: usize, piece: usize) -> Vec<f32> {
+    common::forward_in_pieces(cache, t, from, to, piece, SHAPE)
+}
+
+/// Tokens that left the window are kept and change what attention returns; the fused kernel
+/// reads their copies as the reference does (rows: within f32 rounding of the reference; a
+/// body run misaligned at a kept token reads other tokens' codes and moves a row by ~1e-2 of
+/// max|v|). The fast-scan order walks the same runs (its byte tables are a different score,
+/// tested against their own bound in fast_scan_cache.rs); the reference kernel, which decodes
+/// the same codes in either order, keeps the same tokens in both.
+#[test]
+fn kept_tokens_are_read_from_their_copies_by_every_kernel() {
+    let t = tokens(200, 5);
+    let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let qw = Q * D;
+    let positions: Vec<u32> = (0..200).collect();
+    let queries = &t.queries[..200 * qw];
+    let attend_all = |cache: &KvCache, kernel| {
+        let mut out = vec![0.0f32; 200 * qw];
+        attend(cache, queries, &positions, SHAPE, kernel, &mut out).unwrap();
+        out
+    };
+    let mut with = cache(Some(2.0), RecordOrder::Rows);
+    let mut without = cache(None, RecordOrder::Rows);
+    run(&mut with, &t, 0, 200, 7);
+    run(&mut without, &t, 0, 200, 7);
+    for g in 0..KV {
+        for stream in [with.keys(g), with.values(g)] {
+            let kept = stream.heavy_hitters().unwrap().kept();
+            // Some tokens are kept, not every one, none in the sinks or in the window of the
+            // next decode step.
+            assert!(!kept.is_empty() && kept.len() < 100, "{kept:?}");
+            assert!(kept.iter().all(|&k| k as usize >= SINKS));
+            assert!(kept.iter().all(|&k| (k as usize) <= stream.recent_start()));
+            let k = kept[0] as usize;
+            let (codec, ..) = stream.read(k, stream.recent_start()).unwrap();
+            assert_eq!(codec.spec(), stream.recent_codec().spec());
+        }
+    }
+    let fused = attend_all(&with, AttentionKernel::Fused);
+    assert_rows_match(
+        &fused,
+        &attend_all(&with, AttentionKernel::Reference),
+        max_v,
+        D,
+    );
+    assert_ne!(
+        bits(&fused),
+        bits(&attend_all(&without, AttentionKernel::Fused))
+    );
+    // Both orders, decisions by the reference kernel.
+    let decided = |order| {
+        let mut c = cache(Some(2.0), order);
+        common::forward_in_pieces_with(&mut c, &t, (0, 200), 7, SHAPE, AttentionKernel::Reference);
+        c
+    };
+    let (rows, fast) = (decided(RecordOrder::Rows), decided(RecordOrder::FastScan));
+    for g in 0..KV {
+        assert_eq!(
+            rows.keys(g).heavy_hitters().unwrap().kept(),
+            fast.keys(g).heavy_hitters().unwrap().kept()
+        );
+    }
+    // The fast-scan order reads the kept copies too: its rows move with them.
+    let mut plain = cache(None, RecordOrder::FastScan);
+    common::forward_in_pieces_with(
+        &mut plain,
+        &t,
+        (0, 200),
+        7,
+        SHAPE,
+        AttentionKernel::Reference,
+    );
+    assert_ne!(
+        bits(&attend_all(&fast, AttentionKernel::Fused)),
+        bits(&attend_all(&plain, AttentionKernel::Fused))
+    );
+}
+
+/// The weights the kernels hand back are each window token's share of the softmax over all
+/// the tokens a row sees (the mean over the KV head's query heads), computed here from the
+/// records the row reads; the fused kernel's agree with the reference's to f32 rounding (in
+/// rows: the fast-scan order scores with byte tables, a different score by design).
+#[test]
+fn the_weights_handed_back_are_each_window_tokens_softmax_share() {
+    let t = tokens(120, 8);
+    let mut c = cache(Some(2.0), RecordOrder::Rows);
+    run(&mut c, &t, 0, 100, 9);
+    // A batch of 20 more tokens, then its rows' weights from both kernels.
+    let (kw, qw) = (KV * D, Q * D);
+    c.append(
+        &t.keys[100 * kw..120 * kw],
+        &t.values[100 * kw..120 * kw],
+        &(100..120).collect::<Vec<u32>>(),
+    )
+    .unwrap();
+    let positions: Vec<u32> = (100..120).collect();
+    let queries = &t.queries[100 * qw..120 * qw];
+    let mut out = vec![0.0f32; 20 * qw];
+    let mut by_kernel = Vec::new();
+    for kernel in [AttentionKernel::Reference, AttentionKernel::Fused] {
+        let mut received = ReceivedWeights::default();
+        attend_in_step_gathering(
+            &c,
+            queries,
+            &positions,
+            SHAPE,
+            kernel,
+            (&mut out, &mut received),
+        )
+        .unwrap();
+        by_kernel.push(received);
+    }
+    let (reference, fused) = (&by_kernel[0], &by_kernel[1]);
+    assert_eq!(reference.items, fused.items);
+    let mut scratch = CodecScratch::new(D);
+    let mut k = vec![0.0f32; D];
+    for (item, row) in reference.items.iter().enumerate() {
+        let (i, g) = (item / KV, item % KV);
+        let keys = c.keys(g);
+        let end = 101 + i;
+        assert_eq!((row.end, row.visible), (end, end));
+        let window = keys.window_start(end, true);
+        assert_eq!(
+            row.first,
+            window.min(c.values(g).window_start(end, true)).max(SINKS)
+        );
+        // Softmax of each query head of the group over the records the row reads.
+        let mut expected = vec![0.0f64; end - row.first];
+        for h in g * (Q / KV)..(g + 1) * (Q / KV) {
+            let q = &queries[(i * Q + h) * D..][..D];
+            let scores: Vec<f64> = (0..end)
+                .map(|t| {
+                    let codec = keys.decode_read(t, window, &mut scratch, &mut k).unwrap();
+                    let correction = f64::from(codec.score_correction());
+                    0.125
+                        * correction
+                        * q.iter()
+                            .zip(&k)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            for (e, s) in expected.iter_mut().zip(&scores[row.first..]) {
+                *e += (s - max).exp() / total / (Q / KV) as f64;
+            }
+        }
+        let (_, got) = reference.item(item);
+        let (_, fast) = fused.item(item);
+        for ((&e, &r), &f) in expected.iter().zip(got).zip(fast) {
+            assert!((e - f64::from(r)).abs() <= 1e-6, "item {item}: {e} vs {r}");
+            // f32 scores and sums over ~100 tokens: a few ulp of the weight.
+            assert!(
+                (e - f64::from(f)).abs() <= 1e-5 * e + 1e-9,
+                "item {item}: {e} vs {f}"
+            );
+        }
+    }
+}
+
+/// A token is kept exactly when the attention the rows gave it in its window reaches the factor
+/// times their uniform shares: tallied here from the softmax over the records each decode row
+/// read, tokens within 0.1% of the threshold left out.
+#[test]
+fn a_token_is_kept_exactly_when_it_drew_the_factor_times_its_uniform_share() {
+    const FACTOR: f64 = 2.0;
+    let n = 160;
+    let t = tokens(n, 21);
+    let mut c = cache(Some(FACTOR as f32), RecordOrder::Rows);
+    let (kw, qw) = (KV * D, Q * D);
+    // A prefill no longer than the window (nothing leaves it), then decode steps.
+    let mut tally = vec![vec![[0.0f64; 2]; n]; KV];
+    let mut scratch = CodecScratch::new(D);
+    let mut k = vec![0.0f32; D];
+    for step in 0..=(n - RECENT) {
+        let (from, to) = if step == 0 {
+            (0, RECENT)
+        } else {
+            (RECENT + step - 1, RECENT + step)
+        };
+        let positions: Vec<u32> = (0..to as u32).collect();
+        let mut out = vec![0.0f32; (to - from) * qw];
+        c.forward(
+            &t.queries[from * qw..to * qw],
+            &t.keys[from * kw..to * kw],
+            &t.values[from * kw..to * kw],
+            &positions,
+            SHAPE,
+            AttentionKernel::Reference,
+            &mut out,
+        )
+        .unwrap();
+        for end in from + 1..=to {
+            let i = end - 1;
+            for (g, tally) in tally.iter_mut().enumerate() {
+                let keys = c.keys(g);
+                let window = keys.window_start(end, true);
+                let mut p = vec![0.0f64; end];
+                for h in g * (Q / KV)..(g + 1) * (Q / KV) {
+                    let q = &t.queries[(i * Q + h) * D..][..D];
+                    let scores: Vec<f64> = (0..end)
+                        .map(|t| {
+                            keys.decode_read(t, window, &mut scratch, &mut k).unwrap();
+                            0.125
+                                * q.iter()
+                                    .zip(&k)
+                                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                    for (p, s) in p.iter_mut().zip(&scores) {
+                        *p += (s - max).exp() / total / (Q / KV) as f64;
+                    }
+                }
+                for (t, p) in p.iter().enumerate().skip(window.max(SINKS)) {
+                    tally[t][0] += p;
+                    tally[t][1] += 1.0 / end as f64;
+                }
+            }
+        }
+    }
+    let mut checked = 0;
+    for (g, tally) in tally.iter().enumerate() {
+        let left = c.keys(g).recent_start();
+        for stream in [c.keys(g), c.values(g)] {
+            let kept = stream.heavy_hitters().unwrap().kept();
+            for (t, &[received, uniform]) in tally.iter().enumerate().take(left).skip(SINKS) {
+                let ratio = received / (FACTOR * uniform);
+                if (ratio - 1.0).abs() < 1e-3 {
+                    continue;
+                }
+                assert_eq!(
+                    kept.contains(&(t as u32)),
+                    ratio > 1.0,
+                    "head {g} token {t}: {ratio}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 400, "{checked}");
+}
+
+/// The same tokens are kept, and the same rows come out, whatever the number of threads.
+#[test]
+fn decisions_do_not_depend_on_the_thread_count() {
+    let t = tokens(220, 3);
+    let outs: Vec<(Vec<u32>, Vec<Vec<u32>>)> = [1, 2]
+        .iter()
+        .map(|&threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut c = cache(Some(2.0), RecordOrder::FastScan);
+                let rows = run(&mut c, &t, 0, 220, 13);
+                let kept = (0..KV)
+                    .flat_map(|g| [c.keys(g), c.values(g)])
+                    .map(|s| s.heavy_hitters().unwrap().kept().to_vec())
+                    .collect();
+                (bits(&rows), kept)
+            })
+        })
+        .collect();
+    assert_eq!(outs[0], outs[1]);
+}
+
+/// A rewind drops the kept tokens from the new length on and the cache goes on from there; a
+/// clear forgets them all; the kept copies are counted in the cache's bytes.
+#[test]
+fn a_rewind_drops_the_kept_tokens_past_it_and_bytes_count_them() {
+    let t = tokens(200, 5);
+    let mut c = cache_with_rewind(Some(2.0), 64);
+    run(&mut c, &t, 0, 200, 11);
+    let kept = c.keys(0).heavy_hitters().unwrap().kept().to_vec();
+    let cut = 140;
+    assert!(kept.iter().any(|&k| k as usize >= cut), "{kept:?}");
+    assert!(c.kept_bytes() >= kept.len() * (D + 2));
+    let mut rewound = c.clone();
+    rewound.truncate(cut).unwrap();
+    let after = rewound.keys(0).heavy_hitters().unwrap().kept();
+    assert_eq!(
+        after,
+        &kept[..kept.partition_point(|&k| (k as usize) < cut)]
+    );
+    run(&mut rewound, &t, cut, 200, 11);
+    let mut cleared = c.clone();
+    cleared.clear();
+    assert!(cleared.keys(0).heavy_hitters().unwrap().kept().is_empty());
+    assert_eq!(cleared.kept_bytes(), 0);
+    // A cleared cache decides afresh, as a new one does.
+    let mut fresh = cache_with_rewind(Some(2.0), 64);
+    assert_eq!(
+        bits(&run(&mut cleared, &t, 0, 120, 11)),
+        bits(&run(&mut fresh, &t, 0, 120, 11))
+    );
+}
+
+/// Without queries (`append` alone) nothing is counted, so nothing is kept; `attend_in_step`
+/// over such a cache is the plain kernel's.
+#[test]
+fn a_cache_filled_without_attention_keeps_nothing() {
+    let t = tokens(100, 2);
+    let mut c = cache(Some(2.0), RecordOrder::Rows);
+    let kw = KV * D;
+    c.append(
+        &t.keys[..100 * kw],
+        &t.values[..100 * kw],
+        &(0..100).collect::<Vec<u32>>(),
+    )
+    .unwrap();
+    c.append(&t.keys[..kw], &t.values[..kw], &[100]).unwrap();
+    assert!(c.keys(0).heavy_hitters().unwrap().kept().is_empty());
+    let positions = [100u32];
+    let mut out = vec![0.0f32; Q * D];
+    attend_in_step(
+        &c,
+        &t.queries[..Q * D],
+        &positions,
+        SHAPE,
+        AttentionKernel::Fused,
+        &mut out,
+    )
+    .unwrap();
+}
