@@ -409,3 +409,36 @@ fn a_cache_filled_without_attention_keeps_nothing() {
     )
     .unwrap();
 }
+
+/// The lever file `levers/rec4.25-hh32.toml` is the preset `rec4.25` with heavy hitters at 32×
+/// on both streams of its global layers; sliding-window layers, which keep no window, keep
+/// none.
+#[test]
+fn the_heavy_hitter_lever_is_rec4_25_plus_the_factor() {
+    use tq_cache::allocation::{Allocation, LayerKind, StreamKind};
+    let path = format!(
+        "{}/presets/levers/rec4.25-hh32.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let lever = Allocation::load(&path).unwrap();
+    let preset = Allocation::preset("rec4.25").unwrap();
+    for (layers, layer) in [(30, 7), (30, 12), (18, 5)] {
+        for stream in StreamKind::BOTH {
+            for kind in [LayerKind::Global, LayerKind::Sliding] {
+                let at = |a: &Allocation| {
+                    a.resolve_stream_in(layer, kind, layers, 0, D, stream)
+                        .unwrap()
+                };
+                let (mut with, without) = (at(&lever), at(&preset));
+                let expected = (kind == LayerKind::Global).then_some(32.0);
+                assert_eq!(
+                    with.heavy_hitters, expected,
+                    "{layers} {layer} {stream:?} {kind:?}"
+                );
+                assert_eq!(without.heavy_hitters, None);
+                with.heavy_hitters = None;
+                assert_eq!(with, without, "{layers} {layer} {stream:?} {kind:?}");
+            }
+        }
+    }
+}

@@ -366,6 +366,58 @@ fn window_attention_ranks_the_needles_tokens_in_every_layer() {
     );
 }
 
+/// An allocation with heavy hitters reports what its cache kept (the share of the tokens that
+/// left the windows, and per layer the share of the needle's tokens), in the rows and the
+/// table; an allocation without them reports nothing.
+#[test]
+fn heavy_hitters_report_what_the_cache_kept() {
+    if !model_present() {
+        return;
+    }
+    let file = std::env::temp_dir().join(format!("tq-heavy-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        "name = \"heavy\"\n\
+         key = { codec = \"mse\", bits = 3, recent_fp_tokens = 32, heavy_hitters = 4.0 }\n\
+         value = { codec = \"mse\", bits = 3, recent_fp_tokens = 32, heavy_hitters = 4.0 }\n",
+    )
+    .unwrap();
+    let alloc = format!("f16,{}", file.display());
+    let args = [
+        "needle",
+        "--contexts",
+        "300",
+        "--depths",
+        "0.5",
+        "--alloc",
+        &alloc,
+        "--max-tokens",
+        "4",
+    ];
+    let found = rows(&[&args[..], &["--json"]].concat());
+    assert_eq!(found.len(), 2);
+    assert!(found[0].get("heavy_hitters").is_none(), "{}", found[0]);
+    let kept = &found[1]["heavy_hitters"];
+    let share = kept["share"].as_f64().expect("a share");
+    assert!(share > 0.0 && share < 1.0, "{kept}");
+    let needle = kept["needle"].as_array().expect("per layer");
+    assert_eq!(needle.len(), 30, "SmolLM2's layers");
+    assert!(
+        needle
+            .iter()
+            .all(|n| (0.0..=1.0).contains(&n.as_f64().unwrap()))
+    );
+    let (ok, stdout, stderr) = tq(&args);
+    std::fs::remove_file(&file).ok();
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(
+            "heavy: heavy hitters kept (share of the tokens that left the windows) per cell: "
+        ),
+        "{stdout}"
+    );
+}
+
 /// `--concurrent` runs the cells as parallel tasks: the same rows in the same order, the same
 /// answers (only the speeds may differ).
 #[test]
