@@ -32,6 +32,7 @@ use std::collections::VecDeque;
 use half::f16;
 
 use crate::error::CacheError;
+use crate::kv_cache::KvCache;
 use crate::token_codec::TokenCodec;
 use crate::token_store::{Growth, TokenStore};
 
@@ -265,6 +266,29 @@ pub struct GatheredRow {
     pub end: usize,
     /// Tokens the row sees.
     pub visible: usize,
+}
+
+impl GatheredRow {
+    /// The tokens item `k` (query `k / kv_heads` at `positions[k / kv_heads]`, KV head
+    /// `k % kv_heads`) gathers weights for: those its windows read (the earlier of the key and
+    /// value window starts, sinks aside; `in_step`: each query its own window, as in
+    /// [`Stream::window_start`](crate::stream::Stream::window_start)) up to the end of its
+    /// visible range. What every kernel that gathers uses, so they gather the same tokens.
+    pub fn of(cache: &KvCache, positions: &[u32], k: usize, in_step: bool) -> Self {
+        let kv_heads = cache.layout().kv_heads;
+        let range = cache.visible(positions[k / kv_heads]);
+        let (keys, values) = (cache.keys(k % kv_heads), cache.values(k % kv_heads));
+        let first = keys
+            .window_start(range.end, in_step)
+            .min(values.window_start(range.end, in_step))
+            .max(keys.sink_end())
+            .clamp(range.start, range.end);
+        Self {
+            first,
+            end: range.end,
+            visible: range.len(),
+        }
+    }
 }
 
 impl ReceivedWeights {

@@ -1367,7 +1367,8 @@ fn attend_with(
         head_plan(cache, g)?;
     }
     if let Some(received) = received.as_deref_mut() {
-        received.reset((0..n * kv_heads).map(|k| gathered_row(cache, query_positions, k, in_step)));
+        received
+            .reset((0..n * kv_heads).map(|k| GatheredRow::of(cache, query_positions, k, in_step)));
     }
     let Workspace {
         prepared,
@@ -1470,25 +1471,6 @@ fn attend_with(
         wave_start = wave_end;
     }
     Ok(())
-}
-
-/// The tokens item `k` (query `k / kv_heads`, KV head `k % kv_heads`) gathers weights for:
-/// those its windows read (the earlier of the key and value window starts, sinks aside) up to
-/// the end of its visible range.
-fn gathered_row(cache: &KvCache, positions: &[u32], k: usize, in_step: bool) -> GatheredRow {
-    let kv_heads = cache.layout().kv_heads;
-    let range = cache.visible(positions[k / kv_heads]);
-    let (keys, values) = (cache.keys(k % kv_heads), cache.values(k % kv_heads));
-    let first = keys
-        .window_start(range.end, in_step)
-        .min(values.window_start(range.end, in_step))
-        .max(keys.sink_end())
-        .clamp(range.start, range.end);
-    GatheredRow {
-        first,
-        end: range.end,
-        visible: range.len(),
-    }
 }
 
 /// Writes one item's gathered weights: each block's `e^(s − max_b)` times `e^(max_b − max)`

@@ -30,20 +30,7 @@ pub(super) fn run(
     let kv_heads = cache.layout().kv_heads;
     let rows: Vec<GatheredRow> = match &received {
         Some(_) => (0..n * kv_heads)
-            .map(|k| {
-                let range = cache.visible(query_positions[k / kv_heads]);
-                let (keys, values) = (cache.keys(k % kv_heads), cache.values(k % kv_heads));
-                let first = keys
-                    .window_start(range.end, in_step)
-                    .min(values.window_start(range.end, in_step))
-                    .max(keys.sink_end())
-                    .clamp(range.start, range.end);
-                GatheredRow {
-                    first,
-                    end: range.end,
-                    visible: range.len(),
-                }
-            })
+            .map(|k| GatheredRow::of(cache, query_positions, k, in_step))
             .collect(),
         None => Vec::new(),
     };
