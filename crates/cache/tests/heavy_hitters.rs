@@ -83,6 +83,41 @@ fn run(cache: &mut KvCache, t: &Tokens, from: usize, to: usize, piece: usize) ->
     common::forward_in_pieces(cache, t, from, to, piece, SHAPE)
 }
 
+/// Per token `0..end`, the softmax weight the query heads of KV head `g` at row `i` give it over
+/// the records a row whose window starts at `window` reads (scores in f64, the codec's score
+/// correction applied), the mean over the group's heads.
+fn group_softmax(
+    keys: &tq_cache::stream::Stream,
+    queries: &[f32],
+    (i, g): (usize, usize),
+    (end, window): (usize, usize),
+) -> Vec<f64> {
+    let mut scratch = CodecScratch::new(D);
+    let mut k = vec![0.0f32; D];
+    let mut p = vec![0.0f64; end];
+    for h in g * (Q / KV)..(g + 1) * (Q / KV) {
+        let q = &queries[(i * Q + h) * D..][..D];
+        let scores: Vec<f64> = (0..end)
+            .map(|t| {
+                let codec = keys.decode_read(t, window, &mut scratch, &mut k).unwrap();
+                let correction = f64::from(codec.score_correction());
+                0.125
+                    * correction
+                    * q.iter()
+                        .zip(&k)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum::<f64>()
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        for (p, s) in p.iter_mut().zip(&scores) {
+            *p += (s - max).exp() / total / (Q / KV) as f64;
+        }
+    }
+    p
+}
+
 /// Tokens that left the window are kept and change what attention returns; the fused kernel
 /// reads their copies as the reference does (rows: within f32 rounding of the reference; a
 /// body run misaligned at a kept token reads other tokens' codes and moves a row by ~1e-2 of
@@ -194,8 +229,6 @@ fn the_weights_handed_back_are_each_window_tokens_softmax_share() {
     }
     let (reference, fused) = (&by_kernel[0], &by_kernel[1]);
     assert_eq!(reference.items, fused.items);
-    let mut scratch = CodecScratch::new(D);
-    let mut k = vec![0.0f32; D];
     for (item, row) in reference.items.iter().enumerate() {
         let (i, g) = (item / KV, item % KV);
         let keys = c.keys(g);
@@ -207,27 +240,7 @@ fn the_weights_handed_back_are_each_window_tokens_softmax_share() {
             window.min(c.values(g).window_start(end, true)).max(SINKS)
         );
         // Softmax of each query head of the group over the records the row reads.
-        let mut expected = vec![0.0f64; end - row.first];
-        for h in g * (Q / KV)..(g + 1) * (Q / KV) {
-            let q = &queries[(i * Q + h) * D..][..D];
-            let scores: Vec<f64> = (0..end)
-                .map(|t| {
-                    let codec = keys.decode_read(t, window, &mut scratch, &mut k).unwrap();
-                    let correction = f64::from(codec.score_correction());
-                    0.125
-                        * correction
-                        * q.iter()
-                            .zip(&k)
-                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                            .sum::<f64>()
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-            for (e, s) in expected.iter_mut().zip(&scores[row.first..]) {
-                *e += (s - max).exp() / total / (Q / KV) as f64;
-            }
-        }
+        let expected = &group_softmax(keys, queries, (i, g), (end, window))[row.first..];
         let (_, got) = reference.item(item);
         let (_, fast) = fused.item(item);
         for ((&e, &r), &f) in expected.iter().zip(got).zip(fast) {
@@ -253,8 +266,6 @@ fn a_token_is_kept_exactly_when_it_drew_the_factor_times_its_uniform_share() {
     let (kw, qw) = (KV * D, Q * D);
     // A prefill no longer than the window (nothing leaves it), then decode steps.
     let mut tally = vec![vec![[0.0f64; 2]; n]; KV];
-    let mut scratch = CodecScratch::new(D);
-    let mut k = vec![0.0f32; D];
     for step in 0..=(n - RECENT) {
         let (from, to) = if step == 0 {
             (0, RECENT)
@@ -278,25 +289,7 @@ fn a_token_is_kept_exactly_when_it_drew_the_factor_times_its_uniform_share() {
             for (g, tally) in tally.iter_mut().enumerate() {
                 let keys = c.keys(g);
                 let window = keys.window_start(end, true);
-                let mut p = vec![0.0f64; end];
-                for h in g * (Q / KV)..(g + 1) * (Q / KV) {
-                    let q = &t.queries[(i * Q + h) * D..][..D];
-                    let scores: Vec<f64> = (0..end)
-                        .map(|t| {
-                            keys.decode_read(t, window, &mut scratch, &mut k).unwrap();
-                            0.125
-                                * q.iter()
-                                    .zip(&k)
-                                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                                    .sum::<f64>()
-                        })
-                        .collect();
-                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                    for (p, s) in p.iter_mut().zip(&scores) {
-                        *p += (s - max).exp() / total / (Q / KV) as f64;
-                    }
-                }
+                let p = group_softmax(keys, &t.queries, (i, g), (end, window));
                 for (t, p) in p.iter().enumerate().skip(window.max(SINKS)) {
                     tally[t][0] += p;
                     tally[t][1] += 1.0 / end as f64;

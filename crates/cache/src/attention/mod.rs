@@ -183,22 +183,16 @@ fn attend_with_window(
             out,
             received,
         ),
-        AttentionKernel::Fused => fused::fused_attention_on(
-            simd::Isa::detect(),
-            cache,
-            queries,
-            query_positions,
-            shape,
-            in_step,
-            out,
-            received,
-        ),
-        AttentionKernel::FusedOn(isa) => {
-            if !isa.is_available() {
-                return Err(CacheError::InvalidConfig(format!(
-                    "the fused kernel cannot run on {isa:?}: this CPU lacks it"
-                )));
-            }
+        AttentionKernel::Fused | AttentionKernel::FusedOn(_) => {
+            let isa = match kernel {
+                AttentionKernel::FusedOn(isa) if !isa.is_available() => {
+                    return Err(CacheError::InvalidConfig(format!(
+                        "the fused kernel cannot run on {isa:?}: this CPU lacks it"
+                    )));
+                }
+                AttentionKernel::FusedOn(isa) => isa,
+                _ => simd::Isa::detect(),
+            };
             fused::fused_attention_on(
                 isa,
                 cache,
