@@ -347,13 +347,18 @@ impl GpuKvCache {
     }
 
     /// Appends tokens `range` of a host-encoded batch (`positions`: theirs, checked) with
-    /// their full-precision copies.
+    /// their full-precision copies. Heavy hitters: the tokens no query of the batch reads in a
+    /// window are decided first, while the ring still holds their copies (`settle`: the length
+    /// whose windows end them — the cache's own for a batch whose queries follow — and whether
+    /// the kernels read the decisions at once; `GpuKvCache::settle_kept`).
     pub(crate) fn append_host_batch(
         &mut self,
         batch: &HostBatch,
         range: std::ops::Range<usize>,
         positions: &[u32],
+        (settle_at, publish): (usize, bool),
     ) -> Result<(), GpuError> {
+        self.settle_kept(settle_at, publish)?;
         let heads = self.kv_heads;
         let (kw, vw) = (
             heads * self.key.record_words,
@@ -377,6 +382,7 @@ impl GpuKvCache {
                 &batch.value_ring[range.start * words..range.end * words],
             );
         }
+        let first = self.len;
         self.append_records(
             EncodedTokens {
                 records: &batch.key_records[range.start * kw..range.end * kw],
@@ -387,7 +393,9 @@ impl GpuKvCache {
                 scales: &batch.value_scales[range.start * vs..range.end * vs],
             },
             positions,
-        )
+        )?;
+        self.track_kept(first, range.len());
+        Ok(())
     }
 
     /// [`encode_and_append`](Self::encode_and_append) for a cache with host-encoded streams
@@ -402,7 +410,10 @@ impl GpuKvCache {
         // No queries here: a plane basis stays on the plain codec, as `KvCache::append`.
         let mut batch = self.encode_on_host(keys, values, None)?;
         self.commit_calibration(batch.calibrated.take())?;
-        self.append_host_batch(&batch, 0..positions.len(), positions)
+        // No query reads this batch: tokens it pushes out of a window are decided with the
+        // counts they have (the CPU stream decides them at its next step, with the same).
+        let settle_at = self.len + positions.len();
+        self.append_host_batch(&batch, 0..positions.len(), positions, (settle_at, true))
     }
 
     /// Appends `n` tokens encoded on the CPU (`tq_cache::TokenCodec::encode_into`), e.g. the
@@ -564,7 +575,9 @@ impl GpuKvCache {
                 scales: &value_scales,
             },
             &positions,
-        )
+        )?;
+        // The CPU stream decided its heavy hitters: take its decisions and tallies.
+        self.mirror_kept(cache)
     }
 
     /// Records `produce` (which returns the new key records, key scales, value records, value

@@ -181,6 +181,11 @@ impl GpuKvCache {
             center_first_block: center_first_block as u32,
             center_blocks: center_blocks as u32,
             rope_halves: u32::from(self.rope_pairs == Some(tq_cache::basis::RopePairs::Halves)),
+            kept_capacity: self.kept_capacity() as u32,
+            // Set by a call that gathers (`attend_chunk`).
+            gather_stride: 0,
+            _pad_a: 0,
+            _pad_b: 0,
         };
         CallPlan {
             params,
@@ -243,7 +248,7 @@ impl GpuKvCache {
         let n = self.check_attention(queries, query_positions, shape, out.len())?;
         // Attention over the stored cache: every query reads each stream's recent window.
         let windows = self.windows.stored_starts(self.len).repeat(n);
-        self.attend_with_windows(queries, query_positions, &windows, shape, out)
+        self.attend_with_windows(queries, query_positions, &windows, shape, out, false)
     }
 
     /// Attention of the queries of the newest `query_positions.len()` tokens, each reading each
@@ -287,11 +292,12 @@ impl GpuKvCache {
                 )));
             }
         };
-        self.attend_with_windows(queries, query_positions, &windows, shape, out)
+        self.attend_with_windows(queries, query_positions, &windows, shape, out, false)
     }
 
     /// [`attend`](Self::attend) with each query's window starts given (`[n, 2, kv_heads]`:
-    /// from there on a stream's tokens are read from their copies).
+    /// from there on a stream's tokens are read from their copies); `gather`: the weights the
+    /// queries give their window tokens go to the heavy hitters' tallies.
     fn attend_with_windows(
         &mut self,
         queries: &[f32],
@@ -299,6 +305,7 @@ impl GpuKvCache {
         windows: &[u32],
         shape: AttentionShape,
         out: &mut [f32],
+        gather: bool,
     ) -> Result<(), GpuError> {
         let n = query_positions.len();
         if n == 0 {
@@ -310,13 +317,21 @@ impl GpuKvCache {
         let mut start = 0;
         while start < n {
             let end = (start + per_call).min(n);
-            self.attend_chunk(
-                &queries[start * width..end * width],
+            let (positions, windows) = (
                 &query_positions[start..end],
                 &windows[start * streams..end * streams],
+            );
+            let gathered = self.attend_chunk(
+                &queries[start * width..end * width],
+                positions,
+                windows,
                 shape,
                 &mut out[start * width..end * width],
+                gather,
             )?;
+            if let Some((weights, stride)) = gathered {
+                self.add_received(positions, windows, &weights, stride, shape.q_heads);
+            }
             start = end;
         }
         Ok(())
@@ -354,13 +369,18 @@ impl GpuKvCache {
         let mut batch = self.encode_on_host(keys, values, energy.as_deref())?;
         self.commit_calibration(batch.calibrated.take())?;
         if !self.windows.any() {
-            self.append_host_batch(&batch, 0..n, new_positions)?;
+            self.append_host_batch(&batch, 0..n, new_positions, (self.len, true))?;
             return self.attend(queries, new_positions, shape, out);
         }
         // Recent windows: each new query reads each stream's own newest tokens from their
         // copies, as `KvCache::forward` does (`Stream::window_start` in a step). Chunks of at
         // most RECENT_CHUNK tokens give every query the same window as the whole batch would (a
-        // query's window ends at itself) and keep the copies it reads inside the ring.
+        // query's window ends at itself) and keep the copies it reads inside the ring. Heavy
+        // hitters: each chunk's queries hand back the weights of their window tokens; the tokens
+        // the next query no longer reads in its window are decided after the last chunk (as
+        // `KvCache::forward` does), those no later chunk's query reads before each chunk goes in
+        // (stored then, while the ring holds their copies, but read from the next call on).
+        let gather = self.kept.is_some();
         let mut start = 0;
         let mut step_windows = Vec::new();
         while start < n {
@@ -371,17 +391,20 @@ impl GpuKvCache {
             let windows = self
                 .windows
                 .chunk_starts(before, end - start, before + end - start);
-            self.append_host_batch(&batch, start..end, &new_positions[start..end])?;
+            let settle = (before, start == 0);
+            self.append_host_batch(&batch, start..end, &new_positions[start..end], settle)?;
             self.attend_with_windows(
                 &queries[start * q..end * q],
                 &new_positions[start..end],
                 &windows,
                 shape,
                 &mut out[start * q..end * q],
+                gather,
             )?;
             step_windows.extend_from_slice(&windows);
             start = end;
         }
+        self.settle_kept(self.len + 1, true)?;
         // Kept for `attend_in_step` (a KV-sharing layer reads this step as this call did).
         self.step_windows = Some(step_windows);
         Ok(())
@@ -515,6 +538,9 @@ impl GpuKvCache {
         (self.ctx.uniform_init("launch params", &bytes), align)
     }
 
+    /// One call's worth of queries; with `gather` (heavy hitters), also the softmax weights
+    /// each row gave the tokens it reads in a window, `[rows, stride]` from the row's gather
+    /// start (`attend.wgsl`), and the stride.
     fn attend_chunk(
         &mut self,
         queries: &[f32],
@@ -522,13 +548,20 @@ impl GpuKvCache {
         windows: &[u32],
         shape: AttentionShape,
         out: &mut [f32],
-    ) -> Result<(), GpuError> {
+        gather: bool,
+    ) -> Result<Option<(Vec<f32>, usize)>, GpuError> {
         self.ensure_center_angles()?;
-        let plan = self.plan(positions.len(), shape);
+        let mut plan = self.plan(positions.len(), shape);
         if plan.pages == 0 {
             out.fill(0.0);
-            return Ok(());
+            return Ok(None);
         }
+        let gather_stride = if gather {
+            self.gather_stride(positions, windows)
+        } else {
+            0
+        };
+        plan.params.gather_stride = gather_stride as u32;
         let ctx = Arc::clone(&self.ctx);
         let (qin, prepared, params) = self.upload_queries(queries, positions, windows, &plan);
         let stride_bytes = 4 * plan.block_stride as u64;
@@ -544,6 +577,11 @@ impl GpuKvCache {
         let output = self
             .scratch
             .get(&ctx, "attention output", 4 * (plan.rows * dv) as u64);
+        let gather_bytes = 4 * (plan.rows * gather_stride) as u64;
+        ctx.check_binding("gathered window scores", gather_bytes)?;
+        let gathered = self
+            .scratch
+            .get(&ctx, "gathered window scores", gather_bytes);
 
         let mut launches = vec![self.row_launch(Kernel::Prepare, plan.rows)?];
         let per_block = self.kv_heads * plan.params.chunks as usize * positions.len();
@@ -595,11 +633,19 @@ impl GpuKvCache {
                                 &page.keys,
                                 &page.values,
                                 window,
-                                &self.fp,
+                                (&self.fp, self.kept_buffer(), &gathered),
                             )
                         }
                         Kernel::Merge => merge::bind_group(&ctx, &params, at, window, &state),
-                        _ => finish::bind_group(&ctx, &params, at, &state, &self.tables, &output),
+                        _ => finish::bind_group(
+                            &ctx,
+                            &params,
+                            at,
+                            &state,
+                            &self.tables,
+                            &output,
+                            &gathered,
+                        ),
                     }
                 })
                 .collect();
@@ -614,7 +660,11 @@ impl GpuKvCache {
         })?;
         let bytes = ctx.read(&output, 0, 4 * out.len() as u64)?;
         out.copy_from_slice(bytemuck::cast_slice(&bytes));
-        Ok(())
+        if gather_stride == 0 {
+            return Ok(None);
+        }
+        let weights = bytemuck::pod_collect_to_vec(&ctx.read(&gathered, 0, gather_bytes)?);
+        Ok(Some((weights, gather_stride)))
     }
 
     /// Raw scores `scale·⟨q, k̃⟩` of every written slot: `[query_len, q_heads, slots]` with
@@ -667,7 +717,7 @@ impl GpuKvCache {
                             &self.tables,
                             &self.pages[l.page].keys,
                             &output,
-                            &self.fp,
+                            (&self.fp, self.kept_buffer()),
                         ),
                     }
                 })

@@ -44,6 +44,7 @@ use tq_cache::token_store::RunRecords;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::heavy_hitters::KeptStore;
 use crate::host_encode::HostEncoder;
 use crate::kernels::MAX_BLOCK_TOKENS;
 use crate::page_records;
@@ -246,6 +247,9 @@ pub struct GpuKvCache {
     /// Their table of block angles on the device and the blocks it covers (from block 0; grown
     /// as the cache grows, [`ensure_center_angles`](Self::ensure_center_angles)).
     pub(crate) center_angles: Option<(usize, wgpu::Buffer)>,
+    /// Heavy hitters ([`crate::heavy_hitters`]): the kept copies and the tallies deciding them
+    /// (`None`: no stream keeps any).
+    pub(crate) kept: Option<KeptStore>,
 }
 
 impl std::fmt::Debug for GpuKvCache {
@@ -417,8 +421,10 @@ impl GpuKvCache {
     /// per center block from a table of block angles kept on the device
     /// ([`tq_cache::rope_center`]).
     ///
-    /// Errors: heavy hitters ([`tq_cache::heavy_hitters`]: no kept copies on the GPU yet),
-    /// RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
+    /// Heavy hitters ([`tq_cache::heavy_hitters`]) keep their copies on the device and decide
+    /// them with the CPU stream's rule ([`crate::heavy_hitters`]).
+    ///
+    /// Errors: RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
     /// sink counts that differ between streams, a two-tier codec with a QJL or debiased tier,
     /// heads of one stream with different codec kinds, a head dimension above 512, or a page of
     /// one token that does not fit one binding.
@@ -436,11 +442,6 @@ impl GpuKvCache {
             ));
         }
         let rope_pairs = (rope_keys != 0).then_some(layout.rope_pairs);
-        if cache.keeps_heavy_hitters() {
-            return Err(GpuError::Unsupported(
-                "heavy hitters (heavy_hitters): the GPU kernels read no kept copies yet".into(),
-            ));
-        }
         let (sinks, windows) = windows_of(cache);
         let window_q8 = windows.any()
             && (0..heads)
@@ -517,6 +518,7 @@ impl GpuKvCache {
         let fp_words = 2 * heads * fp_head_words(sinks, fp_ring, layout.head_dim, window_q8);
         ctx.check_binding("full-precision copies", 4 * fp_words as u64)?;
         let fp = ctx.storage_buffer("full-precision copies", 4 * fp_words as u64);
+        let kept = KeptStore::new(ctx, cache, ring_slot_words(layout.head_dim, window_q8));
         Ok(Self {
             ctx: Arc::clone(ctx),
             kv_heads: heads,
@@ -543,6 +545,7 @@ impl GpuKvCache {
             host,
             rope_pairs,
             center_angles: None,
+            kept,
         })
     }
 
@@ -635,7 +638,7 @@ impl GpuKvCache {
 
     /// Word offset of slot `slot` of KV head `h` in the keys' copies (`fp` holds, per head,
     /// `sinks` binary16 slots, then `fp_ring` ring slots).
-    fn fp_slot(&self, h: usize, slot: usize) -> usize {
+    pub(crate) fn fp_slot(&self, h: usize, slot: usize) -> usize {
         let head = h * fp_head_words(self.sinks, self.fp_ring, self.head_dim, self.window_q8);
         let sink_words = self.head_dim.div_ceil(2);
         if slot < self.sinks {
@@ -855,12 +858,14 @@ impl GpuKvCache {
         self.pages.len()
     }
 
-    /// Bytes the pages hold on the device (allocated, not filled).
+    /// Bytes the pages hold on the device (allocated, not filled), and the heavy hitters' kept
+    /// store.
     pub fn device_bytes(&self) -> u64 {
         self.pages
             .iter()
             .map(|p| p.keys.size() + p.values.size())
-            .sum()
+            .sum::<u64>()
+            + self.kept.as_ref().map_or(0, |k| k.buffer.size())
     }
 
     /// Bytes one token costs in the pages: every head's key and value record and scales, plus
@@ -1039,6 +1044,8 @@ impl GpuKvCache {
         // `RewindTooFar`, where the CPU cache might still rewind).
         self.windows.uploaded(cache.len());
         self.upload_copies(cache, 0)?;
+        self.truncate_kept(0);
+        self.mirror_kept(cache)?;
         self.ctx.submit("upload", |_| Ok(()))
     }
 
@@ -1065,6 +1072,7 @@ impl GpuKvCache {
             .into());
         }
         self.windows.truncated(new_len);
+        self.truncate_kept(new_len);
         self.step_windows = None;
         // An emptied CPU stream calibrates again on its next first batch.
         if new_len == 0

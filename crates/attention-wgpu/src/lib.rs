@@ -30,7 +30,10 @@
 //! head; a prefill gives every query its own window, as decoding does) — so every preset and
 //! lever file, the recommended `rec*` and their 8-bit-window versions included; head dimension ≤ 512,
 //! growing or sliding layers; streams in the fast-scan order (`record_order = "fast-scan"`, the
-//! recommended presets') keep it on the device, the CPU store's blocks as they are. Streams with any of the levers after the first are encoded on the
+//! recommended presets') keep it on the device, the CPU store's blocks as they are; heavy
+//! hitters (`heavy_hitters = f`: the tokens that drew `f` times their uniform share of
+//! attention in a window keep their window copy on the device, decided from the weights the
+//! kernels hand back with the CPU stream's rule, [`tq_cache::heavy_hitters`]). Streams with any of the levers after the first are encoded on the
 //! host, which calibrates them from the first batch (means, outlier channels, bases — a plane
 //! basis weighed by the batch's queries) exactly as the CPU cache does and writes the copies.
 //! Not supported (a typed [`GpuError::Unsupported`]): two-tier codecs with QJL or debiased
@@ -51,6 +54,7 @@ pub mod bench;
 mod cache;
 mod context;
 mod error;
+mod heavy_hitters;
 mod host_encode;
 pub mod kernels;
 mod page_records;

@@ -26,6 +26,10 @@
 //! no attention and keeps nothing. A rewind drops the kept tokens and counts past the new
 //! length but keeps decisions and counts the dropped rows contributed to: a heuristic's inputs,
 //! not the stored vectors, which stay exactly those of the tokens kept.
+//!
+//! [`KeepTally`] is the rule and its counts alone: the GPU backend (`tq-attention-wgpu`) keeps
+//! one per stream on the host and the kept copies on the device, and decides at the same points
+//! from the weights its own kernels hand back.
 
 use std::collections::VecDeque;
 
@@ -39,16 +43,165 @@ use crate::token_store::{Growth, TokenStore};
 /// Tokens in the first page of the kept copies (the store doubles from there).
 const FIRST_PAGE: usize = 64;
 
-/// The heavy-hitter state of one stream: counts of the tokens still in the window, the kept
-/// tokens and their copies.
-#[derive(Clone, Debug)]
-pub struct HeavyHitters {
+/// The counts behind the keep decisions of one stream: for every token still in the window,
+/// the attention it received there and the uniform share of the same rows — what a stream
+/// holds of [`HeavyHitters`] apart from the kept copies (the GPU backend keeps those on the
+/// device and this tally on the host).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeepTally {
     factor: f32,
     /// The token of `pending[0]`.
     first_pending: usize,
     /// Per token from `first_pending` on: the attention it received in the window, and the
     /// uniform share summed over the same rows.
     pending: VecDeque<[f32; 2]>,
+}
+
+impl KeepTally {
+    /// An empty tally keeping tokens that draw `factor` times the uniform share.
+    ///
+    /// ```
+    /// use tq_cache::heavy_hitters::KeepTally;
+    ///
+    /// let mut tally = KeepTally::new(4.0)?;
+    /// for t in 0..3 {
+    ///     tally.track(t);
+    /// }
+    /// tally.add(1, 0.5, 0.1); // 5× the uniform share
+    /// let mut kept = Vec::new();
+    /// tally.settle(3, |t| -> Result<(), ()> { kept.push(t); Ok(()) }).unwrap();
+    /// assert_eq!(kept, [1]);
+    /// # Ok::<(), tq_cache::CacheError>(())
+    /// ```
+    pub fn new(factor: f32) -> Result<Self, CacheError> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(CacheError::InvalidConfig(format!(
+                "heavy_hitters must be a positive finite factor, got {factor}"
+            )));
+        }
+        Ok(Self {
+            factor,
+            first_pending: 0,
+            pending: VecDeque::new(),
+        })
+    }
+
+    /// The factor of the uniform share a token must draw to be kept.
+    pub fn factor(&self) -> f32 {
+        self.factor
+    }
+
+    /// An empty tally with this one's factor.
+    pub fn emptied(&self) -> Self {
+        Self {
+            factor: self.factor,
+            first_pending: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Tokens still counted (not yet decided).
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Starts counting for token `t` (the next token the stream stores outside its sinks).
+    pub fn track(&mut self, t: usize) {
+        if self.pending.is_empty() {
+            self.first_pending = t;
+        }
+        if t == self.first_pending + self.pending.len() {
+            self.pending.push_back([0.0; 2]);
+        }
+    }
+
+    /// Adds one row's attention `weight` and uniform share to token `t` (ignored when `t` is
+    /// not pending).
+    pub fn add(&mut self, t: usize, weight: f32, uniform: f32) {
+        if let Some(counts) = t
+            .checked_sub(self.first_pending)
+            .and_then(|i| self.pending.get_mut(i))
+        {
+            counts[0] += weight;
+            counts[1] += uniform;
+        }
+    }
+
+    /// Decides every pending token before `end`, in token order: `keep(t)` is called for each
+    /// token that drew `factor` times its uniform share (it stores the copy, or declines by
+    /// storing nothing); its error stops the settling there.
+    pub fn settle<E>(
+        &mut self,
+        end: usize,
+        mut keep: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        while self.first_pending < end {
+            let Some([received, uniform]) = self.pending.pop_front() else {
+                break;
+            };
+            let t = self.first_pending;
+            self.first_pending += 1;
+            if uniform > 0.0 && received >= self.factor * uniform {
+                keep(t)?;
+            }
+        }
+        if self.pending.is_empty() {
+            self.first_pending = self.first_pending.max(end);
+        }
+        Ok(())
+    }
+
+    /// Drops the counts from `new_len` on.
+    pub fn truncate(&mut self, new_len: usize) {
+        let pending = new_len.saturating_sub(self.first_pending);
+        self.pending.truncate(pending);
+    }
+
+    /// Forgets every count.
+    pub fn clear(&mut self) {
+        self.first_pending = 0;
+        self.pending.clear();
+    }
+
+    /// Appends the counts to a saved-cache body as f32 bit patterns, so a reloaded stream
+    /// decides exactly as the saved one would have.
+    pub(crate) fn write_to(&self, out: &mut crate::persist::ByteWriter) {
+        out.u64(self.first_pending as u64);
+        out.u64(self.pending.len() as u64);
+        for [received, uniform] in &self.pending {
+            out.u32(received.to_bits());
+            out.u32(uniform.to_bits());
+        }
+    }
+
+    /// Restores what [`write_to`](Self::write_to) wrote into an empty tally; `len` is the
+    /// stream's length.
+    pub(crate) fn read_from(
+        &mut self,
+        input: &mut crate::persist::ByteReader<'_>,
+        len: usize,
+    ) -> Result<(), crate::persist::PersistError> {
+        self.first_pending = input.usize()?;
+        let pending = input.usize()?;
+        if pending > len || self.first_pending > len {
+            return Err(crate::persist::PersistError::Inconsistent(
+                "heavy-hitter counts past the stream's tokens",
+            ));
+        }
+        for _ in 0..pending {
+            let received = f32::from_bits(input.u32()?);
+            let uniform = f32::from_bits(input.u32()?);
+            self.pending.push_back([received, uniform]);
+        }
+        Ok(())
+    }
+}
+
+/// The heavy-hitter state of one stream: counts of the tokens still in the window, the kept
+/// tokens and their copies.
+#[derive(Clone, Debug)]
+pub struct HeavyHitters {
+    tally: KeepTally,
     /// Kept tokens, ascending.
     kept: Vec<u32>,
     /// Their copies, in `kept`'s order, in the window's codec.
@@ -59,15 +212,8 @@ impl HeavyHitters {
     /// An empty state for a stream whose window copies are in `codec`, keeping tokens that
     /// draw `factor` times the uniform share.
     pub fn new(factor: f32, codec: &TokenCodec) -> Result<Self, CacheError> {
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(CacheError::InvalidConfig(format!(
-                "heavy_hitters must be a positive finite factor, got {factor}"
-            )));
-        }
         Ok(Self {
-            factor,
-            first_pending: 0,
-            pending: VecDeque::new(),
+            tally: KeepTally::new(factor)?,
             kept: Vec::new(),
             copies: TokenStore::new(
                 codec.record_words(),
@@ -81,7 +227,12 @@ impl HeavyHitters {
 
     /// The factor of the uniform share a token must draw to be kept.
     pub fn factor(&self) -> f32 {
-        self.factor
+        self.tally.factor()
+    }
+
+    /// The counts of the tokens not yet decided.
+    pub fn tally(&self) -> &KeepTally {
+        &self.tally
     }
 
     /// The kept tokens, ascending.
@@ -93,7 +244,7 @@ impl HeavyHitters {
     /// tokens (those two by length: their spare capacity depends on the history, and a
     /// reloaded cache must report the memory the saved one did).
     pub fn allocated_bytes(&self) -> usize {
-        self.copies.allocated_bytes() + 4 * self.kept.len() + 8 * self.pending.len()
+        self.copies.allocated_bytes() + 4 * self.kept.len() + 8 * self.tally.pending()
     }
 
     /// Bytes the kept tokens cost by formula: their copies and indices.
@@ -104,24 +255,13 @@ impl HeavyHitters {
 
     /// Starts counting for token `t` (the next token the stream stores outside its sinks).
     pub(crate) fn track(&mut self, t: usize) {
-        if self.pending.is_empty() {
-            self.first_pending = t;
-        }
-        if t == self.first_pending + self.pending.len() {
-            self.pending.push_back([0.0; 2]);
-        }
+        self.tally.track(t);
     }
 
     /// Adds one row's attention `weight` and uniform share to token `t` (ignored when `t` is
     /// not pending).
     pub(crate) fn add(&mut self, t: usize, weight: f32, uniform: f32) {
-        if let Some(counts) = t
-            .checked_sub(self.first_pending)
-            .and_then(|i| self.pending.get_mut(i))
-        {
-            counts[0] += weight;
-            counts[1] += uniform;
-        }
+        self.tally.add(t, weight, uniform);
     }
 
     /// Decides every pending token before `end`: a token that drew `factor` times its uniform
@@ -131,24 +271,14 @@ impl HeavyHitters {
         end: usize,
         copy: impl Fn(usize) -> Option<(&'a [u32], &'a [f16])>,
     ) -> Result<(), CacheError> {
-        while self.first_pending < end {
-            let Some([received, uniform]) = self.pending.pop_front() else {
-                break;
-            };
-            let t = self.first_pending;
-            self.first_pending += 1;
-            if uniform > 0.0
-                && received >= self.factor * uniform
-                && let Some((words, scales)) = copy(t)
-            {
-                self.copies.push_record(words, scales)?;
-                self.kept.push(t as u32);
+        let (kept, copies) = (&mut self.kept, &mut self.copies);
+        self.tally.settle(end, |t| {
+            if let Some((words, scales)) = copy(t) {
+                copies.push_record(words, scales)?;
+                kept.push(t as u32);
             }
-        }
-        if self.pending.is_empty() {
-            self.first_pending = self.first_pending.max(end);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The first kept token at or after `t`.
@@ -169,14 +299,12 @@ impl HeavyHitters {
         let keep = self.kept.partition_point(|&k| (k as usize) < new_len);
         self.kept.truncate(keep);
         self.copies.truncate(keep);
-        let pending = new_len.saturating_sub(self.first_pending);
-        self.pending.truncate(pending);
+        self.tally.truncate(new_len);
     }
 
     /// Forgets everything (allocations are kept).
     pub(crate) fn clear(&mut self) {
-        self.first_pending = 0;
-        self.pending.clear();
+        self.tally.clear();
         self.kept.clear();
         self.copies.truncate(0);
     }
@@ -184,12 +312,7 @@ impl HeavyHitters {
     /// Appends the state to a saved-cache body: the pending counts as f32 bit patterns, so a
     /// reloaded stream decides exactly as the saved one would have.
     pub(crate) fn write_to(&self, out: &mut crate::persist::ByteWriter) {
-        out.u64(self.first_pending as u64);
-        out.u64(self.pending.len() as u64);
-        for [received, uniform] in &self.pending {
-            out.u32(received.to_bits());
-            out.u32(uniform.to_bits());
-        }
+        self.tally.write_to(out);
         out.u64(self.kept.len() as u64);
         for &k in &self.kept {
             out.u32(k);
@@ -205,18 +328,7 @@ impl HeavyHitters {
         len: usize,
     ) -> Result<(), crate::persist::PersistError> {
         use crate::persist::PersistError;
-        self.first_pending = input.usize()?;
-        let pending = input.usize()?;
-        if pending > len || self.first_pending > len {
-            return Err(PersistError::Inconsistent(
-                "heavy-hitter counts past the stream's tokens",
-            ));
-        }
-        for _ in 0..pending {
-            let received = f32::from_bits(input.u32()?);
-            let uniform = f32::from_bits(input.u32()?);
-            self.pending.push_back([received, uniform]);
-        }
+        self.tally.read_from(input, len)?;
         let kept = input.usize()?;
         if kept > len {
             return Err(PersistError::Inconsistent(

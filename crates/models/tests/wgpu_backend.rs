@@ -3,8 +3,8 @@
 //! the two-tier `tq3.5`, the mean-centered `k5v3-c`, `rec4.25-global` (centered, 4 f16
 //! sinks), the recommended `rec4.25` (plane basis, sinks, recent window, centering; these
 //! four encoded on the host), 8-bit windows of 6 key and 4 value tokens (`recent_dtype =
-//! "q8"`, with `rec4.25`'s levers) and 8-bit windows that grow with the context
-//! (`recent_fraction`), a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
+//! "q8"`, with `rec4.25`'s levers), 8-bit windows that grow with the context
+//! (`recent_fraction`) and 8-bit windows keeping heavy hitters, a 23-token prompt in three prefill chunks (8 + 8 + 7 tokens) and decode steps.
 //!
 //! # What is compared, and the tolerances
 //!
@@ -80,13 +80,23 @@ const GROWING_WINDOW: &str = "name = \"rec4.25-q8-grow\"\nsink_tokens = 2\n\
     value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
     recent_fraction = 0.2 }\n";
 
+/// [`EIGHT_BIT_WINDOW`] keeping heavy hitters (tokens that drew twice their uniform share of
+/// attention in the window keep their 8-bit copy): the GPU gathers each query's window
+/// weights, decides the same tokens and reads their kept copies.
+const HEAVY_HITTERS: &str = "name = \"rec4.25-q8-k6v4-hh2\"\nsink_tokens = 2\n\
+    recent_dtype = \"q8\"\n\
+    key = { codec = \"mse\", bits = 4, center = \"first-chunk\", basis = \"planes\", \
+    recent_fp_tokens = 6, heavy_hitters = 2.0 }\n\
+    value = { codec = \"mse\", bits = 3, center = \"first-chunk\", norm_correction = true, \
+    recent_fp_tokens = 4, heavy_hitters = 2.0 }\n";
+
 /// The presets, then the 8-bit windows.
 fn allocations() -> Vec<(String, Allocation)> {
     let mut all: Vec<(String, Allocation)> = PRESETS
         .iter()
         .map(|p| (p.to_string(), Allocation::preset(p).unwrap()))
         .collect();
-    for text in [EIGHT_BIT_WINDOW, GROWING_WINDOW] {
+    for text in [EIGHT_BIT_WINDOW, GROWING_WINDOW, HEAVY_HITTERS] {
         let window = Allocation::from_toml_str(text).unwrap();
         all.push((window.name.clone(), window));
     }
@@ -186,6 +196,29 @@ fn wgpu_attention_equals_cpu_layer_by_layer() {
             "{preset}: GPU attention differs from the CPU's by {:.3e} of max |output|",
             paired.worst
         );
+        // Heavy hitters: the GPU kept the tokens the CPU kept, in every stream of every layer.
+        let mut kept = 0;
+        for layer in 0..model.config.layers {
+            let (gpu, cpu) = (
+                paired.gpu.layer(layer).unwrap(),
+                paired.cpu.cache.kv(layer).unwrap(),
+            );
+            for h in 0..cpu.layout().kv_heads {
+                for (s, stream) in [(0, cpu.keys(h)), (1, cpu.values(h))] {
+                    let expected = stream.heavy_hitters().map_or(&[][..], |k| k.kept());
+                    assert_eq!(
+                        gpu.kept_tokens(s, h),
+                        expected,
+                        "{preset}: layer {layer}, stream {s} of head {h}"
+                    );
+                    kept += expected.len();
+                }
+            }
+        }
+        if allocation.name.ends_with("hh2") {
+            eprintln!("{preset}: {kept} kept tokens over every stream and layer");
+            assert!(kept > 0, "{preset}: some tokens were kept");
+        }
     }
 }
 

@@ -12,18 +12,20 @@ use crate::context::GpuContext;
 pub(crate) const SOURCE: &str = include_str!("attend.wgsl");
 
 /// Bindings 2.. of `attend.wgsl`: `score.wgsl`'s prepared / tables / key page, then the value
-/// page and the partials window `[blocks, block_stride]`, and `score.wgsl`'s full-precision
-/// copies (7).
-pub(crate) const BINDINGS: [Binding; 6] = [
+/// page and the partials window `[blocks, block_stride]`, `score.wgsl`'s full-precision
+/// copies (7) and heavy hitters' kept copies (8), and the gathered window scores (9).
+pub(crate) const BINDINGS: [Binding; 8] = [
     b(2, "prepared", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "kpage", Access::Read),
     b(5, "vpage", Access::Read),
     b(6, "partials", Access::ReadWrite),
     b(7, "fp", Access::Read),
+    b(8, "kept", Access::Read),
+    b(9, "gather", Access::ReadWrite),
 ];
 
-/// `AttnParams` of `attn_params.wgsl` (320 bytes).
+/// `AttnParams` of `attn_params.wgsl` (336 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct AttnParams {
@@ -61,6 +63,10 @@ pub(crate) struct AttnParams {
     pub center_first_block: u32,
     pub center_blocks: u32,
     pub rope_halves: u32,
+    pub kept_capacity: u32,
+    pub gather_stride: u32,
+    pub _pad_a: u32,
+    pub _pad_b: u32,
 }
 
 /// `DispatchParams` of `attn_params.wgsl`.
@@ -94,7 +100,7 @@ pub(crate) fn bind_group(
     kpage: &wgpu::Buffer,
     vpage: &wgpu::Buffer,
     partials: (&wgpu::Buffer, u64, u64),
-    fp: &wgpu::Buffer,
+    (fp, kept, gather): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Attend,
@@ -107,6 +113,8 @@ pub(crate) fn bind_group(
             (5, vpage, 0, None),
             (6, partials.0, partials.1, Some(partials.2)),
             (7, fp, 0, None),
+            (8, kept, 0, None),
+            (9, gather, 0, None),
         ],
     )
 }

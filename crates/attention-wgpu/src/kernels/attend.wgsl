@@ -8,30 +8,45 @@
 // head chunk is CHUNK consecutive query heads of one GQA group (CHUNK divides the group).
 //
 // Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
-// 4 kpage, 7 fp):
+// 4 kpage, 7 fp, 8 kept):
 //   5 vpage     storage r   u32, one value page: words [kv_heads, page_tokens, record_words]
 //                           (or the fast-scan order's blocks, `StreamDesc.order`),
 //                           scales (binary16 pairs) at v_scales_offset
 //   6 partials  storage rw  f32 [blocks of this page, block_stride]: per block, rows·rec
 //                           records (max, sum, value accumulators), row = query·q_heads + head
+//   9 gather    storage rw  f32 [rows, gather_stride] (heavy hitters; a placeholder otherwise):
+//                           the score of each token a row reads in a window, from the earlier
+//                           of its key and value window starts (sinks aside), for the finish
+//                           kernel to turn into softmax weights
+//
+// Heavy hitters (kept_capacity ≠ 0): a token outside the query's window that its stream kept
+// is read from its kept copy (as a window copy is) instead of the page.
 //
 // Token blocks never straddle pages (block_tokens divides page_tokens), so a page binds alone.
 
 @group(0) @binding(5) var<storage, read> vpage: array<u32>;
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(9) var<storage, read_write> gather: array<f32>;
 
 var<workgroup> cv: array<f32, MAX_LEVELS>;
 /// Scores, then weights exp(score − max): [MAX_GROUP, MAX_BLOCK].
 var<workgroup> p_sh: array<f32, 2048>;
-/// Per token of the block, where its value is read: 0 hidden, 1 from the page, 2 from its
-/// binary16 copy (an attention sink, a binary16 window), 3 from its 8-bit window copy.
+/// Per token of the block, where its value is read (bits 0–1): 0 hidden, 1 from the page, 2
+/// from its binary16 copy (an attention sink, a binary16 window), 3 from its 8-bit window copy;
+/// for a copy a heavy hitter kept (`KEPT_VALUE`), its entry in the values' list from bit 3.
 var<workgroup> live_sh: array<u32, MAX_BLOCK>;
+/// Heavy hitters: the entries of the block's tokens in the kept lists of keys and values.
+var<workgroup> kept_lo: array<u32, 2>;
+var<workgroup> kept_hi: array<u32, 2>;
 /// Value norm and γ (two tiers: the second tier's norm) per token of the block: [MAX_BLOCK, 2];
 /// for a token read from an 8-bit copy, the value copy's step.
 var<workgroup> vscale: array<f32, 512>;
 /// Reduction scratch [MAX_GROUP, WG].
 var<workgroup> red: array<f32, 512>;
 var<workgroup> wg_any: u32;
+
+/// `live_sh`: the value is read from a kept copy.
+const KEPT_VALUE: u32 = 4u;
 
 fn value_scale(kvh: u32, local: u32, k: u32) -> f32 {
     let i = (kvh * launch.page_tokens + local) * params.value.scales + k;
@@ -178,6 +193,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let coded_values = value.kind == KIND_MSE || value.kind == KIND_PROD;
 
     load_key_centroids(lid);
+    if (params.kept_capacity != 0u && lid < 2u) {
+        let first = launch.first_slot + blk * bt;
+        kept_lo[lid] = kept_lower_bound(lid * params.kv_heads + kvh, first);
+        kept_hi[lid] = kept_lower_bound(lid * params.kv_heads + kvh, first + bt);
+    }
     if (coded_values) {
         for (var i = lid; i < min(value.levels, MAX_LEVELS); i += WG) {
             cv[i] = tables[value.centroid_offset + i];
@@ -190,20 +210,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var g = 0u; g < MAX_GROUP; g += 1u) {
         local_max[g] = NEG;
     }
+    // Heavy hitters: scores of the tokens a row reads in a window, from the earlier of its
+    // key and value window starts (sinks aside).
+    let gathering = params.gather_stride != 0u;
+    var gather_first = 0u;
+    if (gathering) {
+        gather_first = max(min(window_start(qi, 0u, kvh), window_start(qi, 1u, kvh)), params.sink_end);
+    }
     for (var k = lid; k < bt; k += WG) {
         let local = blk * bt + k;
         let visible = slot_visible(launch.first_slot + local, local, qpos);
         let slot = launch.first_slot + local;
-        // Keys and values each read the copy inside their own window (they may differ).
+        // Keys and values each read the copy inside their own window (they may differ), else
+        // a kept copy, else the page.
         var source = select(0u, 1u, visible);
-        if (visible && reads_copy(slot, qi, 1u, kvh)) {
-            source = select(2u, 3u, copy_is_q8(slot));
+        var vcopy = CopyAt(0u, false, false);
+        var live = source;
+        if (visible) {
+            if (reads_copy(slot, qi, 1u, kvh)) {
+                vcopy = slot_copy(params.fp_values, kvh, slot);
+                source = select(2u, 3u, vcopy.q8);
+                live = source;
+            } else if (params.kept_capacity != 0u) {
+                let list = params.kv_heads + kvh;
+                let e = kept_entry(list, kept_lo[1], kept_hi[1], slot);
+                if (e != NO_COPY) {
+                    vcopy = kept_copy(list, e);
+                    source = select(2u, 3u, vcopy.q8);
+                    live = source | KEPT_VALUE | (e << 3u);
+                }
+            }
         }
-        live_sh[k] = source;
+        live_sh[k] = live;
         if (visible) {
             var s: array<f32, MAX_GROUP>;
+            var kept_key = NO_COPY;
+            if (params.kept_capacity != 0u && !reads_copy(slot, qi, 0u, kvh)) {
+                kept_key = kept_entry(kvh, kept_lo[0], kept_hi[0], slot);
+            }
             if (reads_copy(slot, qi, 0u, kvh)) {
-                s = fp_key_scores(row0, kvh, slot);
+                s = copy_key_scores(row0, slot_copy(0u, kvh, slot));
+            } else if (kept_key != NO_COPY) {
+                s = copy_key_scores(row0, kept_copy(kvh, kept_key));
             } else {
                 s = key_scores(row0, kvh, local);
             }
@@ -212,8 +260,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 p_sh[g * MAX_BLOCK + k] = s[g];
                 local_max[g] = max(local_max[g], s[g]);
             }
+            if (gathering && slot >= gather_first && slot - gather_first < params.gather_stride) {
+                for (var g = 0u; g < CHUNK; g += 1u) {
+                    gather[(row0 + g) * params.gather_stride + slot - gather_first] = s[g];
+                }
+            }
             if (source == 3u) {
-                vscale[2u * k] = q8_step(fp_slot_word(params.fp_values, kvh, slot));
+                vscale[2u * k] = q8_step(vcopy);
             } else if (source == 1u && coded_values) {
                 vscale[2u * k] = value_scale(kvh, local, 0u);
                 if (value.scales > 1u) {
@@ -296,15 +349,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             at = code_at(kvh, c);
         }
         for (var k = 0u; k < bt; k += 1u) {
-            if (live_sh[k] == source) {
-                let slot = launch.first_slot + blk * bt + k;
+            let live = live_sh[k];
+            if ((live & 3u) == source) {
                 var x: f32;
-                if (source == 3u) {
-                    x = vscale[2u * k] * q8_code(fp_slot_word(params.fp_values, kvh, slot), c - fp_end);
-                } else if (source == 2u) {
-                    x = fp_coordinate(params.fp_values, kvh, slot, c - coords);
-                } else {
+                if (source == 1u) {
                     x = value_coordinate(kvh, blk * bt + k, k, c, at);
+                } else {
+                    var copy = slot_copy(params.fp_values, kvh, launch.first_slot + blk * bt + k);
+                    if ((live & KEPT_VALUE) != 0u) {
+                        copy = kept_copy(params.kv_heads + kvh, live >> 3u);
+                    }
+                    if (source == 3u) {
+                        x = vscale[2u * k] * q8_code(copy, c - fp_end);
+                    } else {
+                        x = copy_coordinate(copy, c - coords);
+                    }
                 }
                 for (var g = 0u; g < CHUNK; g += 1u) {
                     acc[g] += p_sh[g * MAX_BLOCK + k] * x;

@@ -81,6 +81,13 @@ struct AttnParams {
     center_blocks: u32,
     /// The RoPE planes pair coordinates `(p, p + d/2)` (1) or `(2p, 2p + 1)` (0).
     rope_halves: u32,
+    /// Heavy hitters: entries per list of the kept store (`kept`, see score.wgsl; 0: no kept
+    /// copies), and the f32 per row of the gathered window weights (`gather`, see attend.wgsl;
+    /// 0: nothing gathered).
+    kept_capacity: u32,
+    gather_stride: u32,
+    _pad_a: u32,
+    _pad_b: u32,
 }
 
 struct DispatchParams {

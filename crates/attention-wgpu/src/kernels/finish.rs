@@ -10,11 +10,13 @@ use crate::context::GpuContext;
 
 pub(crate) const SOURCE: &str = include_str!("finish.wgsl");
 
-/// Bindings 2.. of `finish.wgsl`: state `[rows, rec]`, value tables, out `[rows, value dim]`.
-pub(crate) const BINDINGS: [Binding; 3] = [
+/// Bindings 2.. of `finish.wgsl`: state `[rows, rec]`, value tables, out `[rows, value dim]`,
+/// the gathered window scores `[rows, gather_stride]` (normalized in place).
+pub(crate) const BINDINGS: [Binding; 4] = [
     b(2, "state", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "out", Access::ReadWrite),
+    b(5, "gather", Access::ReadWrite),
 ];
 
 /// The bind group of the finish dispatch.
@@ -25,6 +27,7 @@ pub(crate) fn bind_group(
     state: &wgpu::Buffer,
     tables: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    gather: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Finish,
@@ -34,6 +37,7 @@ pub(crate) fn bind_group(
             (2, state, 0, None),
             (3, tables, 0, None),
             (4, out, 0, None),
+            (5, gather, 0, None),
         ],
     )
 }

@@ -9,10 +9,14 @@
 //   2 state   storage r   f32 [rows, rec] (merge output)
 //   3 tables  storage r   f32 value tables (Π_V, S_V column-major, gains)
 //   4 out     storage rw  f32 [rows, value dim]
+//   5 gather  storage rw  f32 [rows, gather_stride] (heavy hitters; a placeholder otherwise):
+//                         the scores attend.wgsl gathered, turned into softmax weights
+//                         exp(score − max) / sum with the row's final max and sum
 
 @group(0) @binding(2) var<storage, read> state: array<f32>;
 @group(0) @binding(3) var<storage, read> tables: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> gather: array<f32>;
 
 var<workgroup> a_sh: array<f32, MAX_DIM>;
 var<workgroup> t_sh: array<f32, MAX_DIM>;
@@ -34,6 +38,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         inv = 1.0 / sum;
     }
     let kvh = (row % params.q_heads) / params.group;
+    if (params.gather_stride != 0u && sum > 0.0) {
+        // Entries a row did not gather hold stale values the host never reads.
+        let m = state[own];
+        for (var j = lid; j < params.gather_stride; j += WG) {
+            let at = row * params.gather_stride + j;
+            gather[at] = exp(min(gather[at] - m, 0.0)) * inv;
+        }
+    }
     if (params.q8_coords != 0u) {
         for (var j = lid; j < d; j += WG) {
             w_sh[j] = state[own + params.rec - params.q8_coords + j] * inv;

@@ -12,10 +12,10 @@
 //! | `encode` | new vector (token, KV head) | f32 vectors, tables | records, scales |
 //! | `scatter` | new vector | records, scales, positions | one page |
 //! | `prepare` | query row (token, query head) | queries, tables | prepared queries |
-//! | `attend` | (block, KV head, head chunk, query) | prepared, tables, key page, value page | block partials |
+//! | `attend` | (block, KV head, head chunk, query) | prepared, tables, key page, value page, copies, kept copies | block partials, window scores (heavy hitters) |
 //! | `merge` | query row | a window of partials | running state |
-//! | `finish` | query row | state, tables | outputs |
-//! | `scores` | (query row, 64-slot tile) | prepared, tables, key page | scores |
+//! | `finish` | query row | state, tables | outputs, window weights (heavy hitters) |
+//! | `scores` | (query row, 64-slot tile) | prepared, tables, key page, copies, kept copies | scores |
 
 pub(crate) mod attend;
 pub(crate) mod encode;

@@ -15,6 +15,11 @@
 //                          window's ring (binary16 or 8-bit): keys at 0, values at fp_values,
 //                          per KV head the sink slots then the ring's (see AttnParams.sink_end;
 //                          a 16-byte placeholder without copies)
+//   8 kept      storage r  u32, heavy hitters' kept copies (AttnParams.kept_capacity ≠ 0;
+//                          otherwise a placeholder never read): per list (stream·kv_heads +
+//                          KV head) a count, then [lists, kept_capacity] kept tokens
+//                          ascending, then [lists, kept_capacity, ring_words] their copies in
+//                          the ring's format
 //
 // A score is `norm·⟨q̃, c[idx]⟩ + γ·⟨s̃, z⟩` for coded keys (z = ±1 from the sign bits),
 // `Σ_G norm_G·⟨q̃_G, c_G[idx]⟩` for keys of several code groups (two tiers, a basis),
@@ -29,6 +34,18 @@ override CHUNK: u32 = 8u;
 @group(0) @binding(3) var<storage, read> tables: array<f32>;
 @group(0) @binding(4) var<storage, read> kpage: array<u32>;
 @group(0) @binding(7) var<storage, read> fp: array<u32>;
+@group(0) @binding(8) var<storage, read> kept: array<u32>;
+
+/// No kept copy.
+const NO_COPY: u32 = 0xffffffffu;
+
+/// Where a full-precision copy starts: word `at` of `fp` (a sink's or the ring's) or, for a
+/// heavy hitter's, of `kept`; and whether it is an 8-bit copy.
+struct CopyAt {
+    at: u32,
+    in_kept: bool,
+    q8: bool,
+}
 
 /// Key centroids, loaded once per workgroup (the first MAX_LEVELS of them: the codebooks of
 /// several code groups together may hold more, read from `tables`).
@@ -191,9 +208,13 @@ fn reads_copy(slot: u32, qi: u32, stream: u32, kvh: u32) -> bool {
     if (params.fp_coords == 0u) {
         return false;
     }
+    return slot < params.sink_end || slot >= window_start(qi, stream, kvh);
+}
+
+/// Where query `qi` starts reading stream `stream` of KV head `kvh` from its window's copies.
+fn window_start(qi: u32, stream: u32, kvh: u32) -> u32 {
     let at = params.positions_offset + params.queries + (qi * 2u + stream) * params.kv_heads + kvh;
-    let start = bitcast<u32>(prepared[at]);
-    return slot < params.sink_end || slot >= start;
+    return bitcast<u32>(prepared[at]);
 }
 
 /// Word of `fp` where the copy of token `t` (a sink, or in the recent ring) of KV head `kvh`
@@ -214,49 +235,101 @@ fn copy_is_q8(t: u32) -> bool {
     return params.q8_coords != 0u && t >= params.fp_slots - params.fp_ring;
 }
 
-/// Coordinate `j` of the binary16 copy of token `t` (a sink, or in a binary16 ring) of KV
-/// head `kvh`, keys (`base` 0) or values (`base` fp_values).
-fn fp_coordinate(base: u32, kvh: u32, t: u32, j: u32) -> f32 {
-    let w = fp[fp_slot_word(base, kvh, t) + j / 2u];
+/// The copy of token `t` (a sink, or in the recent ring) of KV head `kvh` in `fp`, keys
+/// (`base` 0) or values (`base` fp_values).
+fn slot_copy(base: u32, kvh: u32, t: u32) -> CopyAt {
+    return CopyAt(fp_slot_word(base, kvh, t), false, copy_is_q8(t));
+}
+
+/// Word `i` of the copy `c`.
+fn copy_word(c: CopyAt, i: u32) -> u32 {
+    if (c.in_kept) {
+        return kept[c.at + i];
+    }
+    return fp[c.at + i];
+}
+
+/// Heavy hitters: the kept token of entry `e` of list `list` (stream·kv_heads + KV head).
+fn kept_token(list: u32, e: u32) -> u32 {
+    return kept[2u * params.kv_heads + list * params.kept_capacity + e];
+}
+
+/// The kept copy of entry `e` of list `list` (in the ring's format).
+fn kept_copy(list: u32, e: u32) -> CopyAt {
+    let lists = 2u * params.kv_heads;
+    let at = lists + lists * params.kept_capacity + (list * params.kept_capacity + e) * params.ring_words;
+    return CopyAt(at, true, params.q8_coords != 0u);
+}
+
+/// The first entry of list `list` whose token is at or after `t` (0 without heavy hitters).
+fn kept_lower_bound(list: u32, t: u32) -> u32 {
+    if (params.kept_capacity == 0u) {
+        return 0u;
+    }
+    var lo = 0u;
+    var hi = kept[list];
+    while (lo < hi) {
+        let m = (lo + hi) / 2u;
+        if (kept_token(list, m) < t) {
+            lo = m + 1u;
+        } else {
+            hi = m;
+        }
+    }
+    return lo;
+}
+
+/// The entry of token `t` among entries `lo .. hi` of list `list`, or NO_COPY.
+fn kept_entry(list: u32, lo: u32, hi: u32, t: u32) -> u32 {
+    for (var e = lo; e < hi; e += 1u) {
+        if (kept_token(list, e) == t) {
+            return e;
+        }
+    }
+    return NO_COPY;
+}
+
+/// Coordinate `j` of the binary16 copy `c`.
+fn copy_coordinate(c: CopyAt, j: u32) -> f32 {
+    let w = copy_word(c, j / 2u);
     return f16_value((w >> (16u * (j % 2u))) & 0xffffu);
 }
 
-/// Code `j` (a signed byte, in Π₈'s coordinates) of the 8-bit copy starting at word `at`.
-fn q8_code(at: u32, j: u32) -> f32 {
-    let byte = (fp[at + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+/// Code `j` (a signed byte, in Π₈'s coordinates) of the 8-bit copy `c`.
+fn q8_code(c: CopyAt, j: u32) -> f32 {
+    let byte = (copy_word(c, j / 4u) >> (8u * (j % 4u))) & 0xffu;
     return f32(bitcast<i32>(byte << 24u) >> 24u);
 }
 
-/// The step of the 8-bit copy starting at word `at` (its last word's low half, binary16).
-fn q8_step(at: u32) -> f32 {
-    return f16_value(fp[at + params.ring_words - 1u] & 0xffffu);
+/// The step of the 8-bit copy `c` (its last word's low half, binary16).
+fn q8_step(c: CopyAt) -> f32 {
+    return f16_value(copy_word(c, params.ring_words - 1u) & 0xffffu);
 }
 
-/// Scores `⟨scale·q, k⟩` of the full-precision key copy of token `t` against prepared rows
+/// Scores `⟨scale·q, k⟩` of the full-precision key copy `c` against prepared rows
 /// `row0 .. row0 + CHUNK`: a binary16 copy against their `scale·q` at `fp_query`, an 8-bit one
 /// as `s·⟨Π₈·scale·q, c⟩` against `q8_query`.
-fn fp_key_scores(row0: u32, kvh: u32, t: u32) -> array<f32, MAX_GROUP> {
+fn copy_key_scores(row0: u32, c: CopyAt) -> array<f32, MAX_GROUP> {
     var out: array<f32, MAX_GROUP>;
     for (var g = 0u; g < MAX_GROUP; g += 1u) {
         out[g] = 0.0;
     }
     let qs = params.qstride;
-    if (copy_is_q8(t)) {
-        let at = fp_slot_word(0u, kvh, t);
+    if (c.q8) {
         for (var j = 0u; j < params.key.dim; j += 1u) {
-            let c = q8_code(at, j);
+            let x = q8_code(c, j);
             for (var g = 0u; g < CHUNK; g += 1u) {
-                out[g] += prepared[(row0 + g) * qs + params.q8_query + j] * c;
+                out[g] += prepared[(row0 + g) * qs + params.q8_query + j] * x;
             }
         }
-        let step = q8_step(at);
+        let step = q8_step(c);
         for (var g = 0u; g < CHUNK; g += 1u) {
             out[g] *= step;
         }
         return out;
     }
     for (var j = 0u; j < params.key.dim; j += 1u) {
-        let x = fp_coordinate(0u, kvh, t, j);
+        let x = copy_coordinate(c, j);
         for (var g = 0u; g < CHUNK; g += 1u) {
             out[g] += prepared[(row0 + g) * qs + params.fp_query + j] * x;
         }

@@ -9,13 +9,14 @@ use crate::context::GpuContext;
 pub(crate) const SOURCE: &str = include_str!("scores.wgsl");
 
 /// Bindings 2.. of `scores.wgsl`: `score.wgsl`'s three, then out `[rows, score_stride]`, and
-/// `score.wgsl`'s full-precision copies (7).
-pub(crate) const BINDINGS: [Binding; 5] = [
+/// `score.wgsl`'s full-precision copies (7) and heavy hitters' kept copies (8).
+pub(crate) const BINDINGS: [Binding; 6] = [
     b(2, "prepared", Access::Read),
     b(3, "tables", Access::Read),
     b(4, "kpage", Access::Read),
     b(5, "out", Access::ReadWrite),
     b(7, "fp", Access::Read),
+    b(8, "kept", Access::Read),
 ];
 
 /// The bind group of one scores dispatch (one page).
@@ -28,7 +29,7 @@ pub(crate) fn bind_group(
     tables: &wgpu::Buffer,
     kpage: &wgpu::Buffer,
     out: &wgpu::Buffer,
-    fp: &wgpu::Buffer,
+    (fp, kept): (&wgpu::Buffer, &wgpu::Buffer),
 ) -> wgpu::BindGroup {
     ctx.bind(
         Kernel::Scores,
@@ -40,6 +41,7 @@ pub(crate) fn bind_group(
             (4, kpage, 0, None),
             (5, out, 0, None),
             (7, fp, 0, None),
+            (8, kept, 0, None),
         ],
     )
 }

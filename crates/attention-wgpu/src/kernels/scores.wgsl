@@ -5,7 +5,7 @@
 // as id = tile + tiles·row; one thread per slot. Compiled with CHUNK = 1.
 //
 // Bindings (group 0), after attn_params.wgsl (0, 1) and score.wgsl (2 prepared, 3 tables,
-// 4 kpage, 7 fp):
+// 4 kpage, 7 fp, 8 kept):
 //   5 out  storage rw  f32 [rows, score_stride]   score per slot, −∞ where masked
 
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
@@ -34,8 +34,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var s = bitcast<f32>(0xff800000u);
     if (slot_visible(slot, local, qpos)) {
         var scored: array<f32, MAX_GROUP>;
+        var kept_key = NO_COPY;
+        if (params.kept_capacity != 0u && !reads_copy(slot, qi, 0u, kvh)) {
+            kept_key = kept_entry(kvh, kept_lower_bound(kvh, slot), kept_lower_bound(kvh, slot + 1u), slot);
+        }
         if (reads_copy(slot, qi, 0u, kvh)) {
-            scored = fp_key_scores(row, kvh, slot);
+            scored = copy_key_scores(row, slot_copy(0u, kvh, slot));
+        } else if (kept_key != NO_COPY) {
+            scored = copy_key_scores(row, kept_copy(kvh, kept_key));
         } else {
             scored = key_scores(row, kvh, local);
         }

@@ -9,6 +9,9 @@
 //! chunk, never the whole cache) and runs decode attention on the device; only the attention
 //! output comes back.
 //!
+//! Heavy hitters are decided on the GPU's own attention weights with the CPU stream's rule
+//! (`tq_attention_wgpu`'s `heavy_hitters` module), their kept copies on the device.
+//!
 //! KV-sharing layers ([`StateKind::SharedKv`]) read their producer's GPU cache
 //! ([`attend_shared`](AttentionBackend::attend_shared), each query with the recent window it
 //! had in the producer's step); nothing is stored for them.
