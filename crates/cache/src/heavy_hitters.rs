@@ -155,6 +155,9 @@ impl KeepTally {
     pub fn truncate(&mut self, new_len: usize) {
         let pending = new_len.saturating_sub(self.first_pending);
         self.pending.truncate(pending);
+        // Tokens decided past the new end are gone: counting resumes at most there (a saved
+        // stream holds no counts past its length).
+        self.first_pending = self.first_pending.min(new_len);
     }
 
     /// Forgets every count.
@@ -245,6 +248,14 @@ impl HeavyHitters {
     /// reloaded cache must report the memory the saved one did).
     pub fn allocated_bytes(&self) -> usize {
         self.copies.allocated_bytes() + 4 * self.kept.len() + 8 * self.tally.pending()
+    }
+
+    /// Bytes held by formula: the kept copies' store at its capacity, the kept tokens'
+    /// indices and the counts of the tokens not yet decided (what
+    /// [`allocated_bytes`](Self::allocated_bytes) measures).
+    pub fn formula_bytes(&self) -> usize {
+        let per_copy = 4 * self.copies.record_words() + 2 * self.copies.scales_per_token();
+        self.copies.capacity() * per_copy + 4 * self.kept.len() + 8 * self.tally.pending()
     }
 
     /// Bytes the kept tokens cost by formula: their copies and indices.

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::CodecScratch;
 use crate::error::CacheError;
-use crate::heavy_hitters::ReceivedWeights;
+use crate::heavy_hitters::{HeavyHitters, ReceivedWeights};
 use crate::stream::{Stream, StreamLayout};
 use crate::token_codec::CodecSpec;
 use crate::token_store::{Growth, TokenStore};
@@ -336,8 +336,10 @@ impl KvCache {
     /// [`bytes_per_token`](Self::bytes_per_token) (a stream with an 8-bit window has `W` code
     /// slots fewer: its window's tokens have no codes; a fast-scan body rounds its record
     /// memory up to whole blocks of 32, [`TokenStore::record_slots`]), plus what is stored once
-    /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams).
-    /// Tests check it equals [`allocated_bytes`](Self::allocated_bytes).
+    /// ([`fixed_bytes`](Self::fixed_bytes): full-precision copies, means of centered streams),
+    /// plus the heavy hitters' kept copies at their store's capacity, their indices and the
+    /// counts of the tokens not yet decided ([`HeavyHitters::formula_bytes`]). Tests check it
+    /// equals [`allocated_bytes`](Self::allocated_bytes).
     pub fn formula_bytes(&self) -> usize {
         // Each stream's body at its own capacity: an 8-bit window's stream holds `W` codes
         // fewer than the position table (see `Stream::body_tokens`).
@@ -351,6 +353,7 @@ impl KvCache {
                     let block_slack = body.record_slots() - body.capacity();
                     body.capacity() * s.codec().bytes_per_token()
                         + block_slack * 4 * body.record_words()
+                        + s.heavy_hitters().map_or(0, HeavyHitters::formula_bytes)
                 })
                 .sum::<usize>()
             + self.fixed_bytes()

@@ -403,17 +403,17 @@ fn a_cache_filled_without_attention_keeps_nothing() {
     .unwrap();
 }
 
-/// The lever file `levers/rec4.25-hh32.toml` is the preset `rec4.25` with heavy hitters at 32×
-/// on both streams of its global layers; sliding-window layers, which keep no window, keep
-/// none.
+/// The preset `rec4.25` is its recipe without heavy hitters (`levers/rec4.25-no-hh.toml`) plus
+/// heavy hitters at 32× on both streams of its global layers; sliding-window layers, which keep
+/// no window, keep none.
 #[test]
-fn the_heavy_hitter_lever_is_rec4_25_plus_the_factor() {
+fn rec4_25_is_its_recipe_plus_heavy_hitters() {
     use tq_cache::allocation::{Allocation, LayerKind, StreamKind};
     let path = format!(
-        "{}/presets/levers/rec4.25-hh32.toml",
+        "{}/presets/levers/rec4.25-no-hh.toml",
         env!("CARGO_MANIFEST_DIR")
     );
-    let lever = Allocation::load(&path).unwrap();
+    let without_lever = Allocation::load(&path).unwrap();
     let preset = Allocation::preset("rec4.25").unwrap();
     for (layers, layer) in [(30, 7), (30, 12), (18, 5)] {
         for stream in StreamKind::BOTH {
@@ -422,7 +422,7 @@ fn the_heavy_hitter_lever_is_rec4_25_plus_the_factor() {
                     a.resolve_stream_in(layer, kind, layers, 0, D, stream)
                         .unwrap()
                 };
-                let (mut with, without) = (at(&lever), at(&preset));
+                let (mut with, without) = (at(&preset), at(&without_lever));
                 let expected = (kind == LayerKind::Global).then_some(32.0);
                 assert_eq!(
                     with.heavy_hitters, expected,

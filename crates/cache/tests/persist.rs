@@ -83,7 +83,19 @@ fn build_keeping(
     fraction: Option<f64>,
     factor: Option<f32>,
 ) -> ModelCache {
-    ModelCache::new(specs(), |layer, layout| {
+    build_keeping_in(specs(), key, value, window, fraction, factor)
+}
+
+/// [`build_keeping`] over the states `specs`.
+fn build_keeping_in(
+    specs: Vec<StateSpec>,
+    key: usize,
+    value: usize,
+    window: Option<CodecSpec>,
+    fraction: Option<f64>,
+    factor: Option<f32>,
+) -> ModelCache {
+    ModelCache::new(specs, |layer, layout| {
         let streams = |c, recent: usize| {
             uniform_streams(layout, c)
                 .into_iter()
@@ -201,6 +213,55 @@ fn heavy_hitters_reload_bit_identical() {
         assert_reload_continues(&mut cache, 2);
         let kv = cache.kv(0).unwrap();
         assert!(kv.keys(0).heavy_hitters().unwrap().kept().len() >= kept);
+    }
+}
+
+/// A rewind to before tokens whose heavy-hitter decisions were made (the values' 4-token
+/// window of head 1 decides up to 37 of 40 tokens), then a reload: the counts resume at the
+/// new end, the saved cache reloads bit-identical and both continue identically (the growing
+/// layer alone, which may rewind its 4 tokens).
+#[test]
+fn heavy_hitters_reload_after_a_rewind() {
+    let growing = specs()[..1].to_vec();
+    let mut cache = build_keeping_in(
+        growing,
+        2,
+        3,
+        Some(CodecSpec::Q8 { dim: 64 }),
+        None,
+        Some(1.2),
+    );
+    let shape = AttentionShape {
+        q_heads: 4,
+        scale: 0.125,
+    };
+    let step = |cache: &mut ModelCache, t: usize| {
+        let positions: Vec<u32> = (0..=t as u32).collect();
+        let q = vectors(4, 64, t as u64);
+        let k = vectors(2, 64, t as u64 + 99);
+        let mut out = vec![0.0; 4 * 64];
+        cache
+            .forward_layer(
+                0,
+                &q,
+                Some((&k[..], &k[..])),
+                &positions,
+                shape,
+                AttentionKernel::Fused,
+                &mut out,
+            )
+            .unwrap();
+        out
+    };
+    for t in 0..40 {
+        step(&mut cache, t);
+    }
+    cache.truncate(36).unwrap();
+    let bytes = to_bytes(&cache).unwrap();
+    let mut reloaded = from_bytes(&bytes).unwrap();
+    assert_eq!(to_bytes(&reloaded).unwrap(), bytes);
+    for t in 36..46 {
+        assert_eq!(step(&mut reloaded, t), step(&mut cache, t), "token {t}");
     }
 }
 
