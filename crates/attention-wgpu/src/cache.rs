@@ -422,7 +422,8 @@ impl GpuKvCache {
     /// ([`tq_cache::rope_center`]).
     ///
     /// Heavy hitters ([`tq_cache::heavy_hitters`]) keep their copies on the device and decide
-    /// them with the CPU stream's rule ([`crate::heavy_hitters`]).
+    /// them with the CPU stream's rule ([`KeepTally`](tq_cache::heavy_hitters::KeepTally)), from
+    /// the weights the attention kernels hand back.
     ///
     /// Errors: RoPE-aware key centering on some KV heads only, sinks or windows with f32 copies,
     /// sink counts that differ between streams, a two-tier codec with a QJL or debiased tier,
