@@ -204,6 +204,15 @@ impl ModelCache {
         })
     }
 
+    /// Whether some KV state keeps heavy hitters ([`crate::heavy_hitters`]): then what the
+    /// cache holds depends on where prefill chunks end, and a rewind keeps the decisions made.
+    pub fn keeps_heavy_hitters(&self) -> bool {
+        self.storage.iter().any(|s| match s {
+            StateStorage::Kv(cache) => cache.keeps_heavy_hitters(),
+            _ => false,
+        })
+    }
+
     /// The KV cache `layer` attends over (its own, or its producer's).
     pub fn kv(&self, layer: usize) -> Result<&KvCache, CacheError> {
         let (index, _) = self.kv_index(layer)?;

@@ -25,6 +25,13 @@
 //! batch (two-tier outlier channels, means, bases): [`reusable_prefix`] reuses a cache only
 //! when its first batch is the one a cold run would calibrate on, so a warm run gives the cold
 //! run's tokens exactly (tested on the reference model with a centered allocation).
+//!
+//! Heavy hitters ([`tq_cache::heavy_hitters`]) make the cache depend on where prefill chunks
+//! end and survive a rewind, so a cache that keeps them is saved at a chunk boundary — the last
+//! multiple of the prefill chunk before the prompt's last token, after the chunks a cold run
+//! runs, the rest of the prompt then running as the cold run's last chunk — and reused only
+//! whole, when its tokens start the new prompt and end on a boundary of its chunks
+//! ([`reusable_boundary`]): the warm run then runs the cold run's chunks from there.
 
 use std::path::Path;
 
@@ -166,6 +173,48 @@ pub fn load_prompt_cache(
         });
     }
     Ok((header, cache))
+}
+
+/// For a cache whose contents depend on where prefill chunks end (heavy hitters): how many
+/// of `cached` tokens a run of `prompt` can keep — all of them when they start `prompt`, leave
+/// at least its last token to run, and end on a boundary of `chunk`-token chunks from the
+/// start (the cache was saved there, after the chunks a cold run runs), else 0 (a rewind would
+/// keep decisions a cold run does not make).
+///
+/// ```
+/// use tq_models::prompt_cache::reusable_boundary;
+/// assert_eq!(reusable_boundary(&[1, 2, 3, 4], &[1, 2, 3, 4, 5], 2), 4);
+/// assert_eq!(reusable_boundary(&[1, 2, 3, 4], &[1, 2, 3, 4], 2), 0); // its last token must run
+/// assert_eq!(reusable_boundary(&[1, 2, 3, 4], &[1, 2, 3, 9, 5], 2), 0); // would rewind
+/// assert_eq!(reusable_boundary(&[1, 2, 3], &[1, 2, 3, 4], 2), 0); // not a chunk boundary
+/// ```
+pub fn reusable_boundary(cached: &[u32], prompt: &[u32], chunk: usize) -> usize {
+    let whole = !cached.is_empty() && cached.len() < prompt.len() && prompt.starts_with(cached);
+    if whole && chunk > 0 && cached.len().is_multiple_of(chunk) {
+        cached.len()
+    } else {
+        0
+    }
+}
+
+/// Where a `--prompt-cache` run of an `n`-token prompt saves its cache: after all but the last
+/// prompt token (`n − 1`), or — for a cache that keeps heavy hitters (`aligned`) — after the
+/// last whole `chunk`-token chunk before it (0: nothing to save).
+///
+/// ```
+/// use tq_models::prompt_cache::save_point;
+/// assert_eq!(save_point(330, 256, false), 329);
+/// assert_eq!(save_point(330, 256, true), 256);
+/// assert_eq!(save_point(257, 256, true), 256);
+/// assert_eq!(save_point(256, 256, true), 0);
+/// ```
+pub fn save_point(n: usize, chunk: usize, aligned: bool) -> usize {
+    let last = n.saturating_sub(1);
+    if aligned {
+        last / chunk.max(1) * chunk.max(1)
+    } else {
+        last
+    }
 }
 
 /// How many of `cached` tokens a run of `prompt` can keep: their common prefix, less one when

@@ -21,7 +21,8 @@ use tq_models::gguf::Gguf;
 use tq_models::llama::generate::{generate, generate_with};
 use tq_models::llama::{GenerationOptions, Sampler, WgpuAttention};
 use tq_models::prompt_cache::{
-    PromptCacheHeader, load_prompt_cache, reusable_prefix, save_prompt_cache,
+    PromptCacheHeader, load_prompt_cache, reusable_boundary, reusable_prefix, save_point,
+    save_prompt_cache,
 };
 use tq_models::tokenizer::Tokenizer;
 
@@ -193,7 +194,12 @@ fn warm_cache(
     }
     match load_prompt_cache(path, model_sha256, &allocation.name, &fresh) {
         Ok((header, mut cache)) => {
-            let keep = reusable_prefix(&header.tokens, prompt, first_chunk);
+            // Heavy hitters: whole, at the chunk boundary it was saved on, or not at all.
+            let keep = if fresh.keeps_heavy_hitters() {
+                reusable_boundary(&header.tokens, prompt, first_chunk)
+            } else {
+                reusable_prefix(&header.tokens, prompt, first_chunk)
+            };
             if keep == 0 {
                 eprintln!(
                     "[prompt cache {}: no usable common prefix with this prompt; recomputing]",
@@ -313,10 +319,13 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
             )?;
             reused = Some(keep);
             // Everything but the last prompt token, so the saved cache serves this very prompt
-            // again (its last token must run to give the first new token). A greedy sampler of
-            // its own: the user's sampler state must not depend on whether the cache was warm.
-            let last = prompt.len() - 1;
-            if keep < last {
+            // again (its last token must run to give the first new token) — with heavy hitters
+            // the chunks a cold run runs before it, so the rest runs as its last chunk
+            // (`save_point`). A greedy sampler of its own: the user's sampler state must not
+            // depend on whether the cache was warm.
+            let save_at =
+                save_point(prompt.len(), first_chunk, cache.keeps_heavy_hitters()).max(keep);
+            if keep < save_at {
                 let prefill = GenerationOptions {
                     max_tokens: 0,
                     ..options.clone()
@@ -324,24 +333,26 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
                 generate(
                     model,
                     &mut cache,
-                    &prompt[keep..last],
+                    &prompt[keep..save_at],
                     &mut Sampler::new(0.0, 1.0, 0),
                     &prefill,
                     |_| {},
                 )?;
             }
-            let header = PromptCacheHeader {
-                model_sha256,
-                allocation: allocation.name.clone(),
-                tokens: prompt[..last].to_vec(),
-            };
-            if let Err(e) = save_prompt_cache(path, &header, &cache) {
-                eprintln!("[prompt cache {} not saved: {e}]", path.display());
+            if save_at > 0 {
+                let header = PromptCacheHeader {
+                    model_sha256,
+                    allocation: allocation.name.clone(),
+                    tokens: prompt[..save_at].to_vec(),
+                };
+                if let Err(e) = save_prompt_cache(path, &header, &cache) {
+                    eprintln!("[prompt cache {} not saved: {e}]", path.display());
+                }
             }
             let out = generate(
                 model,
                 &mut cache,
-                &prompt[last..],
+                &prompt[save_at..],
                 &mut sampler,
                 &options,
                 on_token,
@@ -387,8 +398,8 @@ pub fn generate_text(args: &GenerateArgs) -> Result<(), Box<dyn std::error::Erro
         eprintln!(
             "\n[{}, {} new at {:.1} tok/s, cache {} bytes ({}), {} attention]",
             match reused {
-                // Only the last prompt token ran in the timed call: the cache line below says
-                // what was reused and prefilled.
+                // Only the prompt's tail ran in the timed call (its last token; with heavy
+                // hitters its last chunk): the cache line below says what was reused.
                 Some(_) => format!("{} prompt tokens", prompt.len()),
                 None => format!(
                     "{} prompt tokens at {:.1} tok/s",
