@@ -861,16 +861,9 @@ impl Session {
                 .flat_map(|h| [kv.keys(h), kv.values(h)])
                 .map(body_bytes)
                 .sum();
-            // Heavy hitters (`rec4.25`): their store and counts depend on the attention the
-            // session drew, measured against the buffers below (`allocated_bytes`).
-            let heavy: usize = (0..KV)
-                .flat_map(|h| [kv.keys(h), kv.values(h)])
-                .filter_map(|s| s.heavy_hitters())
-                .map(|h| h.formula_bytes())
-                .sum();
             assert_eq!(
                 kv.formula_bytes(),
-                4 * slots(model.high_water) + codes + kv.fixed_bytes() + heavy,
+                4 * slots(model.high_water) + codes + kv.fixed_bytes(),
                 "layer {layer}: {len} tokens, at most {} ({} per token)",
                 model.high_water,
                 kv.bytes_per_token()
