@@ -11,7 +11,11 @@
 //! each row to the tokens of that stream's window (`Stream::add_received`). Tokens are settled
 //! where the CPU cache settles them — before a batch's copies enter the ring (its
 //! `begin_step`) and after a forward call's attention — and a kept token's copy moves on the
-//! device, from the ring to the kept store. So a GPU cache given the same vectors and queries
+//! device, from the ring to the kept store. A forward call runs in chunks of 64 tokens (the
+//! ring holds a window, the rewind margin and one chunk), so the tokens its later chunks push
+//! out are decided between chunks, while the ring still holds their copies — stored then, but
+//! read by the kernels only from the next call on (the counts the kernels see, `published`),
+//! as the CPU cache's batch reads them from their codes. So a GPU cache given the same vectors and queries
 //! keeps the same tokens as the CPU cache, up to the f32 rounding of the weights (a token
 //! within rounding of the threshold may go either way).
 //!
