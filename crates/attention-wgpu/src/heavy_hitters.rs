@@ -214,12 +214,6 @@ impl KeptStore {
         moves: &[(usize, usize, usize)],
         publish: bool,
     ) -> Result<(), GpuError> {
-        if publish {
-            self.publish(ctx);
-        }
-        if moves.is_empty() {
-            return Ok(());
-        }
         let most = (0..self.layout.lists)
             .map(|list| self.kept[list].len() + moves.iter().filter(|m| m.0 == list).count())
             .max()
@@ -231,6 +225,9 @@ impl KeptStore {
             .collect();
         if publish {
             self.publish(ctx);
+        }
+        if copies.is_empty() {
+            return Ok(());
         }
         let bytes = 4 * self.layout.ring_words as u64;
         ctx.submit("keep heavy hitters", |encoder| {

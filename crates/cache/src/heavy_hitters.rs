@@ -254,14 +254,17 @@ impl HeavyHitters {
     /// indices and the counts of the tokens not yet decided (what
     /// [`allocated_bytes`](Self::allocated_bytes) measures).
     pub fn formula_bytes(&self) -> usize {
-        let per_copy = 4 * self.copies.record_words() + 2 * self.copies.scales_per_token();
-        self.copies.capacity() * per_copy + 4 * self.kept.len() + 8 * self.tally.pending()
+        self.copies.capacity() * self.copy_bytes() + 4 * self.kept.len() + 8 * self.tally.pending()
     }
 
     /// Bytes the kept tokens cost by formula: their copies and indices.
     pub fn kept_bytes(&self) -> usize {
-        let per_copy = 4 * self.copies.record_words() + 2 * self.copies.scales_per_token();
-        self.kept.len() * (per_copy + 4)
+        self.kept.len() * (self.copy_bytes() + 4)
+    }
+
+    /// Bytes of one kept copy: its words and scales.
+    fn copy_bytes(&self) -> usize {
+        4 * self.copies.record_words() + 2 * self.copies.scales_per_token()
     }
 
     /// Starts counting for token `t` (the next token the stream stores outside its sinks).

@@ -72,22 +72,12 @@ fn build_growing(
     window: Option<CodecSpec>,
     fraction: Option<f64>,
 ) -> ModelCache {
-    build_keeping(key, value, window, fraction, None)
+    build_keeping(specs(), key, value, window, fraction, None)
 }
 
-/// [`build_growing`] with heavy hitters at `factor` (ignored by the sliding layer's ring).
+/// [`build_growing`] over the states `specs`, with heavy hitters at `factor` (ignored by a
+/// sliding layer's ring).
 fn build_keeping(
-    key: usize,
-    value: usize,
-    window: Option<CodecSpec>,
-    fraction: Option<f64>,
-    factor: Option<f32>,
-) -> ModelCache {
-    build_keeping_in(specs(), key, value, window, fraction, factor)
-}
-
-/// [`build_keeping`] over the states `specs`.
-fn build_keeping_in(
     specs: Vec<StateSpec>,
     key: usize,
     value: usize,
@@ -205,7 +195,7 @@ fn growing_windows_reload_bit_identical() {
 #[test]
 fn heavy_hitters_reload_bit_identical() {
     for window in [None, Some(CodecSpec::Q8 { dim: 64 })] {
-        let mut cache = build_keeping(2, 3, window, None, Some(1.2));
+        let mut cache = build_keeping(specs(), 2, 3, window, None, Some(1.2));
         run(&mut cache, 0, 40);
         let kv = cache.kv(0).unwrap();
         let kept = kv.keys(0).heavy_hitters().unwrap().kept().len();
@@ -223,7 +213,7 @@ fn heavy_hitters_reload_bit_identical() {
 #[test]
 fn heavy_hitters_reload_after_a_rewind() {
     let growing = specs()[..1].to_vec();
-    let mut cache = build_keeping_in(
+    let mut cache = build_keeping(
         growing,
         2,
         3,

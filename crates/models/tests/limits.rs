@@ -41,18 +41,26 @@ fn full_cache(allocation: &Allocation) -> ModelCache {
     cache
 }
 
-/// The heavy hitters' store and counts in `cache`'s own KV states
-/// (`HeavyHitters::formula_bytes`): they depend on the attention the cache drew and on its
-/// batches, so the budget formula leaves them out (the kept copies count in `tq perplexity`'s
-/// all-in bits).
-fn heavy_hitter_bytes(cache: &ModelCache) -> usize {
-    (0..tq_cache::states::layer_count(cache.specs()))
+/// What the budget formula should give for a built `cache` of `allocation`: the formula bytes
+/// of its states, plus the outlier channel lists of two-tier streams, which
+/// `ModelCache::memory` leaves out and the budget counts (2 bytes per channel per stream), less
+/// the heavy hitters' store and counts (`HeavyHitters::formula_bytes`: they depend on the
+/// attention the cache drew and on its batches, so the budget leaves them out; the kept copies
+/// count in `tq perplexity`'s all-in bits).
+fn budgeted_bytes(cache: &ModelCache, allocation: &Allocation, shape: &ModelShape) -> u64 {
+    let built: usize = cache.memory().iter().map(|m| m.formula_bytes).sum();
+    let channel_lists: usize = allocation
+        .plans(shape)
+        .map(|p| p.unwrap().metadata_bytes_per_head())
+        .sum();
+    let heavy_hitters: usize = (0..tq_cache::states::layer_count(cache.specs()))
         .filter(|&layer| cache.kv_index(layer).is_ok_and(|(_, shared)| !shared))
         .filter_map(|layer| cache.kv(layer).ok())
         .flat_map(|kv| (0..kv.layout().kv_heads).flat_map(move |h| [kv.keys(h), kv.values(h)]))
         .filter_map(|s| s.heavy_hitters())
         .map(|h| h.formula_bytes())
-        .sum()
+        .sum();
+    (built + channel_lists - heavy_hitters) as u64
 }
 
 /// For every shipped preset, the formula equals the bytes of a built cache holding exactly
@@ -69,19 +77,9 @@ fn the_formula_is_what_a_full_cache_holds() {
     for name in Allocation::preset_names() {
         let allocation = Allocation::preset(name).unwrap();
         let cache = full_cache(&allocation);
-        let built: usize = cache
-            .memory()
-            .iter()
-            .map(|m| m.formula_bytes)
-            .sum::<usize>()
-            - heavy_hitter_bytes(&cache);
-        let channel_lists: usize = allocation
-            .plans(&shape)
-            .map(|p| p.unwrap().metadata_bytes_per_head())
-            .sum();
         assert_eq!(
             cache_bytes_for(&allocation, &shape, TOKENS).unwrap(),
-            (built + channel_lists) as u64,
+            budgeted_bytes(&cache, &allocation, &shape),
             "{name}"
         );
     }
@@ -193,19 +191,9 @@ fn the_formula_counts_sliding_layers_at_their_ring() {
     let presets = Allocation::preset_names().map(|n| Allocation::preset(n).unwrap());
     for allocation in presets.chain([global_only, own_windows, eight_bit_window()]) {
         let cache = mixed_cache(&allocation);
-        let built: usize = cache
-            .memory()
-            .iter()
-            .map(|m| m.formula_bytes)
-            .sum::<usize>()
-            - heavy_hitter_bytes(&cache);
-        let channel_lists: usize = allocation
-            .plans(&shape)
-            .map(|p| p.unwrap().metadata_bytes_per_head())
-            .sum();
         assert_eq!(
             cache_bytes_for_layers(&allocation, &shape, &rings, TOKENS).unwrap(),
-            (built + channel_lists) as u64,
+            budgeted_bytes(&cache, &allocation, &shape),
             "{}",
             allocation.name
         );

@@ -244,11 +244,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         live_sh[k] = live;
         if (visible) {
             var s: array<f32, MAX_GROUP>;
+            let key_copy = reads_copy(slot, qi, 0u, kvh);
             var kept_key = NO_COPY;
-            if (params.kept_capacity != 0u && !reads_copy(slot, qi, 0u, kvh)) {
+            if (params.kept_capacity != 0u && !key_copy) {
                 kept_key = kept_entry(kvh, kept_lo[0], kept_hi[0], slot);
             }
-            if (reads_copy(slot, qi, 0u, kvh)) {
+            if (key_copy) {
                 s = copy_key_scores(row0, slot_copy(0u, kvh, slot));
             } else if (kept_key != NO_COPY) {
                 s = copy_key_scores(row0, kept_copy(kvh, kept_key));
