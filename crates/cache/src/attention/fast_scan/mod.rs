@@ -50,10 +50,11 @@
 //! 32 codes back together from its planes and adds the product of two integers, the code's
 //! centroid on a 12-bit grid and the query coordinate on the grid of the sum's unit (the
 //! nibble lanes' bytes then count [`ScoreTable::lane_unit`] units) — still one exact integer
-//! sum, the same on every instruction set (AVX2, which AVX-512 CPUs run too: the centroids
-//! looked up once per coordinate for every head by `vpshufb`, each head's products by
-//! `vpmaddwd`; NEON runs the scalar loop). Values look the code up
-//! in the centroid bytes (AVX2: `vpshufb`, blended past 4 bits).
+//! sum, the same on every instruction set (AVX2: the centroids looked up once per coordinate
+//! for every head by `vpshufb`, each head's products by `vpmaddwd`; AVX-512: two
+//! coordinates' codes per `vpermb`, 16 tokens per `vpmaddwd`; NEON runs the scalar loop).
+//! Values look the code up in the centroid bytes (AVX2: `vpshufb`, blended past 4 bits;
+//! AVX-512: `vpermb`).
 //!
 //! **Limits**: the standalone layout holds single-part TurboQuant_mse codes of b ≤ 4 bits (a
 //! 3-bit code takes a whole nibble there, so it saves no bytes over 4 bits); the f32 value
@@ -92,6 +93,8 @@ mod table;
 mod values_int;
 mod weights;
 mod wide;
+#[cfg(target_arch = "x86_64")]
+mod wide_avx512;
 #[cfg(target_arch = "x86_64")]
 mod wide_x86;
 #[cfg(target_arch = "x86_64")]

@@ -11,8 +11,9 @@
 //! ([`ScoreTable`]: the products count the units of which a nibble lane's byte counts
 //! `lane_unit`, so a score is still one integer sum), for values in the centroid bytes,
 //! multiplied by the weight bytes. Integer sums, so the same bits on every instruction set;
-//! the x86 forms (`wide_x86`: AVX2's byte shuffles and 16-bit multiply-adds, which AVX-512
-//! CPUs run too) are tested against these loops.
+//! the x86 forms (`wide_x86`: AVX2's byte shuffles and 16-bit multiply-adds; `wide_avx512`:
+//! VBMI's byte permutes, 64 codes per lookup, and 512-bit multiply-adds) are tested against
+//! these loops.
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
@@ -35,6 +36,13 @@ pub(super) fn add_sums(isa: Isa, tables: &[ScoreTable], block: &[u8], out: &mut 
         return;
     };
     if first.wide().is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && isa.is_available() {
+        // SAFETY: AVX-512 F, BW, VL, VBMI and AVX2 were detected at run time
+        // (`is_available`); every table has the same wide parts (one record layout).
+        unsafe { super::wide_avx512::add_sums_avx512(tables, block, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -66,7 +74,8 @@ pub(super) fn add_sums_scalar(tables: &[ScoreTable], block: &[u8], out: &mut [[u
     }
 }
 
-/// [`accumulate_block`] on the instruction set asked for (AVX2 where the CPU has it).
+/// [`accumulate_block`] on the instruction set asked for (AVX-512 or AVX2 where the CPU has
+/// it).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate(
     isa: Isa,
@@ -78,6 +87,17 @@ pub(super) fn accumulate(
     scales: &[f32],
     lanes: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && isa.is_available() {
+        // SAFETY: AVX-512 F, BW, VL, VBMI and AVX2 were detected at run time
+        // (`is_available`); `lanes` holds `heads · rows` values (asserted there).
+        unsafe {
+            super::wide_avx512::accumulate_block_avx512(
+                part, block, rows, tables, weights, scales, lanes,
+            )
+        };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::avx2_kernels(isa) {
         // SAFETY: AVX2 was detected at run time (`avx2_kernels`); `lanes` holds
@@ -215,15 +235,16 @@ mod tests {
         (tables, lanes)
     }
 
-    /// Tables of three heads over a record of `PARTS`, and one block of random bytes.
+    /// Tables of four heads (a whole tile) over a record of `PARTS`, and one block of random
+    /// bytes.
     fn tables_and_block(seed: u64) -> (Vec<ScoreTable>, Vec<u8>, usize) {
         let mut rng = Rng(seed);
-        let (tables, lanes) = tables(&mut rng, &[1.0; 3]);
+        let (tables, lanes) = tables(&mut rng, &[1.0; 4]);
         let block = (0..lanes * 16).map(|_| rng.next() as u8).collect();
         (tables, block, lanes)
     }
 
-    /// Every instruction set adds the same integers as the loop, for one to three heads,
+    /// Every instruction set adds the same integers as the loop, for one to four heads,
     /// and the loop adds, per wide coordinate, the entry of the code its planes spell.
     #[test]
     fn wide_sums_are_the_same_integers_on_every_instruction_set() {
@@ -234,7 +255,7 @@ mod tests {
                 wide.iter().map(|p| (p.bits, p.dim)).collect::<Vec<_>>(),
                 [(6, 16), (3, 10), (5, 6), (7, 5), (8, 4), (6, 3)]
             );
-            for heads in 1..=3 {
+            for heads in 1..=4 {
                 let mut expected = vec![[0u32; BLOCK]; heads];
                 add_sums_scalar(&tables[..heads], &block, &mut expected);
                 for isa in Isa::available() {

@@ -7,10 +7,8 @@
 //! then look the codes up in the part's 16-bit centroids once for every query head (byte
 //! shuffles on the low and high bytes, blended past 4 bits) and multiply-add pairs of
 //! coordinates with each head's integer queries (`vpmaddwd`); values look the codes up in
-//! the centroid bytes and pair them with the weight bytes (`vpmaddubsw`). AVX-512 CPUs run
-//! these too: a form with AVX-512's byte permutes (64 centroid bytes, two coordinates'
-//! tokens per `vpermi2b`) and 512-bit multiply-adds would halve the shared lookups, but is
-//! not written until a machine with AVX-512 can test it against the loops.
+//! the centroid bytes and pair them with the weight bytes (`vpmaddubsw`). AVX-512 CPUs with
+//! VBMI take the forms of [`wide_avx512`](super::wide_avx512), which reuse [`group`].
 
 use std::arch::x86_64::*;
 
@@ -54,7 +52,7 @@ unsafe fn nibbles<const WITHIN: bool>(block: &[u8], lane: usize) -> __m256i {
 /// How many of `part`'s groups of four coordinates, from the first, read only lanes inside
 /// `block`: those [`group`] may read without a check per lane (all of them, unless the
 /// padding of the last group reaches past a record's last part).
-fn groups_within(part: &WidePart, block: &[u8]) -> usize {
+pub(super) fn groups_within(part: &WidePart, block: &[u8]) -> usize {
     let lanes = block.len() / LANE_BYTES;
     part.spans
         .iter()
@@ -123,7 +121,7 @@ unsafe fn group<const B: u8, const WITHIN: bool>(
 /// # Safety
 /// AVX2 must be available; `within` must not exceed [`groups_within`]`(part, block)`.
 #[inline(always)]
-unsafe fn group_checked_past<const B: u8>(
+pub(super) unsafe fn group_checked_past<const B: u8>(
     part: &WidePart,
     block: &[u8],
     k: usize,
@@ -322,11 +320,11 @@ unsafe fn centroid_words<const B: u8>(
 }
 
 /// Most heads one pass scores (the tiles of `sums_tile`).
-const HEADS: usize = 4;
+pub(super) const HEADS: usize = 4;
 
 /// Coordinate pairs whose centroids [`add_sums_avx2`] gathers before each head multiplies
 /// them (4 KiB of registers' worth, in L1).
-const PAIRS: usize = 32;
+pub(super) const PAIRS: usize = 32;
 
 /// A pair of coordinates' centroids for the 32 tokens, as `vpmaddwd` takes them: per token
 /// `(E_a, E_b)` as two words, tokens 0–3 and 16–19 in the first register, then 4–7 and
