@@ -90,10 +90,18 @@ pub(super) fn accumulate(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
         // SAFETY: AVX-512 F, BW, VL, VBMI and AVX2 were detected at run time
-        // (`is_available`); `lanes` holds `heads · rows` values (asserted there).
+        // (`is_available`), VNNI where `vnni()` says so; `lanes` holds `heads · rows` values
+        // (asserted there).
         unsafe {
             super::wide_avx512::accumulate_block_avx512(
-                part, block, rows, tables, weights, scales, lanes,
+                super::wide_avx512::vnni(),
+                part,
+                block,
+                rows,
+                tables,
+                weights,
+                scales,
+                lanes,
             )
         };
         return;
@@ -434,16 +442,28 @@ mod tests {
         let rows = part.dim.next_multiple_of(2);
         let mut expected = vec![start; scales.len() * rows];
         accumulate_block(part, block, rows, &tables, &weights, scales, &mut expected);
+        let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for isa in Isa::available() {
             let mut got = vec![start; scales.len() * rows];
             accumulate(isa, part, block, rows, &tables, &weights, scales, &mut got);
-            let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits_of(&got),
                 bits_of(&expected),
                 "{isa:?}, {bits} bits, d {}",
                 part.dim
             );
+        }
+        // AVX-512 without VNNI too, which `accumulate` takes only on CPUs that lack it.
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx512.is_available() {
+            let mut got = vec![start; scales.len() * rows];
+            // SAFETY: AVX-512 F, BW, VL, VBMI and AVX2 were detected; `vnni` is false.
+            unsafe {
+                super::super::wide_avx512::accumulate_block_avx512(
+                    false, part, block, rows, &tables, &weights, scales, &mut got,
+                )
+            };
+            assert_eq!(bits_of(&got), bits_of(&expected), "AVX-512 without VNNI");
         }
         (expected, weights, tables)
     }
@@ -480,7 +500,16 @@ mod tests {
     #[test]
     fn a_part_ending_its_block_sums_the_same_on_every_instruction_set() {
         let mut rng = Rng(41);
-        for (bits, dim) in [(6u8, 5usize), (6, 9), (8, 7), (8, 1), (7, 9), (3, 10)] {
+        for (bits, dim) in [
+            (6u8, 5usize),
+            (6, 9),
+            (8, 7),
+            (8, 1),
+            (7, 9),
+            (3, 10),
+            (3, 64),
+            (5, 37),
+        ] {
             let part = WidePart::new(bits, dim, 2).unwrap();
             let end = part
                 .spans

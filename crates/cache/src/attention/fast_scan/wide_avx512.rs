@@ -241,20 +241,97 @@ fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m512i;
     gathered.len = 0;
 }
 
-/// Coordinates summed per pass of [`accumulate_block_avx512`], as in the AVX2 form.
-const PASS: usize = 8;
+/// Coordinates summed per pass of [`accumulate_block_avx512`]: four groups of four.
+const PASS: usize = 16;
 
-/// [`accumulate_block`](super::wide::accumulate_block) on AVX-512: eight coordinates at a
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`, `vpdpwssd`: a multiply-add and its sum in
+/// one instruction, the same integers). Detected once per process.
+pub(super) fn vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni"))
+}
+
+/// One stage of [`transpose`]: registers `a` and `b` (register bit `p` 0 and 1) exchange that
+/// bit with element bit `q`: `a` keeps the elements with bit `q` clear, from both (those of
+/// `b` where the bit is set), `b` the others. The `vpermt2d` orders for `a` and `b`, then
+/// `final_order` applied to where each output element lands.
+const fn stage_orders(q: usize, final_order: &[usize; 16]) -> [[u32; 16]; 2] {
+    let mut orders = [[0u32; 16]; 2];
+    let mut at = 0;
+    while at < 16 {
+        let e = final_order[at];
+        let bit = 1 << q;
+        orders[0][at] = if e & bit == 0 { e } else { 16 + (e ^ bit) } as u32;
+        orders[1][at] = if e & bit == 0 { e | bit } else { 16 + e } as u32;
+        at += 1;
+    }
+    orders
+}
+
+/// Positions unchanged.
+const IDENTITY: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+/// After the three stages element `e` holds coordinate `2·(e mod 8) + e / 8`; the last stage
+/// reads through this order so that element `j` holds coordinate `j`.
+const COORDINATE_ORDER: [usize; 16] = {
+    let mut order = [0usize; 16];
+    let mut j = 0;
+    while j < 16 {
+        order[j] = (j % 2) * 8 + j / 2;
+        j += 1;
+    }
+    order
+};
+
+/// The orders of the three stages of [`transpose`].
+static STAGES: [[[u32; 16]; 2]; 3] = [
+    stage_orders(0, &IDENTITY),
+    stage_orders(1, &IDENTITY),
+    stage_orders(2, &COORDINATE_ORDER),
+];
+
+/// A transpose of 16 coordinates' centroid bytes by groups of four tokens: in, register `r`
+/// holds coordinates `2r` (dwords 0–7) and `2r + 1` (dwords 8–15), dword `g` of each the bytes
+/// of tokens `4g .. 4g + 4`; out, register `g` holds those four tokens' bytes of coordinate
+/// `j` in dword `j` — what `vpdpbusd` multiplies with the four tokens' weights. Three stages,
+/// each exchanging a bit of the register index (`r`'s, low first) with a bit of the dword
+/// index (`g`'s), eight `vpermt2d` each.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose(rows: &mut [__m512i; 8]) {
+    for (s, [a_order, b_order]) in STAGES.iter().enumerate() {
+        // SAFETY: each order holds 16 u32 (64 bytes).
+        let (a_order, b_order) = unsafe {
+            (
+                _mm512_loadu_si512(a_order.as_ptr().cast()),
+                _mm512_loadu_si512(b_order.as_ptr().cast()),
+            )
+        };
+        let bit = 1 << s;
+        for r in 0..8 {
+            if r & bit == 0 {
+                let (a, b) = (rows[r], rows[r | bit]);
+                rows[r] = _mm512_permutex2var_epi32(a, a_order, b);
+                rows[r | bit] = _mm512_permutex2var_epi32(a, b_order, b);
+            }
+        }
+    }
+}
+
+/// [`accumulate_block`](super::wide::accumulate_block) on AVX-512: sixteen coordinates at a
 /// time, their codes put back together and looked up in the centroid bytes two coordinates
-/// per register (`i` and `i + 4`, shared by the heads), then per head paired with the weight
-/// bytes (`vpmaddubsw`, `vpmaddwd`) and reduced to one exact 32-bit sum per coordinate; the
-/// same integers and float steps, so the same bits.
+/// per register (`vpermb`), transposed into groups of four tokens (shared by the heads), then
+/// per head one `vpdpbusd` per four tokens (`vpmaddubsw`, `vpmaddwd` and an add without
+/// VNNI) sums 16 coordinates at once, no reduction across lanes; the same integers and float
+/// steps as the loop, so the same bits.
 ///
 /// # Safety
-/// AVX-512 F, BW, VL and VBMI and AVX2 must be available; `lanes` must hold
-/// `weights.len() · rows` values with `part.dim ≤ rows` (asserted).
+/// AVX-512 F, BW, VL and VBMI and AVX2 must be available, and AVX-512 VNNI with `vnni`;
+/// `lanes` must hold `weights.len() · rows` values with `part.dim ≤ rows` (asserted).
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
 pub(super) unsafe fn accumulate_block_avx512(
+    vnni: bool,
     part: &WidePart,
     block: &[u8],
     rows: usize,
@@ -266,19 +343,45 @@ pub(super) unsafe fn accumulate_block_avx512(
     assert!(part.dim <= rows && lanes.len() >= weights.len() * rows);
     assert_eq!(scales.len(), weights.len());
     let args = (part, block, rows, tables, weights, scales, lanes);
-    // SAFETY: the features are enabled here; the part's width is its `B`.
+    // SAFETY: the features are enabled here, VNNI where asked for (the caller's contract);
+    // the part's width is its `B`.
     unsafe {
-        match part.bits {
-            3 => block_avx512::<3>(args),
-            5 => block_avx512::<5>(args),
-            6 => block_avx512::<6>(args),
-            7 => block_avx512::<7>(args),
-            _ => block_avx512::<8>(args),
+        match (part.bits, vnni) {
+            (3, true) => block_vnni::<3>(args),
+            (5, true) => block_vnni::<5>(args),
+            (6, true) => block_vnni::<6>(args),
+            (7, true) => block_vnni::<7>(args),
+            (_, true) => block_vnni::<8>(args),
+            (3, false) => block_plain::<3>(args),
+            (5, false) => block_plain::<5>(args),
+            (6, false) => block_plain::<6>(args),
+            (7, false) => block_plain::<7>(args),
+            (_, false) => block_plain::<8>(args),
         }
     }
 }
 
-/// The arguments of [`accumulate_block_avx512`].
+/// [`block_body`] compiled with AVX-512 VNNI (so that `vpdpbusd` inlines).
+///
+/// # Safety
+/// As [`accumulate_block_avx512`] with `vnni`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2")]
+unsafe fn block_vnni<const B: u8>(args: BlockArgs<'_>) {
+    // SAFETY: the features `block_body::<B, true>` needs are enabled here.
+    unsafe { block_body::<B, true>(args) }
+}
+
+/// [`block_body`] without VNNI.
+///
+/// # Safety
+/// As [`accumulate_block_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+unsafe fn block_plain<const B: u8>(args: BlockArgs<'_>) {
+    // SAFETY: the features `block_body::<B, false>` needs are enabled here.
+    unsafe { block_body::<B, false>(args) }
+}
+
+/// The arguments of [`accumulate_block_avx512`] after `vnni`.
 type BlockArgs<'a> = (
     &'a WidePart,
     &'a [u8],
@@ -289,81 +392,120 @@ type BlockArgs<'a> = (
     &'a mut [f32],
 );
 
+/// `acc + Σ` of four byte products per dword, `u` unsigned and `c` signed: `vpdpbusd` with
+/// VNNI, otherwise `vpmaddubsw` (pairs; weight bytes ≤ 127 and centroid bytes in
+/// [−127, 127], so a pair's sum stays within 2·127·127 and nothing saturates), `vpmaddwd`
+/// and an add. The same exact integers.
+///
+/// # Safety
+/// AVX-512 F and BW must be available, and VNNI with `VNNI` (it is inlined into the kernels
+/// that enable them).
+#[inline(always)]
+unsafe fn dot_bytes<const VNNI: bool>(
+    acc: __m512i,
+    u: __m512i,
+    c: __m512i,
+    ones: __m512i,
+) -> __m512i {
+    // SAFETY: the features are available (the caller's contract).
+    unsafe {
+        if VNNI {
+            _mm512_dpbusd_epi32(acc, u, c)
+        } else {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, c), ones))
+        }
+    }
+}
+
 /// [`accumulate_block_avx512`] for a part of `B`-bit codes.
 ///
 /// # Safety
-/// As [`accumulate_block_avx512`], whose assertions it relies on.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
-unsafe fn block_avx512<const B: u8>(
+/// As [`accumulate_block_avx512`], whose assertions it relies on; it is inlined into
+/// [`block_vnni`] and [`block_plain`], which enable the features.
+#[inline(always)]
+unsafe fn block_body<const B: u8, const VNNI: bool>(
     (part, block, rows, tables, weights, scales, lanes): BlockArgs<'_>,
 ) {
-    let ones = _mm512_set1_epi16(1);
-    // SAFETY: AVX-512 F and BW are enabled here; the table holds 256 bytes.
-    let table = unsafe { load_table(&tables.bytes, 0, 1 << B) };
-    let within = groups_within(part, block);
-    let mut centroids = [_mm512_setzero_si512(); PASS / 2];
-    for pass in 0..part.dim.div_ceil(PASS) {
-        let valid = (part.dim - pass * PASS).min(PASS);
-        // Coordinates `8·pass + i` and `8·pass + 4 + i` share register `i`; the second group
-        // only where the pass reaches it (its codes are not read otherwise).
-        // SAFETY: AVX2 is enabled here; `within` is `groups_within(part, block)`.
-        let (first, second) = unsafe {
-            let first = group_checked_past::<B>(part, block, 2 * pass, within);
-            let second = if valid > 4 {
-                group_checked_past::<B>(part, block, 2 * pass + 1, within)
+    // SAFETY: every intrinsic and kernel below needs only the features the callers enable;
+    // the table holds 256 bytes; `within` is `groups_within(part, block)`; the masked load
+    // and store below stay within `lanes` (asserted before them).
+    unsafe {
+        let ones = _mm512_set1_epi16(1);
+        let table = load_table(&tables.bytes, 0, 1 << B);
+        let within = groups_within(part, block);
+        let groups = part.dim.div_ceil(4);
+        for pass in 0..part.dim.div_ceil(PASS) {
+            let valid = (part.dim - pass * PASS).min(PASS);
+            let mut centroids = [_mm512_setzero_si512(); 8];
+            for q in 0..PASS / 4 {
+                let k = 4 * pass + q;
+                if k >= groups {
+                    // Past the part: its coordinates' sums are not stored.
+                    break;
+                }
+                let codes = group_checked_past::<B>(part, block, k, within);
+                centroids[2 * q] = lookup::<B>(&table, pair_codes(codes[0], codes[1]));
+                centroids[2 * q + 1] = lookup::<B>(&table, pair_codes(codes[2], codes[3]));
+            }
+            transpose(&mut centroids);
+            let mask: u16 = if valid == PASS {
+                u16::MAX
             } else {
-                [_mm256_setzero_si256(); 4]
+                (1 << valid) - 1
             };
-            (first, second)
-        };
-        for (i, c) in centroids.iter_mut().enumerate() {
-            *c = lookup::<B>(&table, pair_codes(first[i], second[i]));
+            for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
+                let mut sums = _mm512_setzero_si512();
+                for (g, c) in centroids.iter().enumerate() {
+                    let quad =
+                        u32::from_le_bytes([u[4 * g], u[4 * g + 1], u[4 * g + 2], u[4 * g + 3]]);
+                    let quad = _mm512_set1_epi32(quad as i32);
+                    sums = dot_bytes::<VNNI>(sums, quad, *c, ones);
+                }
+                // `lane + scale·sum`, each lane rounded as the loop rounds it.
+                let at = h * rows + pass * PASS;
+                assert!(at + valid <= lanes.len());
+                let add = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(sums));
+                // The mask covers `valid` f32 from `at`, within `lanes` (asserted); the
+                // masked-off ones are neither read nor written.
+                let ptr = lanes.as_mut_ptr().add(at);
+                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
+                _mm512_mask_storeu_ps(ptr, mask, sum);
+            }
         }
-        for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
-            // SAFETY: `u` holds 32 bytes.
-            let u = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(u.as_ptr().cast()) });
-            // Weight bytes ≤ 127 and centroid bytes in [−127, 127]: a pair's sum stays within
-            // 2·127·127, so nothing saturates. Register `i`: eight partial sums of
-            // coordinate `i` in its low half, of `4 + i` in its high half.
-            let p: [__m512i; PASS / 2] = std::array::from_fn(|i| {
-                _mm512_madd_epi16(_mm512_maddubs_epi16(u, centroids[i]), ones)
-            });
-            // Per 128-bit lane, the four registers' sums side by side: lanes 0 and 1 hold
-            // halves of coordinates 0–3, lanes 2 and 3 of 4–7.
-            let s01 = _mm512_add_epi32(
-                _mm512_unpacklo_epi32(p[0], p[1]),
-                _mm512_unpackhi_epi32(p[0], p[1]),
-            );
-            let s23 = _mm512_add_epi32(
-                _mm512_unpacklo_epi32(p[2], p[3]),
-                _mm512_unpackhi_epi32(p[2], p[3]),
-            );
-            let s = _mm512_add_epi32(
-                _mm512_unpacklo_epi64(s01, s23),
-                _mm512_unpackhi_epi64(s01, s23),
-            );
-            let sums = _mm512_castsi512_si256(_mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0b10_00_10_00>(s, s),
-                _mm512_shuffle_i32x4::<0b11_01_11_01>(s, s),
-            ));
-            let at = h * rows + pass * PASS;
-            if valid == PASS {
-                // `lane + scale·sum`, each lane rounded as the loop below rounds it.
-                let lanes = &mut lanes[at..at + PASS];
-                let add = _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sums));
-                // SAFETY: `lanes` holds 8 f32.
-                unsafe {
-                    let sum = _mm256_add_ps(_mm256_loadu_ps(lanes.as_ptr()), add);
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
-                }
-            } else {
-                let mut out = [0i32; PASS];
-                // SAFETY: `out` holds 8 i32.
-                unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), sums) };
-                for (lane, &sum) in lanes[at..at + valid].iter_mut().zip(&out) {
-                    *lane += scale * sum as f32;
-                }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transpose's orders put coordinate `j`'s tokens `4g .. 4g + 4` in dword `j` of
+    /// register `g`, from dword `8·(j mod 2) + g` of register `j / 2`.
+    #[test]
+    fn the_transpose_puts_each_coordinates_token_quads_in_place() {
+        if !crate::attention::simd::Isa::Avx512.is_available() {
+            return;
+        }
+        let mut rows = [[0u32; 16]; 8];
+        for (r, row) in rows.iter_mut().enumerate() {
+            for (k, x) in row.iter_mut().enumerate() {
+                let (j, g) = (2 * r + k / 8, k % 8);
+                *x = (j * 100 + g) as u32;
+            }
+        }
+        // SAFETY: AVX-512 F was detected just above; each row holds 64 bytes.
+        let out = unsafe {
+            let mut regs = rows.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            transpose(&mut regs);
+            regs.map(|r| {
+                let mut x = [0u32; 16];
+                _mm512_storeu_si512(x.as_mut_ptr().cast(), r);
+                x
+            })
+        };
+        for (g, reg) in out.iter().enumerate() {
+            for (j, &x) in reg.iter().enumerate() {
+                assert_eq!(x, (j * 100 + g) as u32, "register {g}, dword {j}");
             }
         }
     }
