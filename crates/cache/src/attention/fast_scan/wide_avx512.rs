@@ -1,30 +1,35 @@
 //! AVX-512 forms of the bit-plane pass ([`wide`](super::wide)): the same integers as its
 //! loops and as the AVX2 forms ([`wide_x86`](super::wide_x86)), with fewer instructions.
 //!
-//! The codes are put back together from their planes as the AVX2 forms do ([`group`]: 32
-//! tokens of a coordinate per 256-bit register); two coordinates then share one 512-bit
-//! register, and AVX-512 VBMI's byte permutes look all 64 codes up at once in tables of up to
-//! 64 entries (`vpermb`; 128 with `vpermi2b`, 256 with two and a blend) — where AVX2 takes
+//! Two coordinates' 32 codes share one 512-bit register, put back together from their
+//! planes by one broadcast, one 32-bit rotate and one ternary logic op per plane
+//! ([`pair_group`]; AVX2 takes a shift and a mask per lane and a byte shuffle and an or per
+//! coordinate), and AVX-512 VBMI's byte permutes look all 64 codes up at once in tables of up
+//! to 64 entries (`vpermb`; 128 with `vpermi2b`, 256 with two and a blend) — where AVX2 takes
 //! one `vpshufb` and a blend per 16 entries, per byte of the entry and per 32 codes.
 //!
 //! - **Keys**: the 16-bit centroids' low and high bytes are looked up for a pair of
 //!   coordinates `(a, b)`, and one `vpermi2b` per 16 tokens interleaves them into the words
 //!   `(E_a, E_b)` per token that `vpmaddwd` multiplies with a head's `(Q_a, Q_b)`: 16 tokens'
 //!   products of a pair per instruction (AVX2: 8).
-//! - **Values**: the centroid bytes of coordinates `i` and `i + 4` are looked up together, and
-//!   each head's weight bytes multiply them with `vpmaddubsw` and `vpmaddwd` (16 partial sums
-//!   per register, half as many instructions as AVX2), reduced to one sum per coordinate by
-//!   unpacks and adds (AVX-512 has no horizontal add).
+//! - **Values**: sixteen coordinates' centroid bytes are transposed into groups of four
+//!   tokens ([`transpose`], shared by the heads), so that one `vpdpbusd` per group (with
+//!   AVX-512 VNNI; `vpmaddubsw`, `vpmaddwd` and an add without) adds a head's four weighted
+//!   tokens to all sixteen coordinates' sums: no reduction across lanes (AVX-512 has no
+//!   horizontal add).
 //!
 //! Integer sums of the same products in another order: exact, so the same integers, and the
-//! same float steps after them (tested against the loops on every instruction set).
+//! same float steps after them (tested against the loops on every instruction set, and the
+//! forms without VNNI on CPUs that have it). Tried and not kept: VNNI's `vpdpwssd` for the
+//! keys' products (no gain measured: its latency chains the pairs of a head).
 
 use std::arch::x86_64::*;
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
 use super::values_int::ValueTables;
-use super::wide_x86::{HEADS, PAIRS, group_checked_past, groups_within};
+use super::wide_x86::{HEADS, PAIRS, group_checked_past, groups_within, widths};
+use crate::record_order::LANE_BYTES;
 
 /// `B`-bit byte lookups: `table[code]` for each of 64 codes, the table given as up to four
 /// 64-byte registers (`2^B` entries; a code's bits above `B` are not read).
@@ -73,6 +78,155 @@ unsafe fn load_table<T: Copy>(bytes: &[T], at: usize, len: usize) -> [__m512i; 4
 #[target_feature(enable = "avx512f")]
 fn pair_codes(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+/// The rotations of [`pair_group`] for `B`-bit codes: per plane `p` (width `w`, `m = 4 / w`
+/// codes per nibble, its bits at `off` in the code) and pair `x / 2` of a group (coordinates
+/// `x`, `x + 1`), per 32-bit element: the element's 128-bit lane `L` holds coordinate
+/// `x + L / 2`'s lane bytes, tokens `0..16` (`L` even: low nibbles) or `16..32` (odd: high
+/// nibbles), whose sub-code sits at bit `s = 4·(L mod 2) + w·(coordinate mod m)` of each
+/// byte; rotating right by `s − off` (mod 32) puts it at `off` (`s + w ≤ 8`, so no bit of
+/// another byte lands in the field).
+const fn rotations(bits: u8) -> [[[u32; 16]; 2]; 3] {
+    let widths = widths(bits);
+    let mut out = [[[0u32; 16]; 2]; 3];
+    let (mut p, mut off) = (0, 0u32);
+    while p < 3 && widths[p] != 0 {
+        let w = widths[p] as u32;
+        let m = 4 / w;
+        let mut pair = 0;
+        while pair < 2 {
+            let mut e = 0;
+            while e < 16 {
+                let lane = (e / 4) as u32;
+                let coordinate = 2 * pair as u32 + lane / 2;
+                let s = 4 * (lane % 2) + w * (coordinate % m);
+                out[p][pair][e] = (s + 32 - off) % 32;
+                e += 1;
+            }
+            pair += 1;
+        }
+        off += w;
+        p += 1;
+    }
+    out
+}
+
+/// [`rotations`] for every width the kernels take (index `B`; 0 for the others).
+static ROTATIONS: [[[[u32; 16]; 2]; 3]; 9] = [
+    [[[0; 16]; 2]; 3],
+    [[[0; 16]; 2]; 3],
+    [[[0; 16]; 2]; 3],
+    rotations(3),
+    [[[0; 16]; 2]; 3],
+    rotations(5),
+    rotations(6),
+    rotations(7),
+    rotations(8),
+];
+
+/// Each byte's bits `off .. off + w` of plane `p`'s field, for [`pair_group`].
+const fn field_masks(bits: u8) -> [u8; 3] {
+    let widths = widths(bits);
+    let mut out = [0u8; 3];
+    let (mut p, mut off) = (0, 0u8);
+    while p < 3 && widths[p] != 0 {
+        out[p] = ((1u8 << widths[p]) - 1) << off;
+        off += widths[p];
+        p += 1;
+    }
+    out
+}
+
+/// The 64 codes of two pairs of coordinates of group `k` of `part` (`B`-bit codes), as
+/// [`pair_codes`] of [`group`](super::wide_x86)'s registers gives them — coordinates
+/// `4k, 4k + 1` in the first register, `4k + 2, 4k + 3` in the second — put together with
+/// AVX-512: per plane and pair, the pair's one or two lanes broadcast into the register's
+/// halves, one rotate per 32 bits ([`rotations`]) and one ternary logic op (`codes |
+/// (rotated & field)`), where AVX2 takes a shift and a mask per lane and a byte shuffle and an
+/// or per coordinate. `k` below [`groups_within`], so every lane lies in the block.
+///
+/// # Safety
+/// AVX-512 F and BW must be available (it is inlined into the kernels that enable them);
+/// `k < groups_within(part, block)`.
+#[inline(always)]
+unsafe fn pair_group<const B: u8>(part: &WidePart, block: &[u8], k: usize) -> [__m512i; 2] {
+    debug_assert_eq!(part.bits, B);
+    let widths = const { widths(B) };
+    let masks = const { field_masks(B) };
+    let rotations = &ROTATIONS[usize::from(B)];
+    // SAFETY: AVX-512 F and BW are available (the caller's contract); every lane read lies
+    // in the block (`k < groups_within`: the lanes of group `k` of every plane do); each
+    // rotation holds 64 bytes.
+    unsafe {
+        let lane = |at: usize| {
+            debug_assert!((at + 1) * LANE_BYTES <= block.len());
+            _mm_loadu_si128(block.as_ptr().add(at * LANE_BYTES).cast())
+        };
+        let mut codes = [_mm512_setzero_si512(); 2];
+        for (p, &width) in widths.iter().enumerate() {
+            if width == 0 {
+                break;
+            }
+            debug_assert_eq!(
+                part.spans[p].shift,
+                widths[..p].iter().sum::<u8>(),
+                "planes low bits first"
+            );
+            let (w, m) = (usize::from(width), usize::from(4 / width));
+            let first = part.spans[p].first_lane + k * w;
+            let field = _mm512_set1_epi8(masks[p] as i8);
+            for (pair, c) in codes.iter_mut().enumerate() {
+                let x = 2 * pair;
+                let (lx, ly) = (x / m, (x + 1) / m);
+                let both = if lx == ly {
+                    _mm512_broadcast_i32x4(lane(first + lx))
+                } else {
+                    _mm512_mask_broadcast_i32x4(
+                        _mm512_broadcast_i32x4(lane(first + lx)),
+                        0xFF00,
+                        lane(first + ly),
+                    )
+                };
+                let r = _mm512_loadu_si512(rotations[p][pair].as_ptr().cast());
+                let rotated = _mm512_rorv_epi32(both, r);
+                *c = if p == 0 {
+                    _mm512_and_si512(rotated, field)
+                } else {
+                    // `c | (rotated & field)`.
+                    _mm512_ternarylogic_epi32::<0xF8>(*c, rotated, field)
+                };
+            }
+        }
+        codes
+    }
+}
+
+/// [`pair_group`] for `k` below `within` (what [`groups_within`] gives for this part and
+/// block), and from there [`group`](super::wide_x86)'s lane-by-lane reads, paired.
+///
+/// # Safety
+/// AVX-512 F and BW and AVX2 must be available; `within ≤ groups_within(part, block)`.
+#[inline(always)]
+unsafe fn pairs_of_group<const B: u8>(
+    part: &WidePart,
+    block: &[u8],
+    k: usize,
+    within: usize,
+) -> [__m512i; 2] {
+    // SAFETY: the features are available (the caller's contract); `k < within` for the
+    // unchecked form.
+    unsafe {
+        if k < within {
+            pair_group::<B>(part, block, k)
+        } else {
+            let codes = group_checked_past::<B>(part, block, k, within);
+            [
+                pair_codes(codes[0], codes[1]),
+                pair_codes(codes[2], codes[3]),
+            ]
+        }
+    }
 }
 
 /// The byte order of a pair's words: for the tokens `16·half .. 16·half + 16`, token `t`'s
@@ -195,12 +349,11 @@ unsafe fn gather_part<const B: u8>(
     };
     let within = groups_within(part, block);
     for k in 0..part.dim.div_ceil(4) {
-        // SAFETY: AVX2 is enabled here; `within` is `groups_within(part, block)`.
-        let codes = unsafe { group_checked_past::<B>(part, block, k, within) };
+        // SAFETY: AVX-512 F, BW and AVX2 are enabled here; `within` is `groups_within(part, block)`.
+        let pairs = unsafe { pairs_of_group::<B>(part, block, k, within) };
         // Both pairs of every group, so that the pairs stay consecutive: the coordinates past
         // the part's meet padding slots, whose `Q` is zero.
-        for i in [0, 2] {
-            let codes = pair_codes(codes[i], codes[i + 1]);
+        for codes in pairs {
             let (l, h) = (lookup::<B>(&low, codes), lookup::<B>(&high, codes));
             if gathered.len == PAIRS {
                 multiply(gathered, tables, acc);
@@ -443,9 +596,9 @@ unsafe fn block_body<const B: u8, const VNNI: bool>(
                     // Past the part: its coordinates' sums are not stored.
                     break;
                 }
-                let codes = group_checked_past::<B>(part, block, k, within);
-                centroids[2 * q] = lookup::<B>(&table, pair_codes(codes[0], codes[1]));
-                centroids[2 * q + 1] = lookup::<B>(&table, pair_codes(codes[2], codes[3]));
+                let [a, b] = pairs_of_group::<B>(part, block, k, within);
+                centroids[2 * q] = lookup::<B>(&table, a);
+                centroids[2 * q + 1] = lookup::<B>(&table, b);
             }
             transpose(&mut centroids);
             let mask: u16 = if valid == PASS {

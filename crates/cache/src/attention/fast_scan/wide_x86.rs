@@ -62,7 +62,7 @@ pub(super) fn groups_within(part: &WidePart, block: &[u8]) -> usize {
 
 /// The plane widths of a `bits`-bit code, low bits first, 0 past the last plane (what
 /// [`planes_from`](crate::record_order::planes_from) gives, as a constant for the kernels).
-const fn widths(bits: u8) -> [u8; 3] {
+pub(super) const fn widths(bits: u8) -> [u8; 3] {
     match bits {
         3 => [2, 1, 0],
         5 => [4, 1, 0],
