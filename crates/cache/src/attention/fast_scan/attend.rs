@@ -231,9 +231,9 @@ fn rotate_back(
     Ok(())
 }
 
-/// One block's integer value sums into `lanes` (`values_int::accumulate_block`), in AVX2
-/// registers where the CPU has them (AVX-512 CPUs too), in NEON registers on aarch64, else
-/// the reference loop: the same integers and float steps.
+/// One block's integer value sums into `lanes` (`values_int::accumulate_block`), in AVX-512
+/// or AVX2 registers where the CPU has them, in NEON registers on aarch64, else the reference
+/// loop: the same integers and float steps.
 pub(super) fn accumulate_int(
     isa: Isa,
     codes: &[u8],
@@ -243,6 +243,25 @@ pub(super) fn accumulate_int(
     scales: &[f32],
     lanes: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && isa.is_available() {
+        // SAFETY: AVX-512 F, BW and AVX2 were detected at run time (`is_available`), VNNI
+        // where `vnni()` says so; `rows` is the block's lanes (a multiple of 4) times the
+        // codes per lane, `codes` a whole block, one weight row and scale per head, `lanes`
+        // `heads · rows` (asserted there).
+        unsafe {
+            super::values_avx512::accumulate_block_int_avx512(
+                super::wide_avx512::vnni(),
+                codes,
+                rows,
+                tables,
+                weights,
+                scales,
+                lanes,
+            )
+        };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::avx2_kernels(isa) {
         // SAFETY: AVX2 was detected just above; `rows` is the block's lanes (a multiple of 4)

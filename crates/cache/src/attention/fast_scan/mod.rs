@@ -64,8 +64,10 @@
 //! standalone step on AVX2 (docs/results.md). On
 //! aarch64 [`Isa::Neon`] scores with the NEON shuffle (`tbl`, one head per pass) and sums
 //! integer values with `tbl` and `smull` (tested under QEMU, not timed on hardware); its f32
-//! value sums run the scalar loops, which give the same bits. AVX-512 CPUs take the AVX2
-//! kernel of the integer value sums.
+//! value sums run the scalar loops, which give the same bits. On AVX-512 the integer value
+//! sums (nibble lanes and bit planes) transpose sixteen coordinates' centroid bytes into
+//! groups of four tokens and add each head's weighted tokens with one `vpdpbusd` per group
+//! (module `values_avx512`; `vpmaddubsw` and `vpmaddwd` without VNNI).
 //!
 //! ```
 //! use tq_cache::attention::fast_scan::{FastScanBlocks, ScoreTable, scores};
@@ -90,6 +92,8 @@ mod neon;
 mod runs;
 mod scalar;
 mod table;
+#[cfg(target_arch = "x86_64")]
+mod values_avx512;
 mod values_int;
 mod weights;
 mod wide;

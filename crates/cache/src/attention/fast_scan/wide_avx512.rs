@@ -451,7 +451,7 @@ static STAGES: [[[u32; 16]; 2]; 3] = [
 /// index (`g`'s), eight `vpermt2d` each.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose(rows: &mut [__m512i; 8]) {
+pub(super) fn transpose(rows: &mut [__m512i; 8]) {
     for (s, [a_order, b_order]) in STAGES.iter().enumerate() {
         // SAFETY: each order holds 16 u32 (64 bytes).
         let (a_order, b_order) = unsafe {
@@ -554,7 +554,7 @@ type BlockArgs<'a> = (
 /// AVX-512 F and BW must be available, and VNNI with `VNNI` (it is inlined into the kernels
 /// that enable them).
 #[inline(always)]
-unsafe fn dot_bytes<const VNNI: bool>(
+pub(super) unsafe fn dot_bytes<const VNNI: bool>(
     acc: __m512i,
     u: __m512i,
     c: __m512i,

@@ -1,0 +1,233 @@
+//! The AVX-512 form of the integer value sums over nibble lanes
+//! ([`values_int::accumulate_block`](super::values_int::accumulate_block)): the same integers
+//! and float steps as the loop and as the AVX2 form, with the bit-plane values' scheme
+//! ([`wide_avx512`](super::wide_avx512)) — sixteen coordinates' centroid bytes at a time
+//! (two per register: a pair's nibble lanes broadcast, shifted to nibbles and looked up with
+//! one `vpshufb` per 64 bytes, each 128-bit lane through its coordinate's table), transposed
+//! into groups of four tokens, one `vpdpbusd` per group and head (`vpmaddubsw`, `vpmaddwd`
+//! and an add without VNNI) for all sixteen sums: no horizontal additions, which the AVX2 form
+//! spends a third of its instructions on.
+
+use std::arch::x86_64::*;
+
+use super::BLOCK;
+use super::layout::LANE_BYTES;
+use super::values_int::ValueTables;
+use super::wide_avx512::{dot_bytes, transpose};
+
+/// Coordinates summed per pass.
+const PASS: usize = 16;
+
+/// [`values_int::accumulate_block`](super::values_int::accumulate_block) on AVX-512; with
+/// `vnni`, one `vpdpbusd` per four tokens.
+///
+/// # Safety
+/// AVX-512 F, BW and AVX2 must be available, and AVX-512 VNNI with `vnni`; `rows` must be
+/// even and `codes` hold its `⌈rows / m⌉` nibble lanes (16 bytes each), `weights` and
+/// `scales` one entry per head, and `lanes` `heads · rows` values (asserted).
+pub(super) unsafe fn accumulate_block_int_avx512(
+    vnni: bool,
+    codes: &[u8],
+    rows: usize,
+    tables: &ValueTables,
+    weights: &[[u8; BLOCK]],
+    scales: &[f32],
+    lanes: &mut [f32],
+) {
+    let heads = weights.len();
+    assert!(rows.is_multiple_of(2) && codes.len() >= rows.div_ceil(tables.per) * LANE_BYTES);
+    assert!(scales.len() == heads && lanes.len() >= heads * rows);
+    let args = (codes, rows, tables, weights, scales, lanes);
+    // SAFETY: the features are available, VNNI with `vnni` (the caller's contract); the
+    // slices fit (asserted above).
+    unsafe {
+        match (tables.per, vnni) {
+            (1, true) => block_vnni::<1>(args),
+            (2, true) => block_vnni::<2>(args),
+            (_, true) => block_vnni::<4>(args),
+            (1, false) => block_plain::<1>(args),
+            (2, false) => block_plain::<2>(args),
+            (_, false) => block_plain::<4>(args),
+        }
+    }
+}
+
+/// The arguments of [`accumulate_block_int_avx512`] after `vnni`.
+type Args<'a> = (
+    &'a [u8],
+    usize,
+    &'a ValueTables,
+    &'a [[u8; BLOCK]],
+    &'a [f32],
+    &'a mut [f32],
+);
+
+/// [`body`] compiled with AVX-512 VNNI.
+///
+/// # Safety
+/// As [`accumulate_block_int_avx512`] with `vnni`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2")]
+unsafe fn block_vnni<const PER: usize>(args: Args<'_>) {
+    // SAFETY: the features `body::<PER, true>` needs are enabled here.
+    unsafe { body::<PER, true>(args) }
+}
+
+/// [`body`] without VNNI.
+///
+/// # Safety
+/// As [`accumulate_block_int_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx2")]
+unsafe fn block_plain<const PER: usize>(args: Args<'_>) {
+    // SAFETY: the features `body::<PER, false>` needs are enabled here.
+    unsafe { body::<PER, false>(args) }
+}
+
+/// [`accumulate_block_int_avx512`] for `PER` codes per nibble (`tables.per`).
+///
+/// # Safety
+/// As [`accumulate_block_int_avx512`], whose assertions it relies on; it is inlined into
+/// [`block_vnni`] and [`block_plain`], which enable the features.
+#[inline(always)]
+unsafe fn body<const PER: usize, const VNNI: bool>(
+    (codes, rows, tables, weights, scales, lanes): Args<'_>,
+) {
+    debug_assert_eq!(PER, tables.per);
+    // SAFETY: every intrinsic below needs only the features the callers enable; the loads
+    // and stores stay within the slices (the comments at each).
+    unsafe {
+        let table = |i: usize| _mm_loadu_si128(tables.tables[i].as_ptr().cast());
+        // Per pair `(x, x + 1)`, `x` even: coordinate `x`'s table in the low 256 bits,
+        // `x + 1`'s in the high (the pair's positions in its nibble: `x mod m` and the next).
+        let luts: [__m512i; 2] = std::array::from_fn(|half| {
+            let (a, b) = if PER == 1 {
+                (table(0), table(0))
+            } else {
+                (table(2 * half % PER), table((2 * half + 1) % PER))
+            };
+            _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(a), 0xFF00, b)
+        });
+        // The high nibbles (tokens 16–31) in the odd 128-bit lanes: 64-bit shifts by 4 there.
+        let shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+        let nibble = _mm512_set1_epi8(0x0F);
+        let ones = _mm512_set1_epi16(1);
+        // The 64 centroid bytes of coordinates `x` (low half) and `x + 1`.
+        let pair = |x: usize| {
+            let lane = |l: usize| {
+                debug_assert!((l + 1) * LANE_BYTES <= codes.len());
+                _mm_loadu_si128(codes.as_ptr().add(l * LANE_BYTES).cast())
+            };
+            // `x + 1 < rows`, so both lanes lie in `codes` (asserted by the caller).
+            let both = if PER == 1 {
+                _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(lane(x)), 0xFF00, lane(x + 1))
+            } else {
+                _mm512_broadcast_i32x4(lane(x / PER))
+            };
+            let n = _mm512_and_si512(_mm512_srlv_epi64(both, shifts), nibble);
+            _mm512_shuffle_epi8(luts[(x % PER) / 2], n)
+        };
+        for pass in 0..rows.div_ceil(PASS) {
+            let first = pass * PASS;
+            let valid = (rows - first).min(PASS);
+            let mut centroids = [_mm512_setzero_si512(); 8];
+            for (r, c) in centroids.iter_mut().enumerate().take(valid / 2) {
+                *c = pair(first + 2 * r);
+            }
+            transpose(&mut centroids);
+            let mask: u16 = if valid == PASS {
+                u16::MAX
+            } else {
+                (1 << valid) - 1
+            };
+            for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
+                let mut sums = _mm512_setzero_si512();
+                for (g, c) in centroids.iter().enumerate() {
+                    let quad =
+                        u32::from_le_bytes([u[4 * g], u[4 * g + 1], u[4 * g + 2], u[4 * g + 3]]);
+                    sums = dot_bytes::<VNNI>(sums, _mm512_set1_epi32(quad as i32), *c, ones);
+                }
+                // `lane + scale·sum`, as the loop rounds it; the mask covers the `valid`
+                // coordinates from `first` of head `h`, inside `lanes` (`heads · rows`,
+                // asserted); the masked-off ones are neither read nor written.
+                let ptr = lanes.as_mut_ptr().add(h * rows + first);
+                let add = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(sums));
+                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
+                _mm512_mask_storeu_ps(ptr, mask, sum);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::simd::Isa;
+
+    /// Both forms (with and without VNNI, where the CPU has it) give the loop's bits for
+    /// one, two and four codes per nibble, dimensions that end a pass early, and one to five
+    /// heads.
+    #[test]
+    fn nibble_value_sums_match_the_loop_bit_for_bit() {
+        if !Isa::Avx512.is_available() {
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for (bits, rows) in [
+            (4u8, 64usize),
+            (4, 6),
+            (2, 64),
+            (2, 18),
+            (1, 64),
+            (1, 40),
+            (3, 30),
+        ] {
+            let centroids: Vec<f32> = (0..1 << bits)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let tables = ValueTables::new(&centroids, bits);
+            let lanes_in = rows.div_ceil(tables.per);
+            let codes: Vec<u8> = (0..lanes_in * LANE_BYTES).map(|_| next() as u8).collect();
+            for heads in 1..=5 {
+                let weights: Vec<[u8; BLOCK]> = (0..heads)
+                    .map(|_| std::array::from_fn(|_| (next() % 128) as u8))
+                    .collect();
+                let scales: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32 * 0.7).collect();
+                let mut expected = vec![0.5f32; heads * rows];
+                super::super::values_int::accumulate_block(
+                    &codes,
+                    rows,
+                    &tables,
+                    &weights,
+                    &scales,
+                    &mut expected,
+                );
+                let forms: &[bool] = if super::super::wide_avx512::vnni() {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                for &vnni in forms {
+                    let mut got = vec![0.5f32; heads * rows];
+                    // SAFETY: AVX-512 F, BW and AVX2 were detected, VNNI where `vnni`; the
+                    // slices have the sizes asserted.
+                    unsafe {
+                        accumulate_block_int_avx512(
+                            vnni, &codes, rows, &tables, &weights, &scales, &mut got,
+                        )
+                    };
+                    let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits_of(&got),
+                        bits_of(&expected),
+                        "{bits} bits, {rows} rows, {heads} heads, vnni {vnni}"
+                    );
+                }
+            }
+        }
+    }
+}
