@@ -342,9 +342,12 @@ pub(super) fn sums_tile(isa: Isa, tables: &[ScoreTable], codes: &[u8], out: &mut
         let unit = table.lane_unit();
         if unit != 1 {
             // Counted in the wide entries' finer steps (each head's own; exact: at most
-            // 255·256 a lane).
+            // 255·256 a lane). A power of two, so a shift (this loop is compiled for the
+            // baseline instruction set, whose 32-bit multiply is slow).
+            debug_assert!(unit.is_power_of_two());
+            let shift = unit.trailing_zeros();
             for o in o.iter_mut() {
-                *o *= unit;
+                *o <<= shift;
             }
         }
     }
