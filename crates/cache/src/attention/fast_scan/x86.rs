@@ -112,7 +112,8 @@ pub(super) unsafe fn sums_heads_avx2<const H: usize>(
 }
 
 /// The AVX-512 BW form of `scalar::sums` for `H` heads (1 to 4) at once: `out[h]` gets what
-/// `scalar::sums(entries[h], codes, ..)` gives, the same integers.
+/// `scalar::sums(entries[h], codes, ..)` gives, the same integers. The shuffles' bytes are
+/// summed as 16-bit words without unpacking them, as [`sums_heads_avx2`] sums them.
 ///
 /// # Safety
 /// AVX-512 F and BW and AVX2 must be available; every `entries[h]` must have the length of
@@ -150,10 +151,10 @@ pub(super) unsafe fn sums_heads_avx512<const H: usize>(
                         let lo = _mm512_shuffle_epi8(lut, lo_idx);
                         let hi = _mm512_shuffle_epi8(lut, hi_idx);
                         let a = &mut acc[$h];
-                        a[0] = _mm512_add_epi16(a[0], _mm512_unpacklo_epi8(lo, zero));
-                        a[1] = _mm512_add_epi16(a[1], _mm512_unpackhi_epi8(lo, zero));
-                        a[2] = _mm512_add_epi16(a[2], _mm512_unpacklo_epi8(hi, zero));
-                        a[3] = _mm512_add_epi16(a[3], _mm512_unpackhi_epi8(hi, zero));
+                        a[0] = _mm512_add_epi16(a[0], lo);
+                        a[1] = _mm512_add_epi16(a[1], _mm512_srli_epi16::<8>(lo));
+                        a[2] = _mm512_add_epi16(a[2], hi);
+                        a[3] = _mm512_add_epi16(a[3], _mm512_srli_epi16::<8>(hi));
                     }
                 };
             }
@@ -162,10 +163,22 @@ pub(super) unsafe fn sums_heads_avx512<const H: usize>(
             head!(2);
             head!(3);
         }
-        // The four 128-bit lanes hold the sums of coordinates ≡ 0, 1, 2, 3 (mod 4) for 8
-        // tokens each: widen the two 256-bit halves, add them, then add their halves.
+        // Per nibble half, the even tokens' sums `even − (odd << 8)` (as in the AVX2 form),
+        // interleaved with the odd ones': tokens 0–7 and 8–15 of the half. The four 128-bit
+        // lanes hold the sums of coordinates ≡ 0, 1, 2, 3 (mod 4): widen the two 256-bit
+        // halves, add them, then add their halves.
         for h in 0..H {
-            for (k, a) in acc[h].iter().enumerate() {
+            let [even_lo, odd_lo, even_hi, odd_hi] = acc[h];
+            let words = |even: __m512i, odd: __m512i| {
+                let even = _mm512_sub_epi16(even, _mm512_slli_epi16::<8>(odd));
+                [
+                    _mm512_unpacklo_epi16(even, odd),
+                    _mm512_unpackhi_epi16(even, odd),
+                ]
+            };
+            let [a0, a1] = words(even_lo, odd_lo);
+            let [a2, a3] = words(even_hi, odd_hi);
+            for (k, a) in [a0, a1, a2, a3].iter().enumerate() {
                 let wide = _mm512_add_epi32(
                     _mm512_cvtepu16_epi32(_mm512_castsi512_si256(*a)),
                     _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(*a, 1)),
