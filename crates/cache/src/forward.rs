@@ -110,10 +110,16 @@ impl ModelCache {
                 });
             }
         }
-        let cache = self.kv_at_mut(index).ok_or_else(|| {
-            CacheError::InvalidConfig(format!("layer {layer} resolves to a state without KV"))
-        })?;
-        match keys_values {
+        // The layers take turns with one gathering buffer (their own stays empty).
+        let mut received = std::mem::take(&mut self.received);
+        let Some(cache) = self.kv_at_mut(index) else {
+            self.received = received;
+            return Err(CacheError::InvalidConfig(format!(
+                "layer {layer} resolves to a state without KV"
+            )));
+        };
+        std::mem::swap(&mut received, &mut cache.received);
+        let result = match keys_values {
             Some((keys, values)) => {
                 cache.forward(queries, keys, values, positions, shape, kernel, out)
             }
@@ -121,20 +127,100 @@ impl ModelCache {
                 let width = shape.q_heads * cache.layout().head_dim;
                 let query_len = queries.len().checked_div(width).unwrap_or(0);
                 if positions.len() != cache.len() || query_len > positions.len() {
-                    return Err(CacheError::OffsetMismatch {
+                    Err(CacheError::OffsetMismatch {
                         cached: cache.len(),
                         offset: positions.len().saturating_sub(query_len),
-                    });
+                    })
+                } else {
+                    attend_in_step(
+                        cache,
+                        queries,
+                        &positions[positions.len() - query_len..],
+                        shape,
+                        kernel,
+                        out,
+                    )
                 }
-                attend_in_step(
-                    cache,
-                    queries,
-                    &positions[positions.len() - query_len..],
-                    shape,
-                    kernel,
-                    out,
-                )
             }
+        };
+        std::mem::swap(&mut received, &mut cache.received);
+        self.received = received;
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CodecSpec;
+    use crate::attention::{AttentionKernel, AttentionShape};
+    use crate::kv_cache::{KvKind, KvLayout, uniform_streams};
+    use crate::states::{ModelCache, StateKind, StateSpec};
+    use crate::token_store::Growth;
+
+    /// Two layers keeping heavy hitters take turns with the model's one gathering buffer:
+    /// after each call the layer's own is empty and the model's holds what the calls needed.
+    #[test]
+    fn layers_take_turns_with_one_gathering_buffer() {
+        let (d, len) = (8, 40);
+        let layout = KvLayout {
+            kv_heads: 1,
+            head_dim: d,
+            kind: KvKind::Growing {
+                growth: Growth::Doubling { initial: 8 },
+            },
+            max_rewind: 0,
+            rope_pairs: crate::basis::RopePairs::Adjacent,
+            rope_base: Default::default(),
+        };
+        let specs = (0..2)
+            .map(|layer| StateSpec {
+                name: format!("layer{layer}.kv"),
+                kind: StateKind::Kv {
+                    layer,
+                    layout: layout.clone(),
+                },
+            })
+            .collect();
+        let streams = |layout: &KvLayout| {
+            uniform_streams(layout, CodecSpec::F16 { dim: d })
+                .into_iter()
+                .map(|mut s| {
+                    s.recent_tokens = 4;
+                    s.recent = Some(CodecSpec::Q8 { dim: d });
+                    s.heavy_hitters = Some(2.0);
+                    s
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut cache =
+            ModelCache::new(specs, |_, layout| Ok((streams(layout), streams(layout)))).unwrap();
+        let shape = AttentionShape {
+            q_heads: 2,
+            scale: 0.5,
+        };
+        let rows: Vec<f32> = (0..len * d).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+        let queries: Vec<f32> = (0..len * 2 * d)
+            .map(|i| ((i * 5) % 13) as f32 - 6.0)
+            .collect();
+        let positions: Vec<u32> = (0..len as u32).collect();
+        let mut out = vec![0.0; len * 2 * d];
+        for layer in 0..2 {
+            cache
+                .forward_layer(
+                    layer,
+                    &queries,
+                    Some((&rows, &rows)),
+                    &positions,
+                    shape,
+                    AttentionKernel::Fused,
+                    &mut out,
+                )
+                .unwrap();
+            assert_eq!(
+                cache.kv_at_mut(layer).unwrap().received.weights.capacity(),
+                0
+            );
+            assert!(!cache.received.weights.is_empty(), "layer {layer}");
         }
     }
 }

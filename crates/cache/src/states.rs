@@ -110,6 +110,10 @@ pub struct StateMemory {
 pub struct ModelCache {
     specs: Vec<StateSpec>,
     storage: Vec<StateStorage>,
+    /// The heavy-hitter gathering buffer every layer's [`KvCache::forward`] borrows in turn
+    /// ([`forward_layer`](Self::forward_layer)): one for the model instead of one per layer,
+    /// each sized for the largest prefill chunk (3 MiB a layer on SmolLM2 at 8K tokens).
+    pub(crate) received: crate::heavy_hitters::ReceivedWeights,
     /// `layer → index of the state it attends over` (producer or sharer resolved).
     layer_state: Vec<Option<usize>>,
 }
@@ -178,6 +182,7 @@ impl ModelCache {
         Ok(Self {
             specs,
             storage,
+            received: Default::default(),
             layer_state,
         })
     }
