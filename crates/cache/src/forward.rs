@@ -175,10 +175,7 @@ mod tests {
         let specs = (0..2)
             .map(|layer| StateSpec {
                 name: format!("layer{layer}.kv"),
-                kind: StateKind::Kv {
-                    layer,
-                    layout: layout.clone(),
-                },
+                kind: StateKind::Kv { layer, layout },
             })
             .collect();
         let streams = |layout: &KvLayout| {
