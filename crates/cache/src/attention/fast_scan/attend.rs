@@ -251,7 +251,7 @@ pub(super) fn accumulate_int(
         // `heads · rows` (asserted there).
         unsafe {
             super::values_avx512::accumulate_block_int_avx512(
-                super::wide_avx512::vnni(),
+                super::values_avx512::vnni(),
                 codes,
                 rows,
                 tables,

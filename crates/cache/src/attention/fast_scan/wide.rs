@@ -94,7 +94,7 @@ pub(super) fn accumulate(
         // (asserted there).
         unsafe {
             super::wide_avx512::accumulate_block_avx512(
-                super::wide_avx512::vnni(),
+                super::values_avx512::vnni(),
                 part,
                 block,
                 rows,

@@ -27,6 +27,7 @@ use std::arch::x86_64::*;
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
+use super::values_avx512::{dot_bytes, transpose};
 use super::values_int::ValueTables;
 use super::wide_x86::{HEADS, PAIRS, group_checked_past, groups_within, widths};
 use crate::record_order::LANE_BYTES;
@@ -397,80 +398,6 @@ fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m512i;
 /// Coordinates summed per pass of [`accumulate_block_avx512`]: four groups of four.
 const PASS: usize = 16;
 
-/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`, `vpdpwssd`: a multiply-add and its sum in
-/// one instruction, the same integers). Detected once per process.
-pub(super) fn vnni() -> bool {
-    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni"))
-}
-
-/// One stage of [`transpose`]: registers `a` and `b` (register bit `p` 0 and 1) exchange that
-/// bit with element bit `q`: `a` keeps the elements with bit `q` clear, from both (those of
-/// `b` where the bit is set), `b` the others. The `vpermt2d` orders for `a` and `b`, then
-/// `final_order` applied to where each output element lands.
-const fn stage_orders(q: usize, final_order: &[usize; 16]) -> [[u32; 16]; 2] {
-    let mut orders = [[0u32; 16]; 2];
-    let mut at = 0;
-    while at < 16 {
-        let e = final_order[at];
-        let bit = 1 << q;
-        orders[0][at] = if e & bit == 0 { e } else { 16 + (e ^ bit) } as u32;
-        orders[1][at] = if e & bit == 0 { e | bit } else { 16 + e } as u32;
-        at += 1;
-    }
-    orders
-}
-
-/// Positions unchanged.
-const IDENTITY: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
-
-/// After the three stages element `e` holds coordinate `2·(e mod 8) + e / 8`; the last stage
-/// reads through this order so that element `j` holds coordinate `j`.
-const COORDINATE_ORDER: [usize; 16] = {
-    let mut order = [0usize; 16];
-    let mut j = 0;
-    while j < 16 {
-        order[j] = (j % 2) * 8 + j / 2;
-        j += 1;
-    }
-    order
-};
-
-/// The orders of the three stages of [`transpose`].
-static STAGES: [[[u32; 16]; 2]; 3] = [
-    stage_orders(0, &IDENTITY),
-    stage_orders(1, &IDENTITY),
-    stage_orders(2, &COORDINATE_ORDER),
-];
-
-/// A transpose of 16 coordinates' centroid bytes by groups of four tokens: in, register `r`
-/// holds coordinates `2r` (dwords 0–7) and `2r + 1` (dwords 8–15), dword `g` of each the bytes
-/// of tokens `4g .. 4g + 4`; out, register `g` holds those four tokens' bytes of coordinate
-/// `j` in dword `j` — what `vpdpbusd` multiplies with the four tokens' weights. Three stages,
-/// each exchanging a bit of the register index (`r`'s, low first) with a bit of the dword
-/// index (`g`'s), eight `vpermt2d` each.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(super) fn transpose(rows: &mut [__m512i; 8]) {
-    for (s, [a_order, b_order]) in STAGES.iter().enumerate() {
-        // SAFETY: each order holds 16 u32 (64 bytes).
-        let (a_order, b_order) = unsafe {
-            (
-                _mm512_loadu_si512(a_order.as_ptr().cast()),
-                _mm512_loadu_si512(b_order.as_ptr().cast()),
-            )
-        };
-        let bit = 1 << s;
-        for r in 0..8 {
-            if r & bit == 0 {
-                let (a, b) = (rows[r], rows[r | bit]);
-                rows[r] = _mm512_permutex2var_epi32(a, a_order, b);
-                rows[r | bit] = _mm512_permutex2var_epi32(a, b_order, b);
-            }
-        }
-    }
-}
-
 /// [`accumulate_block`](super::wide::accumulate_block) on AVX-512: sixteen coordinates at a
 /// time, their codes put back together and looked up in the centroid bytes two coordinates
 /// per register (`vpermb`), transposed into groups of four tokens (shared by the heads), then
@@ -545,31 +472,6 @@ type BlockArgs<'a> = (
     &'a mut [f32],
 );
 
-/// `acc + Σ` of four byte products per dword, `u` unsigned and `c` signed: `vpdpbusd` with
-/// VNNI, otherwise `vpmaddubsw` (pairs; weight bytes ≤ 127 and centroid bytes in
-/// [−127, 127], so a pair's sum stays within 2·127·127 and nothing saturates), `vpmaddwd`
-/// and an add. The same exact integers.
-///
-/// # Safety
-/// AVX-512 F and BW must be available, and VNNI with `VNNI` (it is inlined into the kernels
-/// that enable them).
-#[inline(always)]
-pub(super) unsafe fn dot_bytes<const VNNI: bool>(
-    acc: __m512i,
-    u: __m512i,
-    c: __m512i,
-    ones: __m512i,
-) -> __m512i {
-    // SAFETY: the features are available (the caller's contract).
-    unsafe {
-        if VNNI {
-            _mm512_dpbusd_epi32(acc, u, c)
-        } else {
-            _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, c), ones))
-        }
-    }
-}
-
 /// [`accumulate_block_avx512`] for a part of `B`-bit codes.
 ///
 /// # Safety
@@ -623,42 +525,6 @@ unsafe fn block_body<const B: u8, const VNNI: bool>(
                 let ptr = lanes.as_mut_ptr().add(at);
                 let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
                 _mm512_mask_storeu_ps(ptr, mask, sum);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The transpose's orders put coordinate `j`'s tokens `4g .. 4g + 4` in dword `j` of
-    /// register `g`, from dword `8·(j mod 2) + g` of register `j / 2`.
-    #[test]
-    fn the_transpose_puts_each_coordinates_token_quads_in_place() {
-        if !crate::attention::simd::Isa::Avx512.is_available() {
-            return;
-        }
-        let mut rows = [[0u32; 16]; 8];
-        for (r, row) in rows.iter_mut().enumerate() {
-            for (k, x) in row.iter_mut().enumerate() {
-                let (j, g) = (2 * r + k / 8, k % 8);
-                *x = (j * 100 + g) as u32;
-            }
-        }
-        // SAFETY: AVX-512 F was detected just above; each row holds 64 bytes.
-        let out = unsafe {
-            let mut regs = rows.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
-            transpose(&mut regs);
-            regs.map(|r| {
-                let mut x = [0u32; 16];
-                _mm512_storeu_si512(x.as_mut_ptr().cast(), r);
-                x
-            })
-        };
-        for (g, reg) in out.iter().enumerate() {
-            for (j, &x) in reg.iter().enumerate() {
-                assert_eq!(x, (j * 100 + g) as u32, "register {g}, dword {j}");
             }
         }
     }
