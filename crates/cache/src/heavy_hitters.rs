@@ -127,6 +127,23 @@ impl KeepTally {
         }
     }
 
+    /// [`add`](Self::add) of `weights[i]` to token `first + i` for every `i`, the tokens not
+    /// pending ignored: the same additions, the pending range found once (a decode step adds
+    /// a row per window token, thousands per stream and layer).
+    pub fn add_run(&mut self, first: usize, weights: &[f32], uniform: f32) {
+        let start = first.max(self.first_pending);
+        let end = (first + weights.len()).min(self.first_pending + self.pending.len());
+        if start >= end {
+            return;
+        }
+        let at = start - self.first_pending;
+        let counts = self.pending.range_mut(at..at + (end - start));
+        for (counts, &weight) in counts.zip(&weights[start - first..end - first]) {
+            counts[0] += weight;
+            counts[1] += uniform;
+        }
+    }
+
     /// Decides every pending token before `end`, in token order: `keep(t)` is called for each
     /// token that drew `factor` times its uniform share (it stores the copy, or declines by
     /// storing nothing); its error stops the settling there.
@@ -272,10 +289,9 @@ impl HeavyHitters {
         self.tally.track(t);
     }
 
-    /// Adds one row's attention `weight` and uniform share to token `t` (ignored when `t` is
-    /// not pending).
-    pub(crate) fn add(&mut self, t: usize, weight: f32, uniform: f32) {
-        self.tally.add(t, weight, uniform);
+    /// [`KeepTally::add_run`]: `weights[i]` and `uniform` to token `first + i`.
+    pub(crate) fn add_run(&mut self, first: usize, weights: &[f32], uniform: f32) {
+        self.tally.add_run(first, weights, uniform);
     }
 
     /// Decides every pending token before `end`: a token that drew `factor` times its uniform
@@ -459,10 +475,9 @@ mod tests {
             h.track(t);
         }
         // Token 2: 4× uniform (kept), 3: just under, 4: no rows, 5: still pending.
-        h.add(2, 0.4, 0.1);
-        h.add(3, 0.39, 0.1);
-        h.add(5, 1.0, 0.1);
-        h.add(9, 1.0, 0.1);
+        h.add_run(2, &[0.4, 0.39], 0.1);
+        h.add_run(5, &[1.0], 0.1);
+        h.add_run(9, &[1.0], 0.1);
         let words = [7u32, 8];
         let scales = [f16::ONE];
         h.settle(5, |_| Some((&words[..], &scales[..]))).unwrap();
@@ -475,6 +490,41 @@ mod tests {
         assert_eq!(h.kept(), &[2, 5]);
         h.truncate(5);
         assert_eq!(h.kept(), &[2]);
+    }
+
+    /// A run of weights adds what adding them token by token adds, whatever part of the run
+    /// is pending (before, across, inside, after the pending tokens; the deque wrapped).
+    #[test]
+    fn a_run_adds_what_its_tokens_add_one_by_one() {
+        let mut base = KeepTally::new(2.0).unwrap();
+        for t in 0..40 {
+            base.track(t);
+        }
+        // Wrap the deque's storage: settle some from the front, track more at the back.
+        base.settle(13, |_| -> Result<(), ()> { Ok(()) }).unwrap();
+        for t in 40..50 {
+            base.track(t);
+        }
+        for (first, len) in [
+            (0, 5),
+            (0, 20),
+            (10, 10),
+            (13, 37),
+            (20, 5),
+            (45, 10),
+            (60, 3),
+            (12, 0),
+        ] {
+            let weights: Vec<f32> = (0..len)
+                .map(|i| 0.01 * (i * 7 % 11) as f32 + 0.003)
+                .collect();
+            let (mut run, mut one) = (base.clone(), base.clone());
+            run.add_run(first, &weights, 0.02);
+            for (i, &w) in weights.iter().enumerate() {
+                one.add(first + i, w, 0.02);
+            }
+            assert_eq!(run, one, "run {first}..{}", first + len);
+        }
     }
 
     #[test]

@@ -869,8 +869,12 @@ impl Stream {
             return;
         };
         let uniform = 1.0 / row.visible.max(1) as f32;
-        for t in from..row.end {
-            heavy.add(t, weights[t - row.first], uniform);
+        if from < row.end {
+            heavy.add_run(
+                from,
+                &weights[from - row.first..row.end - row.first],
+                uniform,
+            );
         }
     }
 
