@@ -117,6 +117,49 @@ pub(super) unsafe fn dot_bytes<const VNNI: bool>(
     }
 }
 
+/// What both value kernels do with sixteen coordinates' centroid bytes (`centroids`, two
+/// coordinates per register as [`transpose`] takes them): transposed, then per head `h` the
+/// weighted sums `Σ_t u_ht · e_tj` (one [`dot_bytes`] per four tokens) of the coordinates
+/// `first .. first + valid`, added as `lane + scale_h·sum` (the loops' two roundings) to
+/// `lanes[h·rows + first ..]`; the lanes past `valid` are neither read nor written.
+///
+/// # Safety
+/// AVX-512 F and BW must be available, and VNNI with `VNNI` (it is inlined into the kernels
+/// that enable them); `weights` and `scales` one entry per head.
+#[inline(always)]
+pub(super) unsafe fn add_head_sums<const VNNI: bool>(
+    mut centroids: [__m512i; 8],
+    (weights, scales): (&[[u8; BLOCK]], &[f32]),
+    (rows, first, valid): (usize, usize, usize),
+    lanes: &mut [f32],
+) {
+    debug_assert!(valid <= PASS);
+    // SAFETY: the features are available (the caller's contract); each masked load and store
+    // covers `valid` f32 from `at`, inside `lanes` (asserted).
+    unsafe {
+        transpose(&mut centroids);
+        let ones = _mm512_set1_epi16(1);
+        let mask: u16 = if valid == PASS {
+            u16::MAX
+        } else {
+            (1 << valid) - 1
+        };
+        for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
+            let mut sums = _mm512_setzero_si512();
+            for (g, c) in centroids.iter().enumerate() {
+                let quad = u32::from_le_bytes([u[4 * g], u[4 * g + 1], u[4 * g + 2], u[4 * g + 3]]);
+                sums = dot_bytes::<VNNI>(sums, _mm512_set1_epi32(quad as i32), *c, ones);
+            }
+            let at = h * rows + first;
+            assert!(at + valid <= lanes.len());
+            let ptr = lanes.as_mut_ptr().add(at);
+            let add = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(sums));
+            let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
+            _mm512_mask_storeu_ps(ptr, mask, sum);
+        }
+    }
+}
+
 /// [`values_int::accumulate_block`](super::values_int::accumulate_block) on AVX-512; with
 /// `vnni`, one `vpdpbusd` per four tokens.
 ///
@@ -208,7 +251,6 @@ unsafe fn body<const PER: usize, const VNNI: bool>(
         // The high nibbles (tokens 16–31) in the odd 128-bit lanes: 64-bit shifts by 4 there.
         let shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
         let nibble = _mm512_set1_epi8(0x0F);
-        let ones = _mm512_set1_epi16(1);
         // The 64 centroid bytes of coordinates `x` (low half) and `x + 1`.
         let pair = |x: usize| {
             let lane = |l: usize| {
@@ -231,27 +273,7 @@ unsafe fn body<const PER: usize, const VNNI: bool>(
             for (r, c) in centroids.iter_mut().enumerate().take(valid / 2) {
                 *c = pair(first + 2 * r);
             }
-            transpose(&mut centroids);
-            let mask: u16 = if valid == PASS {
-                u16::MAX
-            } else {
-                (1 << valid) - 1
-            };
-            for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
-                let mut sums = _mm512_setzero_si512();
-                for (g, c) in centroids.iter().enumerate() {
-                    let quad =
-                        u32::from_le_bytes([u[4 * g], u[4 * g + 1], u[4 * g + 2], u[4 * g + 3]]);
-                    sums = dot_bytes::<VNNI>(sums, _mm512_set1_epi32(quad as i32), *c, ones);
-                }
-                // `lane + scale·sum`, as the loop rounds it; the mask covers the `valid`
-                // coordinates from `first` of head `h`, inside `lanes` (`heads · rows`,
-                // asserted); the masked-off ones are neither read nor written.
-                let ptr = lanes.as_mut_ptr().add(h * rows + first);
-                let add = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(sums));
-                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
-                _mm512_mask_storeu_ps(ptr, mask, sum);
-            }
+            add_head_sums::<VNNI>(centroids, (weights, scales), (rows, first, valid), lanes);
         }
     }
 }

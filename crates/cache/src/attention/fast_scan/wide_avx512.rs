@@ -27,9 +27,11 @@ use std::arch::x86_64::*;
 
 use super::BLOCK;
 use super::table::{ScoreTable, WidePart};
-use super::values_avx512::{dot_bytes, transpose};
+use super::values_avx512::add_head_sums;
 use super::values_int::ValueTables;
-use super::wide_x86::{HEADS, PAIRS, group_checked_past, groups_within, widths};
+use super::wide_x86::{
+    Gathered, HEADS, PAIRS, group_checked_past, groups_within, tile_heads, widths,
+};
 use crate::record_order::LANE_BYTES;
 
 /// `B`-bit byte lookups: `table[code]` for each of 64 codes, the table given as up to four
@@ -254,14 +256,6 @@ static INTERLEAVE: [[u8; 64]; 2] = [interleave(0), interleave(1)];
 /// words, tokens 0–15 in the first register, 16–31 in the second.
 type Pair = [__m512i; 2];
 
-/// The gathered pairs (as in the AVX2 form: `pairs[i]` is pair `first + i` of every head's
-/// `wide_query`, written before they are read).
-struct Gathered {
-    pairs: [std::mem::MaybeUninit<Pair>; PAIRS],
-    first: usize,
-    len: usize,
-}
-
 /// [`add_sums_scalar`](super::wide::add_sums_scalar) on AVX-512: per pair of coordinates the
 /// 64 codes' centroid bytes looked up once for every head (`vpermb`), interleaved into words
 /// (`vpermi2b`); per head `Q_a E_a + Q_b E_b` for 16 tokens per `vpmaddwd`, added to 32-bit
@@ -276,22 +270,11 @@ pub(super) unsafe fn add_sums_avx512(
     block: &[u8],
     out: &mut [[u32; BLOCK]],
 ) {
+    let heads = tile_heads(tables, out);
     let first = &tables[0];
     let parts = first.wide();
-    let heads = tables.len().min(out.len());
-    assert!(heads <= HEADS);
-    let queries = first.wide_query().len();
-    assert!(
-        tables[..heads]
-            .iter()
-            .all(|t| t.wide().len() == parts.len() && t.wide_query().len() == queries)
-    );
     let mut acc = [[_mm512_setzero_si512(); 2]; HEADS];
-    let mut gathered = Gathered {
-        pairs: [const { std::mem::MaybeUninit::uninit() }; PAIRS],
-        first: 0,
-        len: 0,
-    };
+    let mut gathered = Gathered::<Pair>::new();
     let (tables, acc) = (&tables[..heads], &mut acc[..heads]);
     for part in parts {
         let args = (part, first.wide_centroids(), block);
@@ -328,7 +311,7 @@ pub(super) unsafe fn add_sums_avx512(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
 unsafe fn gather_part<const B: u8>(
     (part, centroids, block): (&WidePart, &[u8], &[u8]),
-    gathered: &mut Gathered,
+    gathered: &mut Gathered<Pair>,
     tables: &[ScoreTable],
     acc: &mut [[__m512i; 2]],
 ) {
@@ -376,7 +359,7 @@ unsafe fn gather_part<const B: u8>(
 /// AVX-512 F and BW must be available.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m512i; 2]]) {
+fn multiply(gathered: &mut Gathered<Pair>, tables: &[ScoreTable], acc: &mut [[__m512i; 2]]) {
     let (first, n) = (gathered.first, gathered.len);
     for (table, acc) in tables.iter().zip(acc.iter_mut()) {
         let queries = &table.wide_query()[2 * first..2 * (first + n)];
@@ -482,10 +465,8 @@ unsafe fn block_body<const B: u8, const VNNI: bool>(
     (part, block, rows, tables, weights, scales, lanes): BlockArgs<'_>,
 ) {
     // SAFETY: every intrinsic and kernel below needs only the features the callers enable;
-    // the table holds 256 bytes; `within` is `groups_within(part, block)`; the masked load
-    // and store below stay within `lanes` (asserted before them).
+    // the table holds 256 bytes; `within` is `groups_within(part, block)`.
     unsafe {
-        let ones = _mm512_set1_epi16(1);
         let table = load_table(&tables.bytes, 0, 1 << B);
         let within = groups_within(part, block);
         let groups = part.dim.div_ceil(4);
@@ -502,30 +483,12 @@ unsafe fn block_body<const B: u8, const VNNI: bool>(
                 centroids[2 * q] = lookup::<B>(&table, a);
                 centroids[2 * q + 1] = lookup::<B>(&table, b);
             }
-            transpose(&mut centroids);
-            let mask: u16 = if valid == PASS {
-                u16::MAX
-            } else {
-                (1 << valid) - 1
-            };
-            for (h, (u, &scale)) in weights.iter().zip(scales).enumerate() {
-                let mut sums = _mm512_setzero_si512();
-                for (g, c) in centroids.iter().enumerate() {
-                    let quad =
-                        u32::from_le_bytes([u[4 * g], u[4 * g + 1], u[4 * g + 2], u[4 * g + 3]]);
-                    let quad = _mm512_set1_epi32(quad as i32);
-                    sums = dot_bytes::<VNNI>(sums, quad, *c, ones);
-                }
-                // `lane + scale·sum`, each lane rounded as the loop rounds it.
-                let at = h * rows + pass * PASS;
-                assert!(at + valid <= lanes.len());
-                let add = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(sums));
-                // The mask covers `valid` f32 from `at`, within `lanes` (asserted); the
-                // masked-off ones are neither read nor written.
-                let ptr = lanes.as_mut_ptr().add(at);
-                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, ptr), add);
-                _mm512_mask_storeu_ps(ptr, mask, sum);
-            }
+            add_head_sums::<VNNI>(
+                centroids,
+                (weights, scales),
+                (rows, pass * PASS, valid),
+                lanes,
+            );
         }
     }
 }

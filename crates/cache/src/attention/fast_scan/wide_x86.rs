@@ -331,15 +331,41 @@ pub(super) const PAIRS: usize = 32;
 /// 20–23, 8–11 and 24–27, 12–15 and 28–31.
 type Pair = [__m256i; 4];
 
-/// The centroids gathered for the heads to multiply: `pairs[i]` the pair whose integer
-/// queries are pair `first + i` of every head's `wide_query` (the parts' coordinates one
-/// after another, each part's padded to a multiple of 4, so a block's pairs are consecutive),
-/// for `i < len` (written before they are read: zeroing 4 KiB per block would cost as much
-/// as the lookups).
-struct Gathered {
-    pairs: [std::mem::MaybeUninit<Pair>; PAIRS],
-    first: usize,
-    len: usize,
+/// The centroids gathered for the heads to multiply (`P` one pair's registers, AVX2's or
+/// AVX-512's): `pairs[i]` the pair whose integer queries are pair `first + i` of every head's
+/// `wide_query` (the parts' coordinates one after another, each part's padded to a multiple of
+/// 4, so a block's pairs are consecutive), for `i < len` (written before they are read:
+/// zeroing 4 KiB per block would cost as much as the lookups).
+pub(super) struct Gathered<P> {
+    pub(super) pairs: [std::mem::MaybeUninit<P>; PAIRS],
+    pub(super) first: usize,
+    pub(super) len: usize,
+}
+
+impl<P> Gathered<P> {
+    /// None gathered yet, from pair 0.
+    pub(super) fn new() -> Self {
+        Self {
+            pairs: [const { std::mem::MaybeUninit::uninit() }; PAIRS],
+            first: 0,
+            len: 0,
+        }
+    }
+}
+
+/// The heads one pass of the key products scores (`out`'s and `tables`' shorter, at most
+/// [`HEADS`]), checked to share `tables[0]`'s wide parts and queries (one record layout).
+pub(super) fn tile_heads(tables: &[ScoreTable], out: &[[u32; BLOCK]]) -> usize {
+    let first = &tables[0];
+    let heads = tables.len().min(out.len());
+    assert!(heads <= HEADS);
+    let (parts, queries) = (first.wide().len(), first.wide_query().len());
+    assert!(
+        tables[..heads]
+            .iter()
+            .all(|t| t.wide().len() == parts && t.wide_query().len() == queries)
+    );
+    heads
 }
 
 /// [`add_sums_scalar`](super::wide::add_sums_scalar) on AVX2: per pair of coordinates, the
@@ -353,22 +379,11 @@ struct Gathered {
 /// layout).
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn add_sums_avx2(tables: &[ScoreTable], block: &[u8], out: &mut [[u32; BLOCK]]) {
+    let heads = tile_heads(tables, out);
     let first = &tables[0];
     let parts = first.wide();
-    let heads = tables.len().min(out.len());
-    assert!(heads <= HEADS);
-    let queries = first.wide_query().len();
-    assert!(
-        tables[..heads]
-            .iter()
-            .all(|t| t.wide().len() == parts.len() && t.wide_query().len() == queries)
-    );
     let mut acc = [[_mm256_setzero_si256(); 4]; HEADS];
-    let mut gathered = Gathered {
-        pairs: [const { std::mem::MaybeUninit::uninit() }; PAIRS],
-        first: 0,
-        len: 0,
-    };
+    let mut gathered = Gathered::<Pair>::new();
     let (tables, acc) = (&tables[..heads], &mut acc[..heads]);
     for part in parts {
         let args = (part, first.wide_centroids(), block);
@@ -412,7 +427,7 @@ pub(super) unsafe fn add_sums_avx2(tables: &[ScoreTable], block: &[u8], out: &mu
 #[target_feature(enable = "avx2")]
 unsafe fn gather_part<const B: u8>(
     (part, centroids, block): (&WidePart, &[u8], &[u8]),
-    gathered: &mut Gathered,
+    gathered: &mut Gathered<Pair>,
     tables: &[ScoreTable],
     acc: &mut [[__m256i; 4]],
 ) {
@@ -455,7 +470,7 @@ unsafe fn gather_part<const B: u8>(
 /// AVX2 must be available.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn multiply(gathered: &mut Gathered, tables: &[ScoreTable], acc: &mut [[__m256i; 4]]) {
+fn multiply(gathered: &mut Gathered<Pair>, tables: &[ScoreTable], acc: &mut [[__m256i; 4]]) {
     let (first, n) = (gathered.first, gathered.len);
     for (table, acc) in tables.iter().zip(acc.iter_mut()) {
         let queries = &table.wide_query()[2 * first..2 * (first + n)];
