@@ -38,7 +38,7 @@ use half::f16;
 use crate::error::CacheError;
 use crate::kv_cache::KvCache;
 use crate::token_codec::TokenCodec;
-use crate::token_store::{Growth, TokenStore};
+use crate::token_store::{Growth, RunRecords, TokenStore};
 
 /// Tokens in the first page of the kept copies (the store doubles from there).
 const FIRST_PAGE: usize = 64;
@@ -315,6 +315,25 @@ impl HeavyHitters {
     pub fn next_kept(&self, t: usize) -> Option<usize> {
         let i = self.kept.partition_point(|&k| (k as usize) < t);
         self.kept.get(i).map(|&k| k as usize)
+    }
+
+    /// The kept tokens within `range`, ascending.
+    pub fn kept_within(&self, range: std::ops::Range<usize>) -> &[u32] {
+        let from = self.kept.partition_point(|&k| (k as usize) < range.start);
+        let to = from + self.kept[from..].partition_point(|&k| (k as usize) < range.end);
+        &self.kept[from..to]
+    }
+
+    /// The first kept tokens within `range` whose copies lie together (one page of the
+    /// copies' store), with those copies' words and scales: `None` when none is kept there.
+    pub fn copies_within(&self, range: std::ops::Range<usize>) -> Option<(&[u32], &[u32], &[f16])> {
+        let from = self.kept.partition_point(|&k| (k as usize) < range.start);
+        let tokens = self.kept_within(range);
+        match self.copies.records(from, tokens.len())? {
+            (RunRecords::Rows(words), scales, n) => Some((&tokens[..n], words, scales)),
+            // The copies are stored in rows (`new`).
+            (RunRecords::FastScan { .. }, ..) => None,
+        }
     }
 
     /// The kept copy of token `t` (words, scales), if `t` is kept.

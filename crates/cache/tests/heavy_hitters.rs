@@ -37,11 +37,21 @@ fn cache_with_rewind(factor: Option<f32>, max_rewind: usize) -> KvCache {
 }
 
 fn cache_in(factor: Option<f32>, order: RecordOrder, max_rewind: usize) -> KvCache {
+    cache_of(factor, [order; 2], 3, max_rewind)
+}
+
+/// [`cache`] with keys and values in `orders` and `value_bits`-bit values.
+fn cache_of(
+    factor: Option<f32>,
+    orders: [RecordOrder; 2],
+    value_bits: u8,
+    max_rewind: usize,
+) -> KvCache {
     let layout = KvLayout {
         max_rewind,
         ..growing(KV, D)
     };
-    let streams = |spec| -> Vec<StreamLayout> {
+    let streams = |spec, order: RecordOrder| -> Vec<StreamLayout> {
         uniform_streams(&layout, spec)
             .into_iter()
             .map(|mut s| {
@@ -57,8 +67,8 @@ fn cache_in(factor: Option<f32>, order: RecordOrder, max_rewind: usize) -> KvCac
     };
     KvCache::new(
         layout,
-        &streams(codec(2, D, 4, 3)),
-        &streams(codec(2, D, 3, 4)),
+        &streams(codec(2, D, 4, 3), orders[0]),
+        &streams(codec(2, D, value_bits, 4), orders[1]),
     )
     .unwrap()
 }
@@ -191,6 +201,212 @@ fn kept_tokens_are_read_from_their_copies_by_every_kernel() {
         bits(&attend_all(&fast, AttentionKernel::Fused)),
         bits(&attend_all(&plain, AttentionKernel::Fused))
     );
+}
+
+/// A fast-scan run goes on through the kept tokens in it (a block cut there would be summed
+/// twice): their codes must weigh nothing in its integer value sums and their copies what
+/// the codes would have. With zero queries every token the row sees weighs `e^0 = 1` (rows
+/// keys: every score exactly 0), so the output is the mean of the copies the row reads
+/// (sinks, window, kept tokens: decoded here) and of the body's integer sums, computed here as
+/// the kernel sums them: per block of 32 slots the weights `w = norm` of its tokens outside
+/// the kept ones round to `round(w / s)`, `s` their largest over 127, times the centroids'
+/// bytes (`fast_scan_values_sum_the_integer_weights` in fast_scan_cache.rs). A kept token's
+/// codes weighed in, its copy left out, or a block scaled with a kept token's weight moves a
+/// coordinate by more than the f32 rounding allowed (checked by breaking each).
+#[test]
+fn fast_scan_runs_weigh_kept_tokens_by_their_copies_alone() {
+    use tq_cache::TokenCodec;
+    use tq_cache::attention::simd::Isa;
+    const BLOCK: usize = 32;
+    let n = 200;
+    let t = tokens(n, 5);
+    let mut c = cache_of(Some(2.0), [RecordOrder::Rows, RecordOrder::FastScan], 4, 0);
+    run(&mut c, &t, 0, n, 7);
+    let zeros = vec![0.0f32; Q * D];
+    let mut got = vec![0.0f32; Q * D];
+    let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let mut kept_in_blocks = 0;
+    for g in 0..KV {
+        let values = c.values(g);
+        let kept = values.heavy_hitters().unwrap().kept();
+        let window = values.window_start(n, false);
+        kept_in_blocks += kept.len();
+        let TokenCodec::Mse(codec) = values.codec() else {
+            panic!("TQ_mse values")
+        };
+        let centroids = codec.codebook().centroids_f32();
+        let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
+        let e: Vec<f64> = centroids
+            .iter()
+            .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
+            .collect();
+        let mut codes = vec![0u8; D];
+        let mut rotated = vec![0.0f64; D];
+        for block in (SINKS..window)
+            .collect::<Vec<_>>()
+            .chunk_by(|a, b| a / BLOCK == b / BLOCK)
+        {
+            let records: Vec<(Vec<u8>, f32)> = block
+                .iter()
+                .filter(|&&t| !kept.contains(&(t as u32)))
+                .map(|&t| {
+                    let (words, scales) = values.body().record_copy(t).unwrap();
+                    tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+                    (codes.clone(), scales[0].to_f32())
+                })
+                .collect();
+            let scale = records.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
+            for (codes, w) in &records {
+                let u = f64::from((w / scale).min(127.0).round_ties_even());
+                for (r, &c) in rotated.iter_mut().zip(codes) {
+                    *r += f64::from(scale) * u * e[usize::from(c)];
+                }
+            }
+        }
+        let body: Vec<f32> = rotated
+            .iter()
+            .map(|r| (r * f64::from(gamma)) as f32)
+            .collect();
+        let mut sum: Vec<f64> = vec![0.0; D];
+        let mut back = vec![0.0f32; D];
+        codec.rotation().apply_inverse(&body, &mut back).unwrap();
+        for (s, b) in sum.iter_mut().zip(&back) {
+            *s += f64::from(*b);
+        }
+        let mut scratch = CodecScratch::new(D);
+        // A token kept as it leaves the window is read from the window until it has.
+        let kept_before = kept.iter().map(|&k| k as usize).filter(|&k| k < window);
+        let copies = (0..SINKS).chain(kept_before).chain(window..n);
+        for t in copies {
+            values
+                .decode_read(t, window, &mut scratch, &mut back)
+                .unwrap();
+            for (s, b) in sum.iter_mut().zip(&back) {
+                *s += f64::from(*b);
+            }
+        }
+        let expected: Vec<f32> = sum.iter().map(|s| (s / n as f64) as f32).collect();
+        for isa in Isa::available() {
+            tq_cache::attention::simd::fused_attention_on(
+                isa,
+                &c,
+                &zeros,
+                &[n as u32 - 1],
+                SHAPE,
+                &mut got,
+            )
+            .unwrap();
+            for h in 0..Q / KV {
+                let row = &got[(g * (Q / KV) + h) * D..][..D];
+                for (j, (&x, &y)) in row.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 2e-5 * max_v,
+                        "{isa:?} head {g}/{h} coordinate {j}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(kept_in_blocks >= 4, "{kept_in_blocks}");
+}
+
+/// Keys in the fast-scan order: a run's kept tokens are scored from their copies, the rest
+/// from the byte tables. The softmax of scores computed here token by token — `q·k` of the
+/// decoded copy for sinks, kept tokens and the window, the public [`ScoreTable`] and
+/// [`block_sums`] over each token's codes elsewhere (`keys_score_with_the_byte_tables` in
+/// fast_scan_cache.rs) — applied to the values the row reads (rows, decoded), against the
+/// fused output within f32 rounding. A kept token scored from its codes moves it by more
+/// (checked by breaking it).
+#[test]
+fn fast_scan_runs_score_kept_tokens_from_their_copies() {
+    use tq_cache::TokenCodec;
+    use tq_cache::attention::fast_scan::{BLOCK, FastScanBlocks, ScoreTable, block_sums};
+    use tq_cache::attention::simd::Isa;
+    let n = 200;
+    let t = tokens(n, 5);
+    let mut c = cache_of(Some(2.0), [RecordOrder::FastScan, RecordOrder::Rows], 4, 0);
+    run(&mut c, &t, 0, n, 7);
+    let query = &t.queries[(n - 1) * Q * D..n * Q * D];
+    let mut got = vec![0.0f32; Q * D];
+    let max_v = t.values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let mut scratch = CodecScratch::new(D);
+    let mut x = vec![0.0f32; D];
+    let mut kept_scored = 0;
+    for g in 0..KV {
+        let (keys, values) = (c.keys(g), c.values(g));
+        let TokenCodec::Mse(codec) = keys.codec() else {
+            panic!("TQ_mse keys")
+        };
+        let window = keys.window_start(n, false);
+        let kept = keys.heavy_hitters().unwrap().kept();
+        let copied = |t: usize| t < SINKS || t >= window || kept.contains(&(t as u32));
+        kept_scored += kept.iter().filter(|&&k| (k as usize) < window).count();
+        let mut blocks = FastScanBlocks::new(D, 4).unwrap();
+        let mut codes = vec![0u8; D];
+        for t in 0..window {
+            let (words, scales) = keys.body().record_copy(t).unwrap();
+            tq_cache::codec::packing::unpack(&words, 4, &mut codes).unwrap();
+            blocks.push(&codes, scales[0].to_f32()).unwrap();
+        }
+        let value_window = values.window_start(n, false);
+        let read: Vec<Vec<f32>> = (0..n)
+            .map(|t| {
+                values
+                    .decode_read(t, value_window, &mut scratch, &mut x)
+                    .unwrap();
+                x.clone()
+            })
+            .collect();
+        for isa in Isa::available() {
+            tq_cache::attention::simd::fused_attention_on(
+                isa,
+                &c,
+                query,
+                &[n as u32 - 1],
+                SHAPE,
+                &mut got,
+            )
+            .unwrap();
+            for h in g * (Q / KV)..(g + 1) * (Q / KV) {
+                let q: Vec<f32> = query[h * D..(h + 1) * D]
+                    .iter()
+                    .map(|x| x * SHAPE.scale)
+                    .collect();
+                let mut rotated = vec![0.0f32; D];
+                codec.rotation().apply(&q, &mut rotated).unwrap();
+                let table = ScoreTable::new(&rotated, codec.codebook().centroids_f32(), 4).unwrap();
+                let mut sums = [0u32; BLOCK];
+                let scores: Vec<f64> = (0..n)
+                    .map(|t| {
+                        if copied(t) {
+                            keys.decode_read(t, window, &mut scratch, &mut x).unwrap();
+                            return q.iter().zip(&x).map(|(a, b)| f64::from(a * b)).sum();
+                        }
+                        block_sums(Isa::Scalar, &table, &blocks, t / BLOCK, &mut sums).unwrap();
+                        let norm = keys.body().record_copy(t).unwrap().1[0].to_f32();
+                        f64::from(norm * table.dequantize(sums[t % BLOCK]))
+                    })
+                    .collect();
+                let top = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for j in 0..D {
+                    let expected: f64 = weights
+                        .iter()
+                        .zip(&read)
+                        .map(|(w, v)| w * f64::from(v[j]))
+                        .sum();
+                    let expected = (expected / total) as f32;
+                    let x = got[h * D + j];
+                    assert!(
+                        (x - expected).abs() <= 2e-4 * max_v + 1e-5,
+                        "{isa:?} head {h} coordinate {j}: {x} vs {expected}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(kept_scored >= 4, "{kept_scored}");
 }
 
 /// The weights the kernels hand back are each window token's share of the softmax over all

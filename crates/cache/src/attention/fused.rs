@@ -718,6 +718,11 @@ struct BlockScratch {
     window_words: Vec<u32>,
     /// The value sums of fast-scan runs.
     fast: fast_scan::RunScratch,
+    /// `[group, n]`: a fast-scan run's weights with its kept heavy hitters' zeroed.
+    masked: Vec<f32>,
+    /// The scores (`[group, n]`), then the token-major weights, of a run's `n` kept heavy
+    /// hitters.
+    kept_values: Vec<f32>,
     /// `[group, blocks]`: the RoPE-aware key center's corrections of the block's center blocks.
     center_biases: Vec<f32>,
 }
@@ -800,10 +805,20 @@ static WORKSPACES: std::sync::Mutex<Vec<Workspace>> = std::sync::Mutex::new(Vec:
 enum Record<'a> {
     Body,
     /// Body records in the fast-scan order: the blocks covering the run, which starts at slot
-    /// `lead` of the first (the visit's words are empty).
+    /// `lead` of the first (the visit's words are empty). `kept`: the run holds kept heavy
+    /// hitters, whose copies are visited after it as [`Record::Kept`] — their codes must weigh
+    /// nothing in the run's value sums.
     FastScan {
         codes: &'a [u8],
         lead: usize,
+        kept: bool,
+    },
+    /// Kept heavy hitters inside the fast-scan run just visited (ascending, their copies
+    /// together in the visit's words and scales, the visit's first token the first of them):
+    /// each copy (`Q8` or `Plain`) replaces the score the run gave its token's codes.
+    Kept {
+        kind: CopyKind,
+        tokens: &'a [u32],
     },
     Plain(PlainKind),
     /// An 8-bit window copy (words: its codes; scales: its step). The codes live in the
@@ -813,10 +828,31 @@ enum Record<'a> {
     Q8,
 }
 
+/// The kind of a token's copy, where [`Record::Kept`] names it.
+#[derive(Clone, Copy)]
+enum CopyKind {
+    Plain(PlainKind),
+    Q8,
+}
+
+impl CopyKind {
+    /// The record a copy of this kind is read as.
+    fn record<'a>(self) -> Record<'a> {
+        match self {
+            CopyKind::Plain(kind) => Record::Plain(kind),
+            CopyKind::Q8 => Record::Q8,
+        }
+    }
+}
+
 /// Calls `visit(first_token, words, scales, tokens, record)` for consecutive runs of records
 /// covering `range`: body records and the query's window copies (from `window_start` on:
-/// [`Stream::window_start`]) in contiguous runs, sinks and kept heavy hitters
-/// ([`Stream::next_kept`]) one at a time.
+/// [`Stream::window_start`]) in contiguous runs, sinks one at a time. A kept heavy hitter
+/// ([`Stream::next_kept`]) is read from its copy, one token at a time: in rows a body run ends
+/// there; in the fast-scan order the run goes on through it and the copy follows the run as
+/// [`Record::Kept`] (a block cut at a kept token would be summed twice, each part through the
+/// loops for partial blocks; at 8K tokens `rec4.25` keeps about 3% of a SmolLM2 stream's
+/// tokens, enough to cut most blocks).
 fn walk<'a>(
     stream: &'a Stream,
     range: std::ops::Range<usize>,
@@ -825,6 +861,11 @@ fn walk<'a>(
 ) {
     let body = stream.body();
     let sink_end = stream.sink_end();
+    let copy_kind = match stream.recent_codec() {
+        TokenCodec::Q8(_) => CopyKind::Q8,
+        codec => CopyKind::Plain(plain_kind(codec)),
+    };
+    let fast_scan = body.order() == RecordOrder::FastScan;
     let mut t = range.start;
     while t < range.end {
         if t >= window_start && t >= sink_end {
@@ -851,17 +892,11 @@ fn walk<'a>(
             t += 1;
         } else {
             let mut limit = range.end.min(window_start) - t;
-            // A kept heavy hitter is read from its copy, one at a time; a body run ends there.
-            if let Some(kept) = stream.next_kept(t)
-                && kept < t + limit
-            {
+            let kept = stream.next_kept(t).filter(|&kept| kept < t + limit);
+            if let (Some(kept), false) = (kept, fast_scan) {
                 if kept == t {
                     if let Some((words, s)) = stream.kept_copy(t) {
-                        let record = match stream.recent_codec() {
-                            TokenCodec::Q8(_) => Record::Q8,
-                            codec => Record::Plain(plain_kind(codec)),
-                        };
-                        visit(t, words, s, 1, record);
+                        visit(t, words, s, 1, copy_kind.record());
                     }
                     t += 1;
                     continue;
@@ -874,7 +909,19 @@ fn walk<'a>(
             match records {
                 RunRecords::Rows(w) => visit(t, w, s, n, Record::Body),
                 RunRecords::FastScan { codes, lead } => {
-                    visit(t, &[], s, n, Record::FastScan { codes, lead })
+                    let kept = kept.is_some_and(|k| k < t + n);
+                    visit(t, &[], s, n, Record::FastScan { codes, lead, kept });
+                    let mut from = t;
+                    while kept && let Some((tokens, w, s)) = stream.kept_copies_within(from..t + n)
+                    {
+                        let first = tokens[0] as usize;
+                        let record = Record::Kept {
+                            kind: copy_kind,
+                            tokens,
+                        };
+                        visit(first, w, s, tokens.len(), record);
+                        from = tokens[tokens.len() - 1] as usize + 1;
+                    }
                 }
             }
             t += n;
@@ -1018,6 +1065,8 @@ fn run_block_with(
         window_back,
         window_words,
         fast,
+        masked,
+        kept_values,
         center_biases,
     } = scratch;
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
@@ -1027,9 +1076,36 @@ fn run_block_with(
         range.clone(),
         key_window,
         |t, words, halves, n, record| {
-            let out = &mut scores[t - start..];
             let record_words = words.len() / n;
-            if let Record::FastScan { codes, lead } = record {
+            if let Record::Kept { kind, tokens } = record {
+                // The fast-scan run just visited scored these tokens' codes: their copies'
+                // scores replace them.
+                let out = zeroed(kept_values, group * n);
+                match kind {
+                    CopyKind::Q8 => {
+                        let run = q8_as_f32(isa, words, halves, d, window_words);
+                        simd::score_plain(isa, &run, &prepared.window, out, n);
+                    }
+                    CopyKind::Plain(kind) => {
+                        let run = PlainRun {
+                            words,
+                            record_words,
+                            offset: 0,
+                            kind,
+                            dim: d,
+                        };
+                        simd::score_plain(isa, &run, &prepared.plain, out, n);
+                    }
+                }
+                for (h, kept) in out.chunks_exact(n).enumerate() {
+                    for (&k, &score) in tokens.iter().zip(kept) {
+                        scores[h * len + k as usize - start] = score;
+                    }
+                }
+                return;
+            }
+            let out = &mut scores[t - start..];
+            if let Record::FastScan { codes, lead, .. } = record {
                 scales.load(isa, halves, n);
                 // One set of tables per scale (two tiers: the second set adds its tier).
                 let sets = prepared.table_scales.len();
@@ -1181,10 +1257,52 @@ fn run_block_with(
         |t, words, halves, n, record| {
             let i = t - start;
             let record_words = words.len() / n;
-            if let Record::FastScan { codes, lead } = record {
+            if let Record::Kept { kind, tokens } = record {
+                // Token-major weights of the kept tokens, the run's slots they were masked in.
+                let weights = grown(kept_values, n * group);
+                for (h, row) in exp_scores.chunks_exact(len).enumerate() {
+                    for (j, &k) in tokens.iter().enumerate() {
+                        weights[j * group + h] = row[k as usize - start];
+                    }
+                }
+                match kind {
+                    CopyKind::Q8 => {
+                        let run = q8_as_f32(isa, words, halves, d, window_words);
+                        let values = ensure(window_values, group * d);
+                        simd::accumulate_plain(isa, &run, weights, values);
+                    }
+                    CopyKind::Plain(kind) => {
+                        let run = PlainRun {
+                            words,
+                            record_words,
+                            offset: 0,
+                            kind,
+                            dim: d,
+                        };
+                        simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
+                    }
+                }
+                return;
+            }
+            if let Record::FastScan { codes, lead, kept } = record {
                 // Coded parts only (`head_plan` refuses any other fast-scan body), each
                 // weighted by its own scale (two tiers: a norm each).
                 scales.load(isa, halves, n);
+                // The run's weights, those of its kept tokens zeroed (their copies follow).
+                let weights = if kept {
+                    masked.clear();
+                    for h in 0..group {
+                        masked.extend_from_slice(&exp_scores[h * len + i..h * len + i + n]);
+                    }
+                    for &k in plan.values.kept_within(t..t + n) {
+                        for h in 0..group {
+                            masked[h * n + k as usize - t] = 0.0;
+                        }
+                    }
+                    (&masked[..], n, group)
+                } else {
+                    (&exp_scores[i..], len, group)
+                };
                 let record_words = plan.values.codec().record_words();
                 for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
                     let norms = scales.contiguous(part.scale_offset, n);
@@ -1207,7 +1325,7 @@ fn run_block_with(
                         n,
                         run_part(part, record_words),
                         &tables,
-                        (&exp_scores[i..], len, group),
+                        weights,
                         norms,
                         fast,
                         values,
@@ -1232,7 +1350,7 @@ fn run_block_with(
                             n,
                             sign_part,
                             &fast_scan::ValueTables::new(&SIGN_CENTROIDS, 1),
-                            (&exp_scores[i..], len, group),
+                            weights,
                             gammas,
                             fast,
                             signs,
