@@ -238,12 +238,7 @@ fn fast_scan_values_sum_the_integer_weights() {
             let TokenCodec::Mse(codec) = values.codec() else {
                 panic!("TQ_mse values")
             };
-            let centroids = codec.codebook().centroids_f32();
-            let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
-            let e: Vec<f64> = centroids
-                .iter()
-                .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
-                .collect();
+            let (gamma, e) = common::centroid_bytes(codec.codebook().centroids_f32());
             let mut codes = vec![0u8; D];
             let records: Vec<(Vec<u8>, f32)> = (0..tokens)
                 .map(|t| {
@@ -256,14 +251,7 @@ fn fast_scan_values_sum_the_integer_weights() {
                 let visible = &records[..=p as usize];
                 let mut rotated = vec![0.0f64; D];
                 for block in visible.chunks(BLOCK) {
-                    // The kernel's f32 steps: the block's scale, each weight's byte.
-                    let scale = block.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
-                    for (codes, w) in block {
-                        let u = f64::from((w / scale).min(127.0).round_ties_even());
-                        for (r, &c) in rotated.iter_mut().zip(codes) {
-                            *r += f64::from(scale) * u * e[usize::from(c)];
-                        }
-                    }
+                    common::add_block_sum(block, &e, &mut rotated);
                 }
                 let mean: Vec<f32> = rotated
                     .iter()
@@ -1388,24 +1376,19 @@ fn basis_values_sum_the_integer_weights(basis: &str, widths: Widths) {
             let visible = &records[..=p as usize];
             let mut components = vec![0.0f32; codec.rank()];
             for group in codec.groups() {
-                let centroids = group.codebook.centroids_f32();
-                let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
-                let e: Vec<f64> = centroids
-                    .iter()
-                    .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
-                    .collect();
+                let (gamma, e) = common::centroid_bytes(group.codebook.centroids_f32());
                 let mut codes = vec![0u8; group.len()];
                 let mut rotated = vec![0.0f64; group.len()];
                 for block in visible.chunks(BLOCK) {
-                    let scale = block.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
-                    for (words, w) in block {
-                        let own = &words[group.word_offset..group.word_offset + group.words()];
-                        tq_cache::codec::packing::unpack(own, group.bits, &mut codes).unwrap();
-                        let u = f64::from((w / scale).min(127.0).round_ties_even());
-                        for (r, &c) in rotated.iter_mut().zip(&codes) {
-                            *r += f64::from(scale) * u * e[usize::from(c)];
-                        }
-                    }
+                    let block: Vec<(Vec<u8>, f32)> = block
+                        .iter()
+                        .map(|(words, w)| {
+                            let own = &words[group.word_offset..group.word_offset + group.words()];
+                            tq_cache::codec::packing::unpack(own, group.bits, &mut codes).unwrap();
+                            (codes.clone(), *w)
+                        })
+                        .collect();
+                    common::add_block_sum(&block, &e, &mut rotated);
                 }
                 let mean: Vec<f32> = rotated
                     .iter()

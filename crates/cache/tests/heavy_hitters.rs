@@ -234,12 +234,7 @@ fn fast_scan_runs_weigh_kept_tokens_by_their_copies_alone() {
         let TokenCodec::Mse(codec) = values.codec() else {
             panic!("TQ_mse values")
         };
-        let centroids = codec.codebook().centroids_f32();
-        let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
-        let e: Vec<f64> = centroids
-            .iter()
-            .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
-            .collect();
+        let (gamma, e) = common::centroid_bytes(codec.codebook().centroids_f32());
         let mut codes = vec![0u8; D];
         let mut rotated = vec![0.0f64; D];
         for block in (SINKS..window)
@@ -255,13 +250,7 @@ fn fast_scan_runs_weigh_kept_tokens_by_their_copies_alone() {
                     (codes.clone(), scales[0].to_f32())
                 })
                 .collect();
-            let scale = records.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
-            for (codes, w) in &records {
-                let u = f64::from((w / scale).min(127.0).round_ties_even());
-                for (r, &c) in rotated.iter_mut().zip(codes) {
-                    *r += f64::from(scale) * u * e[usize::from(c)];
-                }
-            }
+            common::add_block_sum(&records, &e, &mut rotated);
         }
         let body: Vec<f32> = rotated
             .iter()

@@ -845,6 +845,78 @@ impl CopyKind {
     }
 }
 
+impl Record<'_> {
+    /// The kind of copy a `Plain` or `Q8` record is (`None` for the others).
+    fn copy(self) -> Option<CopyKind> {
+        match self {
+            Record::Plain(kind) => Some(CopyKind::Plain(kind)),
+            Record::Q8 => Some(CopyKind::Q8),
+            _ => None,
+        }
+    }
+}
+
+/// The `n` copies of kind `kind` in `words`/`halves`, f32 words of an 8-bit run converted into
+/// `q8_words`: the run the plain kernels read.
+fn copies_run<'w>(
+    isa: Isa,
+    kind: CopyKind,
+    (words, halves, n): (&'w [u32], &[f16], usize),
+    d: usize,
+    q8_words: &'w mut Vec<u32>,
+) -> PlainRun<'w> {
+    match kind {
+        CopyKind::Q8 => q8_as_f32(isa, words, halves, d, q8_words),
+        CopyKind::Plain(kind) => PlainRun {
+            words,
+            record_words: words.len() / n,
+            offset: 0,
+            kind,
+            dim: d,
+        },
+    }
+}
+
+/// Adds the scores of `n` copies to `out` (`[group, stride]`): an 8-bit copy, `(Πq)·(s·c)`, in
+/// its rotated coordinates against the rotated queries ([`PreparedGroup::window`]); a plain
+/// one against the plain queries.
+fn score_copies(
+    isa: Isa,
+    kind: CopyKind,
+    copies: (&[u32], &[f16], usize),
+    (prepared, d): (&PreparedGroup, usize),
+    q8_words: &mut Vec<u32>,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let queries = match kind {
+        CopyKind::Q8 => &prepared.window,
+        CopyKind::Plain(_) => &prepared.plain,
+    };
+    let run = copies_run(isa, kind, copies, d, q8_words);
+    simd::score_plain(isa, &run, queries, out, stride);
+}
+
+/// Adds `n` copies weighted by `weights` (token-major `[n, group]`): 8-bit copies to
+/// `window_values` in their rotated coordinates (turned back once per block), plain ones to
+/// `full`; each accumulator `[group, d]`, created on first use.
+fn accumulate_copies(
+    isa: Isa,
+    kind: CopyKind,
+    copies: (&[u32], &[f16], usize),
+    (d, group): (usize, usize),
+    weights: &[f32],
+    q8_words: &mut Vec<u32>,
+    (window_values, full): (&mut Vec<f32>, &mut Vec<f32>),
+) {
+    let acc = match kind {
+        CopyKind::Q8 => window_values,
+        CopyKind::Plain(_) => full,
+    };
+    let run = copies_run(isa, kind, copies, d, q8_words);
+    simd::accumulate_plain(isa, &run, weights, ensure(acc, group * d));
+}
+
 /// Calls `visit(first_token, words, scales, tokens, record)` for consecutive runs of records
 /// covering `range`: body records and the query's window copies (from `window_start` on:
 /// [`Stream::window_start`]) in contiguous runs, sinks one at a time. A kept heavy hitter
@@ -1081,22 +1153,8 @@ fn run_block_with(
                 // The fast-scan run just visited scored these tokens' codes: their copies'
                 // scores replace them.
                 let out = zeroed(kept_values, group * n);
-                match kind {
-                    CopyKind::Q8 => {
-                        let run = q8_as_f32(isa, words, halves, d, window_words);
-                        simd::score_plain(isa, &run, &prepared.window, out, n);
-                    }
-                    CopyKind::Plain(kind) => {
-                        let run = PlainRun {
-                            words,
-                            record_words,
-                            offset: 0,
-                            kind,
-                            dim: d,
-                        };
-                        simd::score_plain(isa, &run, &prepared.plain, out, n);
-                    }
-                }
+                let copies = (words, halves, n);
+                score_copies(isa, kind, copies, (prepared, d), window_words, out, n);
                 for (h, kept) in out.chunks_exact(n).enumerate() {
                     for (&k, &score) in tokens.iter().zip(kept) {
                         scores[h * len + k as usize - start] = score;
@@ -1117,22 +1175,9 @@ fn run_block_with(
                 }
                 return;
             }
-            if let Record::Q8 = record {
-                // (Πq)·(s·c) per head: the copies as f32 in their rotated coordinates, through
-                // the plain kernel.
-                let run = q8_as_f32(isa, words, halves, d, window_words);
-                simd::score_plain(isa, &run, &prepared.window, out, len);
-                return;
-            }
-            if let Record::Plain(kind) = record {
-                let run = PlainRun {
-                    words,
-                    record_words,
-                    offset: 0,
-                    kind,
-                    dim: d,
-                };
-                simd::score_plain(isa, &run, &prepared.plain, out, len);
+            if let Some(kind) = record.copy() {
+                let copies = (words, halves, n);
+                score_copies(isa, kind, copies, (prepared, d), window_words, out, len);
                 return;
             }
             scales.load(isa, halves, n);
@@ -1265,23 +1310,17 @@ fn run_block_with(
                         weights[j * group + h] = row[k as usize - start];
                     }
                 }
-                match kind {
-                    CopyKind::Q8 => {
-                        let run = q8_as_f32(isa, words, halves, d, window_words);
-                        let values = ensure(window_values, group * d);
-                        simd::accumulate_plain(isa, &run, weights, values);
-                    }
-                    CopyKind::Plain(kind) => {
-                        let run = PlainRun {
-                            words,
-                            record_words,
-                            offset: 0,
-                            kind,
-                            dim: d,
-                        };
-                        simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
-                    }
-                }
+                let copies = (words, halves, n);
+                let accumulators = (&mut *window_values, &mut *full);
+                accumulate_copies(
+                    isa,
+                    kind,
+                    copies,
+                    (d, group),
+                    weights,
+                    window_words,
+                    accumulators,
+                );
                 return;
             }
             if let Record::FastScan { codes, lead, kept } = record {
@@ -1360,20 +1399,18 @@ fn run_block_with(
                 return;
             }
             let weights = token_major(exp_scores, len, group, i..i + n, probabilities);
-            if let Record::Q8 = record {
-                let run = q8_as_f32(isa, words, halves, d, window_words);
-                simd::accumulate_plain(isa, &run, weights, ensure(window_values, group * d));
-                return;
-            }
-            if let Record::Plain(kind) = record {
-                let run = PlainRun {
-                    words,
-                    record_words,
-                    offset: 0,
+            if let Some(kind) = record.copy() {
+                let copies = (words, halves, n);
+                let accumulators = (&mut *window_values, &mut *full);
+                accumulate_copies(
+                    isa,
                     kind,
-                    dim: d,
-                };
-                simd::accumulate_plain(isa, &run, weights, ensure(full, group * d));
+                    copies,
+                    (d, group),
+                    weights,
+                    window_words,
+                    accumulators,
+                );
                 return;
             }
             scales.load(isa, halves, n);

@@ -181,3 +181,27 @@ pub fn forward_in_pieces_with(
 pub fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
+
+/// The centroid bytes of the fast-scan integer value sums: `γ = max|c| / 127` and each
+/// centroid's byte `e_k = round(c_k / γ)` (as f64, for sums computed here).
+pub fn centroid_bytes(centroids: &[f32]) -> (f32, Vec<f64>) {
+    let gamma = centroids.iter().fold(0.0f32, |m, c| m.max(c.abs())) / 127.0;
+    let e = centroids
+        .iter()
+        .map(|c| f64::from((c / gamma).round_ties_even().clamp(-127.0, 127.0)))
+        .collect();
+    (gamma, e)
+}
+
+/// Adds one block's integer value sum, with the kernel's f32 steps, to `rotated` (in units of
+/// `γ`): the block's weights `w` (here each token's norm) round to bytes `round(w / s)`, `s`
+/// their largest over 127, each times the centroid bytes `e` of its token's codes, scaled by `s`.
+pub fn add_block_sum(block: &[(Vec<u8>, f32)], e: &[f64], rotated: &mut [f64]) {
+    let scale = block.iter().fold(0.0f32, |m, (_, w)| m.max(*w)) / 127.0;
+    for (codes, w) in block {
+        let u = f64::from((w / scale).min(127.0).round_ties_even());
+        for (r, &c) in rotated.iter_mut().zip(codes) {
+            *r += f64::from(scale) * u * e[usize::from(c)];
+        }
+    }
+}
