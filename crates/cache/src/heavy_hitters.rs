@@ -317,19 +317,23 @@ impl HeavyHitters {
         self.kept.get(i).map(|&k| k as usize)
     }
 
+    /// The indices into `kept` of the kept tokens within `range`.
+    fn kept_span(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let from = self.kept.partition_point(|&k| (k as usize) < range.start);
+        from..from + self.kept[from..].partition_point(|&k| (k as usize) < range.end)
+    }
+
     /// The kept tokens within `range`, ascending.
     pub fn kept_within(&self, range: std::ops::Range<usize>) -> &[u32] {
-        let from = self.kept.partition_point(|&k| (k as usize) < range.start);
-        let to = from + self.kept[from..].partition_point(|&k| (k as usize) < range.end);
-        &self.kept[from..to]
+        &self.kept[self.kept_span(range)]
     }
 
     /// The first kept tokens within `range` whose copies lie together (one page of the
     /// copies' store), with those copies' words and scales: `None` when none is kept there.
     pub fn copies_within(&self, range: std::ops::Range<usize>) -> Option<(&[u32], &[u32], &[f16])> {
-        let from = self.kept.partition_point(|&k| (k as usize) < range.start);
-        let tokens = self.kept_within(range);
-        match self.copies.records(from, tokens.len())? {
+        let span = self.kept_span(range);
+        let tokens = &self.kept[span.clone()];
+        match self.copies.records(span.start, tokens.len())? {
             (RunRecords::Rows(words), scales, n) => Some((&tokens[..n], words, scales)),
             // The copies are stored in rows (`new`).
             (RunRecords::FastScan { .. }, ..) => None,

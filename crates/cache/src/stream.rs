@@ -328,8 +328,9 @@ pub struct Stream {
 /// A decode step's window is the previous step's minus its oldest tokens plus the token the
 /// previous step pushed: [`Stream::begin_step`] keeps those copies, dropping the oldest from
 /// the front (`skipped`), instead of copying the whole window from the ring again (at 8K
-/// tokens 1024 copies per stream and step: `begin_step`, its copies and the reads of the
-/// ring's records were 5-6% of a `rec4.25` SmolLM2 decode step in a profile).
+/// tokens 1024 copies per stream and step; in a profile of a `rec4.25` SmolLM2 decode step,
+/// `begin_step`, `TokenStore::record_copy`, `TokenStore::slices` and `memmove` fell from 11%
+/// to under 2.5% with this, not all of that the step's copies).
 #[derive(Clone, Debug, Default)]
 struct StepCopies {
     /// The token of the first copy.
