@@ -631,3 +631,163 @@ proptest! {
         }
     }
 }
+
+/// Random parts of the same records (`(d, b, signs)` each, every part's scales interleaved per
+/// record as the fused kernel passes them): the packed words, the scales and each part's
+/// centroids, code offset, sign offset, scale offset and sketch dimension.
+struct SharedRecords {
+    words: Vec<u32>,
+    record_words: usize,
+    scales: Vec<f32>,
+    scale_stride: usize,
+    centroids: Vec<Vec<f32>>,
+    offsets: Vec<(usize, usize, usize, usize)>,
+    parts: Vec<(usize, u8, bool)>,
+}
+
+impl SharedRecords {
+    fn new(parts: &[(usize, u8, bool)], n: usize, seed: u64) -> Self {
+        let mut offsets = Vec::new();
+        let (mut record_words, mut scale_stride) = (0, 0);
+        for &(d, b, prod) in parts {
+            let code_words = (d * b as usize).div_ceil(32);
+            let m = if prod { d } else { 0 };
+            offsets.push((record_words, record_words + code_words, scale_stride, m));
+            record_words += code_words + m.div_ceil(32);
+            scale_stride += 1 + usize::from(prod);
+        }
+        Self {
+            words: words(n * record_words, seed),
+            record_words,
+            scales: floats(n * scale_stride, seed ^ 1)
+                .iter()
+                .map(|v| 1.5 + v)
+                .collect(),
+            scale_stride,
+            centroids: parts
+                .iter()
+                .enumerate()
+                .map(|(p, &(_, b, _))| floats(1 << b, seed ^ (16 + p as u64)))
+                .collect(),
+            offsets,
+            parts: parts.to_vec(),
+        }
+    }
+
+    fn runs(&self) -> Vec<CodedRun<'_>> {
+        self.parts
+            .iter()
+            .zip(&self.offsets)
+            .zip(&self.centroids)
+            .map(
+                |((&(d, b, _), &(code_offset, sign_offset, scale_offset, m)), c)| CodedRun {
+                    words: &self.words,
+                    record_words: self.record_words,
+                    code_offset,
+                    bits: b,
+                    dim: d,
+                    centroids: c,
+                    sign_offset,
+                    sketch_dim: m,
+                    scales: &self.scales[scale_offset..],
+                    scale_stride: self.scale_stride,
+                },
+            )
+            .collect()
+    }
+}
+
+/// `accumulate_coded_parts` on `runs` against one `accumulate_coded` per part with the
+/// token-major weights `p·norm` it replaces: the same bits where it takes the runs, nothing
+/// touched where it declines. Returns whether it took them.
+fn check_coded_parts(isa: Isa, runs: &[CodedRun<'_>], heads: usize, seed: u64) -> bool {
+    let n = runs[0].len();
+    let stride = n + (seed % 5) as usize;
+    let probabilities = floats(heads * stride, seed ^ 3);
+    let accs0: Vec<Vec<f32>> = runs
+        .iter()
+        .enumerate()
+        .map(|(p, run)| floats(heads * run.dim, seed ^ (48 + p as u64)))
+        .collect();
+    let mut got = accs0.clone();
+    let mut slices: Vec<&mut [f32]> = got.iter_mut().map(|a| &mut a[..]).collect();
+    let taken = simd::accumulate_coded_parts(isa, runs, &probabilities, stride, &mut slices);
+    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|a| a.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    if !taken {
+        assert_eq!(bits(&got), bits(&accs0), "{isa:?}: declined but wrote");
+        return false;
+    }
+    let mut expected = accs0.clone();
+    for (run, acc) in runs.iter().zip(&mut expected) {
+        let m = run.sketch_dim;
+        let weights: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                let norm = run.scales[i * run.scale_stride];
+                (0..heads).map(move |h| (h, i, norm))
+            })
+            .map(|(h, i, norm)| probabilities[h * stride + i] * norm)
+            .collect();
+        let mut signs = vec![0.0f32; heads * m];
+        let sign_weights = vec![0.0f32; if m > 0 { n * heads } else { 0 }];
+        simd::accumulate_coded(isa, run, &weights, &sign_weights, acc, &mut signs);
+    }
+    assert_eq!(
+        bits(&got),
+        bits(&expected),
+        "{isa:?}: head-major parts differ"
+    );
+    true
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// Any parts (every width, signs or none, partial chunks): where `accumulate_coded_parts`
+    /// takes them it gives the bits of a token-major pass per part; where not it writes nothing.
+    #[test]
+    fn accumulate_coded_parts_has_the_bits_of_a_pass_per_part(
+        parts in prop::collection::vec((1usize..70, 1u8..=8, any::<bool>()), 1..=8),
+        heads in 1usize..=9,
+        n in 1usize..40,
+        seed in any::<u64>(),
+    ) {
+        let records = SharedRecords::new(&parts, n, seed);
+        for isa in Isa::available() {
+            check_coded_parts(isa, &records.runs(), heads, seed);
+        }
+    }
+
+    /// The layouts it is for (one to three parts of whole 16-coordinate chunks, codes of at
+    /// most 4 bits, no signs: the presets' two tiers and single codecs at d = 64 and 128): the
+    /// AVX-512 and AVX2 kernels take them — over more tokens than one L1 block too — with the
+    /// same bits.
+    #[test]
+    fn accumulate_coded_parts_takes_the_presets_layouts(
+        parts in prop::collection::vec((1usize..=8, 1u8..=4), 1..=3),
+        heads in 1usize..=9,
+        n in prop_oneof![1usize..40, 900usize..1100],
+        seed in any::<u64>(),
+    ) {
+        let parts: Vec<(usize, u8, bool)> = parts.iter().map(|&(c, b)| (16 * c, b, false)).collect();
+        let records = SharedRecords::new(&parts, n, seed);
+        // Its chunk reads take 8 bytes, so a part needs that many from its codes to the end
+        // of the record (a record of one 16-code part of 1 to 3 bits is shorter).
+        let readable = records
+            .offsets
+            .iter()
+            .all(|&(code_offset, ..)| 4 * (records.record_words - code_offset) >= 8);
+        for isa in Isa::available() {
+            let taken = check_coded_parts(isa, &records.runs(), heads, seed);
+            let expected = match isa {
+                Isa::Avx512 => readable,
+                Isa::Avx2 => true,
+                _ => false,
+            };
+            prop_assert_eq!(taken, expected, "{:?}", isa);
+        }
+    }
+}

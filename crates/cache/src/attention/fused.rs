@@ -1111,6 +1111,20 @@ fn run_block(
     });
 }
 
+/// Prefetches the body norms of `tokens` of `stream` (the first page's, a hint).
+fn prefetch_scales(stream: &Stream, tokens: std::ops::Range<usize>) {
+    let (start, end) = (
+        tokens.start.max(stream.first_stored()),
+        tokens.end.min(stream.len()),
+    );
+    if start >= end {
+        return;
+    }
+    if let Some((_, scales, _)) = stream.body().records(stream.body_slot(start), end - start) {
+        simd::prefetch(scales);
+    }
+}
+
 fn run_block_with(
     isa: Isa,
     plan: &HeadPlan<'_>,
@@ -1141,6 +1155,12 @@ fn run_block_with(
         kept_values,
         center_biases,
     } = scratch;
+    // Norms are converted in a short pass before their records are read, which would wait on
+    // their first miss: this block's value norms are asked for now (they arrive while the keys
+    // are scored), and the next block's key norms (its keys are scored right after this
+    // block's values when one thread takes both).
+    prefetch_scales(plan.values, range.clone());
+    prefetch_scales(plan.keys, range.end..range.end + len);
     reserve_for(scores, group * len.max(MAX_BLOCK_TOKENS));
     let scores = zeroed(scores, group * len);
     walk(
@@ -1283,10 +1303,11 @@ fn run_block_with(
         acc.values.clear();
         acc.signs.clear();
     }
-    // Token-major probabilities `[len, group]`, the weight layout of every value kernel but the
-    // fast-scan one: written run by run for the runs that read them (`token_major`), since a
-    // strided copy (and a zeroing) of the whole block cost a fast-scan step about a tenth of
-    // its instructions.
+    // Token-major probabilities `[len, group]`, the weight layout of the value kernels of plain
+    // runs and copies, and of coded rows where the instruction set has no head-major kernel
+    // (`simd::accumulate_coded_parts`: AVX-512 reads the head-major rows itself): written run
+    // by run for the runs that read them (`token_major`), since a strided copy (and a zeroing)
+    // of the whole block cost a fast-scan step about a tenth of its instructions.
     reserve_for(probabilities, group * len.max(MAX_BLOCK_TOKENS));
     // Not zeroed: each run writes its tokens before reading them.
     let probabilities = grown(probabilities, len * group);
@@ -1398,6 +1419,47 @@ fn run_block_with(
                 }
                 return;
             }
+            let mut loaded = false;
+            if matches!(record, Record::Body)
+                && plan
+                    .value_parts
+                    .iter()
+                    .all(|part| matches!(part.body, Body::Codes { .. }))
+            {
+                // Coded parts only: weighted straight from the head-major probabilities where
+                // the instruction set has the kernel (no transposed copy, no `p·norm` rows).
+                scales.load(isa, halves, n);
+                loaded = true;
+                let runs: [Option<CodedRun<'_>>; MAX_PARTS] = std::array::from_fn(|k| {
+                    plan.value_parts
+                        .get(k)
+                        .and_then(|part| part.coded_run(words, record_words, scales))
+                });
+                let Some(first) = runs[0] else {
+                    return;
+                };
+                let count = plan.value_parts.len();
+                let runs: [CodedRun<'_>; MAX_PARTS] =
+                    std::array::from_fn(|k| runs[k].unwrap_or(first));
+                let mut accs: [&mut [f32]; MAX_PARTS] = Default::default();
+                for ((slot, part), acc) in accs
+                    .iter_mut()
+                    .zip(plan.value_parts.iter())
+                    .zip(parts.iter_mut())
+                {
+                    *slot = ensure(&mut acc.values, group * part.dim);
+                }
+                let weights = &exp_scores[i..];
+                if simd::accumulate_coded_parts(
+                    isa,
+                    &runs[..count],
+                    weights,
+                    len,
+                    &mut accs[..count],
+                ) {
+                    return;
+                }
+            }
             let weights = token_major(exp_scores, len, group, i..i + n, probabilities);
             if let Some(kind) = record.copy() {
                 let copies = (words, halves, n);
@@ -1413,7 +1475,9 @@ fn run_block_with(
                 );
                 return;
             }
-            scales.load(isa, halves, n);
+            if !loaded {
+                scales.load(isa, halves, n);
+            }
             for (part, acc) in plan.value_parts.iter().zip(parts.iter_mut()) {
                 match &part.body {
                     Body::Plain(kind) => {

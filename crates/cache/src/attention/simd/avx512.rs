@@ -431,6 +431,72 @@ struct Segment<'a> {
     scale_stride: usize,
 }
 
+/// The 8 bytes from the start of whole chunk `c` of `chunk_bytes` bytes of codes at `codes`, in
+/// the low bytes, read in bounds: chunks `c < fast` read directly; a later one (the last one of
+/// 3- and 2-bit codes at d = 64, whose 6 or 4 bytes end the record) reads the record's last 8
+/// bytes (`bytes` from `codes`) and shifts its own down. The bytes above the chunk's differ
+/// (zeros instead of what follows), and no decode reads them.
+///
+/// # Safety
+/// `codes` points to `bytes ≥ 8` readable bytes, chunk `c` lies inside them, and chunks below
+/// `fast` have 8 readable bytes from their start.
+#[inline]
+unsafe fn chunk_bits(
+    codes: *const u8,
+    c: usize,
+    chunk_bytes: usize,
+    fast: usize,
+    bytes: usize,
+) -> i64 {
+    let offset = chunk_bytes * c;
+    // SAFETY: caller contract: a fast chunk's 8 bytes lie inside the record; otherwise
+    // `bytes − 8 ≥ 0` and the read ends at the record's end, and the whole chunk lies inside
+    // (`offset + 2b ≤ bytes`), so the shift `offset + 8 − bytes` is below 8.
+    unsafe {
+        if c < fast {
+            (codes.add(offset) as *const i64).read_unaligned()
+        } else {
+            let back = offset + 8 - bytes;
+            let word = (codes.add(bytes - 8) as *const u64).read_unaligned();
+            (word >> (8 * back)) as i64
+        }
+    }
+}
+
+/// The `vpmultishiftqb` control and 16-entry centroid table of b-bit codes (b ≤ 4): code `2k`
+/// to the low byte of dword `2k`, code `2k + 1` to that of dword `2k + 1`; the `2^b` centroids
+/// repeated.
+///
+/// # Safety
+/// AVX-512 features; `centroids` holds `2^b` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn small_code_lut(centroids: &[f32], b: usize) -> (__m512, __m512i) {
+    let mut control = [0u8; 64];
+    for k in 0..8 {
+        control[8 * k] = (2 * b * k) as u8;
+        control[8 * k + 4] = (2 * b * k + b) as u8;
+    }
+    let levels = 1usize << b;
+    let table: [f32; 16] = std::array::from_fn(|k| centroids[k % levels]);
+    // SAFETY: the arrays hold 16 floats and 64 bytes.
+    unsafe {
+        (
+            _mm512_loadu_ps(table.as_ptr()),
+            _mm512_loadu_si512(control.as_ptr() as *const _),
+        )
+    }
+}
+
+/// The centroids (of `table`) of the sixteen codes in `bits`, a chunk's 8 bytes (`control`
+/// from [`small_code_lut`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+fn decode_small(control: __m512i, bits: i64, table: __m512) -> __m512 {
+    let idx = _mm512_multishift_epi64_epi8(control, _mm512_set1_epi64(bits));
+    _mm512_permutexvar_ps(idx, table)
+}
+
 impl Segment<'_> {
     /// The centroid table scaled by record `i`'s norm.
     ///
@@ -448,33 +514,17 @@ impl Segment<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
     fn decode(&self, bits: i64, table: __m512) -> __m512 {
-        let idx = _mm512_multishift_epi64_epi8(self.control, _mm512_set1_epi64(bits));
-        _mm512_permutexvar_ps(idx, table)
+        decode_small(self.control, bits, table)
     }
 
-    /// The 8 bytes from the start of whole chunk `c` (`c < full`) of the codes at `codes`, in
-    /// the low bytes, read in bounds: a chunk whose 8-byte read would leave the record (`c ≥
-    /// fast`: the last one of 3- and 2-bit codes at d = 64, whose 6 or 4 bytes end the record)
-    /// reads the record's last 8 bytes and shifts its own down. The bytes above the chunk's `2b`
-    /// differ (zeros instead of what follows), and `decode` never reads them.
+    /// The 8 bytes of whole chunk `c` (`c < full`) of the codes at `codes` ([`chunk_bits`]).
     ///
     /// # Safety
     /// `codes` is this segment's code start in a record, `c < full` and `bytes ≥ 8`.
     #[inline]
     unsafe fn chunk_bits(&self, codes: *const u8, c: usize) -> i64 {
-        let offset = self.chunk_bytes * c;
-        // SAFETY: caller contract: a fast chunk's 8 bytes lie inside the record; otherwise
-        // `bytes − 8 ≥ 0` and the read ends at the record's end, and the whole chunk lies inside
-        // (`offset + 2b ≤ bytes`), so the shift `offset + 8 − bytes` is below 8.
-        unsafe {
-            if c < self.fast {
-                (codes.add(offset) as *const i64).read_unaligned()
-            } else {
-                let back = offset + 8 - self.bytes;
-                let word = (codes.add(self.bytes - 8) as *const u64).read_unaligned();
-                (word >> (8 * back)) as i64
-            }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { chunk_bits(codes, c, self.chunk_bytes, self.fast, self.bytes) }
     }
 
     /// `signed + γ·(sign-table sum)` of record `i` (at `rec`), for a segment with sign tables.
@@ -526,20 +576,8 @@ pub(super) unsafe fn score_parts<'r>(
             let b = run.bits as usize;
             let bytes = 4 * (run.record_words - run.code_offset);
             let full = d / 16;
-            let mut control = [0u8; 64];
-            for k in 0..8 {
-                control[8 * k] = (2 * b * k) as u8;
-                control[8 * k + 4] = (2 * b * k + b) as u8;
-            }
-            let levels = 1usize << b;
-            let table: [f32; 16] = std::array::from_fn(|k| run.centroids[k % levels]);
-            // SAFETY: the arrays hold 64 bytes and 16 floats.
-            let (table, control) = unsafe {
-                (
-                    _mm512_loadu_ps(table.as_ptr()),
-                    _mm512_loadu_si512(control.as_ptr() as *const _),
-                )
-            };
+            // SAFETY: a checked run holds `2^b` centroids.
+            let (table, control) = unsafe { small_code_lut(run.centroids, b) };
             Segment {
                 table,
                 control,
@@ -1354,6 +1392,263 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
                 }
             }
             start = end;
+        }
+    }
+}
+
+/// Whether [`accumulate_parts`] takes these runs: codes of at most 4 bits, no QJL signs,
+/// whole chunks of sixteen coordinates, at least 8 bytes from each part's codes to the record's
+/// end.
+pub(super) fn value_parts_supported(runs: &[CodedRun<'_>]) -> bool {
+    runs.iter().all(|r| {
+        r.bits <= 4
+            && r.sketch_dim == 0
+            && r.dim.is_multiple_of(16)
+            && 4 * (r.record_words - r.code_offset) >= 8
+    })
+}
+
+/// One part of a record for [`accumulate_parts`]: how its codes decode ([`Segment`]'s way),
+/// its norms and its accumulator rows.
+struct ValuePart {
+    table: __m512,
+    control: __m512i,
+    chunk_bytes: usize,
+    code_offset: usize,
+    bytes: usize,
+    fast: usize,
+    chunks: usize,
+    /// Norm of record `i` at `scales[i·scale_stride]`.
+    scales: *const f32,
+    scale_stride: usize,
+    /// The tile's first accumulator row (`[H, dim]`).
+    acc: *mut f32,
+    dim: usize,
+}
+
+/// Where an [`accumulate_parts`] pass reads: records (base, bytes each) and the tile's first
+/// weight row (head `h`'s weight of token `i` at `weights[h·weight_stride + i]`).
+#[derive(Clone, Copy)]
+struct PartsPass {
+    base: *const u8,
+    record_bytes: usize,
+    weights: *const f32,
+    weight_stride: usize,
+}
+
+/// Accumulates the records of runs that share their records (one part, or the two tiers of a
+/// two-tier record), weighted by head-major weights times each part's norm: part `k`'s
+/// accumulator row `h` gains `Σ_i (weights[h·stride + i]·norm_k,i)·c_k,i`, token by token, the
+/// same fused multiply-adds as [`accumulate_coded`] over the token-major `p·norm` weights
+/// [`scale_rows`](super::super::fused) writes — so the same bits — without writing those
+/// weights or transposing the probabilities, and with the chunks of both tiers in one pass
+/// over the tokens (a 16-coordinate tier alone gave a pass only `H` multiply-add chains).
+///
+/// # Safety
+/// AVX-512 features; every run passed the dispatcher's checks and [`value_parts_supported`],
+/// shares `words` and `record_words` with the first; `weights` holds `(heads − 1)·stride + n`
+/// floats and `accs[k]` holds `heads·runs[k].dim`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_parts(
+    runs: &[CodedRun<'_>],
+    weights: &[f32],
+    weight_stride: usize,
+    heads: usize,
+    accs: &mut [&mut [f32]],
+) {
+    let (words, record_words) = (runs[0].words, runs[0].record_words);
+    let record_bytes = 4 * record_words;
+    let n = words.len() / record_words;
+    let sub = (L1_BYTES / record_bytes).max(1);
+    for (first, size) in tiles(heads) {
+        // SAFETY: a checked run holds `2^b` centroids; the accumulators hold `heads` rows.
+        let part = |run: &CodedRun<'_>, acc: &mut [f32]| unsafe {
+            let b = run.bits as usize;
+            let bytes = 4 * (record_words - run.code_offset);
+            let (table, control) = small_code_lut(run.centroids, b);
+            ValuePart {
+                table,
+                control,
+                chunk_bytes: 2 * b,
+                code_offset: 4 * run.code_offset,
+                bytes,
+                fast: fast_chunks(run.dim / 16, b as u32, bytes),
+                chunks: run.dim / 16,
+                scales: run.scales.as_ptr(),
+                scale_stride: run.scale_stride,
+                acc: acc.as_mut_ptr().add(first * run.dim),
+                dim: run.dim,
+            }
+        };
+        let (p0, p1) = match (runs, &mut *accs) {
+            ([r0], [a0]) => (part(r0, a0), None),
+            ([r0, r1], [a0, a1]) => (part(r0, a0), Some(part(r1, a1))),
+            _ => unreachable!("accumulate_parts: one or two runs, one accumulator each"),
+        };
+        let pass = PartsPass {
+            base: words.as_ptr() as *const u8,
+            record_bytes,
+            // SAFETY: row `first < heads` of the weights.
+            weights: unsafe { weights.as_ptr().add(first * weight_stride) },
+            weight_stride,
+        };
+        // The chunks of part 0, then of part 1, four per pass over the tokens.
+        let (c0, c1) = (p0.chunks, p1.as_ref().map_or(0, |p| p.chunks));
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + sub);
+            let mut slot = 0;
+            while slot < c0 + c1 {
+                let count = (c0 + c1 - slot).min(4);
+                let (j0, a) = (slot.min(c0), (c0.saturating_sub(slot)).min(count));
+                let (j1, b) = (slot.saturating_sub(c0), count - a);
+                let second = p1.as_ref().unwrap_or(&p0);
+                let prefetch = slot == 0;
+                // SAFETY: forwarded contract; chunks `j0..j0 + a` of part 0 and `j1..j1 + b` of
+                // part 1 exist, tokens `start..end < n`.
+                unsafe {
+                    parts_pass_dispatch(
+                        size,
+                        (a, b),
+                        (&p0, second),
+                        (j0, j1),
+                        &pass,
+                        start..end,
+                        prefetch,
+                    );
+                }
+                slot += count;
+            }
+            start = end;
+        }
+    }
+}
+
+/// [`parts_pass`] with its constants: `H` heads, `(A, B)` chunks of the two parts.
+///
+/// # Safety
+/// As [`parts_pass`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn parts_pass_dispatch(
+    heads: usize,
+    chunks: (usize, usize),
+    parts: (&ValuePart, &ValuePart),
+    first: (usize, usize),
+    pass: &PartsPass,
+    tokens: std::ops::Range<usize>,
+    prefetch: bool,
+) {
+    macro_rules! by_heads_chunks {
+        ($(($a:literal, $b:literal)),*) => {
+            match chunks {
+                $(($a, $b) => match heads {
+                    1 => parts_pass::<1, $a, $b>(parts, first, pass, tokens, prefetch),
+                    2 => parts_pass::<2, $a, $b>(parts, first, pass, tokens, prefetch),
+                    3 => parts_pass::<3, $a, $b>(parts, first, pass, tokens, prefetch),
+                    _ => parts_pass::<4, $a, $b>(parts, first, pass, tokens, prefetch),
+                },)*
+                _ => unreachable!("parts_pass: at most four chunks per pass"),
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        by_heads_chunks!(
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (4, 0),
+            (0, 1),
+            (0, 2),
+            (0, 3),
+            (0, 4),
+            (1, 1),
+            (1, 2),
+            (1, 3),
+            (2, 1),
+            (2, 2),
+            (3, 1)
+        )
+    }
+}
+
+/// One pass of [`accumulate_parts`] over `tokens`: chunks `j0..j0 + A` of part 0 and
+/// `j1..j1 + B` of part 1, `H` heads, accumulators in registers across the tokens.
+///
+/// # Safety
+/// AVX-512 features; the parts describe `tokens.end` records of `pass`, chunks `j0 + A ≤
+/// chunks` (`j1 + B`) of each part, and accumulator rows `h < H`; weight rows `h < H` hold
+/// `tokens.end` floats.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn parts_pass<const H: usize, const A: usize, const B: usize>(
+    (p0, p1): (&ValuePart, &ValuePart),
+    (j0, j1): (usize, usize),
+    pass: &PartsPass,
+    tokens: std::ops::Range<usize>,
+    prefetch: bool,
+) {
+    // SAFETY: caller contract: chunk reads as in `chunk_bits` (whole chunks, `bytes ≥ 8`);
+    // accumulator loads and stores of rows `h < H`, chunks below `dim/16`; weight and norm reads
+    // of tokens below `tokens.end`.
+    unsafe {
+        let load = |p: &ValuePart, j: usize| -> [__m512; 4] {
+            std::array::from_fn(|h| {
+                if h < H {
+                    _mm512_loadu_ps(p.acc.add(h * p.dim + 16 * j))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            })
+        };
+        let mut r0: [[__m512; 4]; A] = std::array::from_fn(|s| load(p0, j0 + s));
+        let mut r1: [[__m512; 4]; B] = std::array::from_fn(|s| load(p1, j1 + s));
+        for i in tokens {
+            let rec = pass.base.add(i * pass.record_bytes);
+            if prefetch {
+                prefetch_record(rec, pass.record_bytes, pass.record_bytes);
+            }
+            let w: [f32; 4] = std::array::from_fn(|h| {
+                if h < H {
+                    *pass.weights.add(h * pass.weight_stride + i)
+                } else {
+                    0.0
+                }
+            });
+            if A > 0 {
+                let norm = *p0.scales.add(i * p0.scale_stride);
+                let codes = rec.add(p0.code_offset);
+                for (s, r) in r0.iter_mut().enumerate() {
+                    let bits = chunk_bits(codes, j0 + s, p0.chunk_bytes, p0.fast, p0.bytes);
+                    let c = decode_small(p0.control, bits, p0.table);
+                    for h in 0..H {
+                        r[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h] * norm), c, r[h]);
+                    }
+                }
+            }
+            if B > 0 {
+                let norm = *p1.scales.add(i * p1.scale_stride);
+                let codes = rec.add(p1.code_offset);
+                for (s, r) in r1.iter_mut().enumerate() {
+                    let bits = chunk_bits(codes, j1 + s, p1.chunk_bytes, p1.fast, p1.bytes);
+                    let c = decode_small(p1.control, bits, p1.table);
+                    for h in 0..H {
+                        r[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h] * norm), c, r[h]);
+                    }
+                }
+            }
+        }
+        let store = |p: &ValuePart, j: usize, r: &[__m512; 4]| {
+            for (h, v) in r.iter().enumerate().take(H) {
+                _mm512_storeu_ps(p.acc.add(h * p.dim + 16 * j), *v);
+            }
+        };
+        for (s, r) in r0.iter().enumerate() {
+            store(p0, j0 + s, r);
+        }
+        for (s, r) in r1.iter().enumerate() {
+            store(p1, j1 + s, r);
         }
     }
 }

@@ -380,6 +380,28 @@ pub fn dequantize(isa: Isa, words: &[u32], bits: u8, centroids: &[f32], out: &mu
     }
 }
 
+/// Asks the CPU to bring the cache lines of `data` into its caches ahead of use: a hint, which
+/// never faults and changes no result (a no-op off x86-64).
+///
+/// Why: a block's norms are read in one short pass before its records (converted to f32), so
+/// that pass waited on their lines' first miss from memory, a few percent of a decode step at
+/// 8K tokens; asked for before the work that precedes it, they arrive meanwhile.
+pub fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let start = data.as_ptr() as *const i8;
+        let bytes = std::mem::size_of_val(data);
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: SSE is part of the x86-64 baseline; a prefetch never faults (the address,
+            // inside `data` here, is not dereferenced).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 /// Converts f16 values to f32 over the common length.
 pub fn f16_to_f32(isa: Isa, halves: &[f16], out: &mut [f32]) {
     let n = halves.len().min(out.len());
@@ -1055,6 +1077,91 @@ pub fn accumulate_coded(
             sign_acc,
         ),
     }
+}
+
+/// Accumulates the records of coded runs that share their records (the parts of one record
+/// layout: one codec's codes, the two tiers of a two-tier record, the groups of a basis) with
+/// head-major weights: part `k`'s `accs[k][h] += Σ_i (weights[h·stride + i]·norm_k,i)·c_k,i` —
+/// what [`accumulate_coded`] adds from the token-major weights `p·norm`, the same products and
+/// fused multiply-adds in the same order, so the same bits, without writing those weights.
+///
+/// AVX-512 takes the parts together when they have codes of at most 4 bits without QJL signs in
+/// whole chunks of sixteen coordinates (the presets' two tiers in one pass over the tokens),
+/// AVX2 takes runs without signs part by part. Returns `false`, touching nothing, for other
+/// runs and instruction sets; the caller then weighs each part through [`accumulate_coded`].
+///
+/// # Panics
+/// On inconsistent lengths, or runs that are not parts of the same records.
+pub fn accumulate_coded_parts(
+    isa: Isa,
+    runs: &[CodedRun<'_>],
+    weights: &[f32],
+    stride: usize,
+    accs: &mut [&mut [f32]],
+) -> bool {
+    assert_eq!(
+        runs.len(),
+        accs.len(),
+        "accumulate_coded_parts: one accumulator per run"
+    );
+    let Some(first) = runs.first() else {
+        return true;
+    };
+    let heads = check_tile(accs[0].len(), first.dim, "accumulate_coded_parts acc");
+    for (run, acc) in runs.iter().zip(accs.iter()) {
+        assert!(
+            std::ptr::eq(run.words, first.words) && run.record_words == first.record_words,
+            "accumulate_coded_parts: the runs must be parts of the same records"
+        );
+        run.check();
+        assert_eq!(
+            check_tile(acc.len(), run.dim, "accumulate_coded_parts acc"),
+            heads,
+            "accumulate_coded_parts: accumulators differ in heads"
+        );
+    }
+    let n = first.len();
+    assert!(
+        stride >= n && weights.len() >= (heads - 1) * stride + n,
+        "accumulate_coded_parts: weights too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.usable() == Isa::Avx512 && avx512::value_parts_supported(runs) {
+        if n == 0 {
+            return true;
+        }
+        if runs.len() <= 2 {
+            // SAFETY: `usable` returned Avx512; every length and the shared records were
+            // checked, and the runs are supported.
+            unsafe { avx512::accumulate_parts(runs, weights, stride, heads, accs) };
+        } else {
+            for (run, acc) in runs.iter().zip(accs.iter_mut()) {
+                // SAFETY: as above, for one of the checked runs.
+                unsafe {
+                    avx512::accumulate_parts(
+                        std::slice::from_ref(run),
+                        weights,
+                        stride,
+                        heads,
+                        std::slice::from_mut(acc),
+                    )
+                };
+            }
+        }
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.usable() == Isa::Avx2 && runs.iter().all(|r| r.sketch_dim == 0) {
+        if n > 0 {
+            for (run, acc) in runs.iter().zip(accs.iter_mut()) {
+                // SAFETY: `usable` returned Avx2; every length was checked, no run has signs.
+                unsafe { x86::accumulate_head_major(run, weights, stride, acc) };
+            }
+        }
+        return true;
+    }
+    let _ = (isa, weights);
+    false
 }
 
 /// Accumulates the records of a plain run: `acc[h] += Σ_i weights[i·G + h]·x_i`, with

@@ -1283,6 +1283,33 @@ pub(super) unsafe fn accumulate_coded(
     }
 }
 
+/// [`accumulate_coded`] from head-major weights: `acc[h] += Σ_i (weights[h·stride + i]·norm_i)·
+/// c[idx_i]` for a run without QJL signs, the same products and order (the same bits) without
+/// the token-major `p·norm` rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C; the run passed the dispatcher's checks and has no signs; `weights` holds
+/// `(heads − 1)·stride + n` floats and `acc` `heads·d`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate_head_major(
+    run: &CodedRun<'_>,
+    weights: &[f32],
+    stride: usize,
+    acc: &mut [f32],
+) {
+    let heads = acc.len() / run.dim;
+    for (first, size) in tiles(heads) {
+        // SAFETY: forwarded contract; the tile covers rows `first..first + size < heads`.
+        unsafe {
+            by_bits_heads!(
+                run.bits,
+                size,
+                accumulate_head_major_tile(run, weights, stride, heads, first, acc)
+            )
+        }
+    }
+}
+
 /// Where a value pass reads and writes.
 struct Pass {
     /// First byte of record 0's vector (codes or plain values).
@@ -1291,12 +1318,37 @@ struct Pass {
     stride: usize,
     /// Readable bytes from a record's vector start to the record's end.
     bytes: usize,
-    /// Weights `[n, heads]`, offset to the tile's first head.
+    /// Weights `[n, heads]`, offset to the tile's first head; for a head-major coded pass
+    /// (`coded_pass::<.., true>`) the tile's first row of head-major weights instead.
     weights: *const f32,
     heads: usize,
     /// Accumulator row of the tile's first head (`d` floats per head).
     acc: *mut f32,
     d: usize,
+    /// Head-major coded passes: head `h`'s weight of token `i` is
+    /// `weights[h·weight_stride + i]·norms[i·norm_stride]` (the product `scale_rows` writes).
+    weight_stride: usize,
+    norms: *const f32,
+    norm_stride: usize,
+}
+
+impl Pass {
+    /// Head `h`'s weight of token `i`.
+    ///
+    /// # Safety
+    /// `i` is a token and `h` a head of the pass's tile.
+    #[inline]
+    unsafe fn weight<const HEAD_MAJOR: bool>(&self, i: usize, h: usize) -> f32 {
+        // SAFETY: caller contract.
+        unsafe {
+            if HEAD_MAJOR {
+                *self.weights.add(h * self.weight_stride + i)
+                    * *self.norms.add(i * self.norm_stride)
+            } else {
+                *self.weights.add(i * self.heads + h)
+            }
+        }
+    }
 }
 
 /// Accumulates chunks `j..j + C` of tokens `start..end` into the tile's accumulators (`C`
@@ -1308,7 +1360,13 @@ struct Pass {
 /// `j..j + C`; without `PADDED`, chunks `j..j + C` are fast (see `fast_chunks`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn coded_pass<const B: u32, const H: usize, const C: usize, const PADDED: bool>(
+unsafe fn coded_pass<
+    const B: u32,
+    const H: usize,
+    const C: usize,
+    const PADDED: bool,
+    const HEAD_MAJOR: bool,
+>(
     lut: &Lut,
     p: &Pass,
     j: usize,
@@ -1333,9 +1391,8 @@ unsafe fn coded_pass<const B: u32, const H: usize, const C: usize, const PADDED:
                     chunk::<B>(lut, rec, j + s)
                 };
             }
-            let wi = p.weights.add(i * p.heads);
             for h in 0..H {
-                let wv = _mm256_set1_ps(*wi.add(h));
+                let wv = _mm256_set1_ps(p.weight::<HEAD_MAJOR>(i, h));
                 for (set, &cv) in r.iter_mut().zip(&c).take(C) {
                     set[h] = _mm256_fmadd_ps(wv, cv, set[h]);
                 }
@@ -1402,6 +1459,51 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
     acc: &mut [f32],
     sign_acc: &mut [f32],
 ) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        accumulate_tile::<B, H, false>(
+            run,
+            (code_weights, 0),
+            sign_weights,
+            heads,
+            first,
+            acc,
+            sign_acc,
+        )
+    }
+}
+
+/// [`accumulate_coded_tile`] from head-major weights (`weights[h·stride + i]`) times each
+/// token's norm, for a run without signs: the same products, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_head_major_tile<const B: u32, const H: usize>(
+    run: &CodedRun<'_>,
+    weights: &[f32],
+    stride: usize,
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: forwarded contract; a run without signs reads no sign weights or accumulators.
+    unsafe {
+        accumulate_tile::<B, H, true>(run, (weights, stride), &[], heads, first, acc, &mut [])
+    }
+}
+
+/// The body of [`accumulate_coded_tile`] (token-major weights, `(weights, _)`) and of
+/// [`accumulate_head_major_tile`] (`HEAD_MAJOR`: `(weights, stride)` head-major, times the
+/// norms).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_tile<const B: u32, const H: usize, const HEAD_MAJOR: bool>(
+    run: &CodedRun<'_>,
+    (code_weights, weight_stride): (&[f32], usize),
+    sign_weights: &[f32],
+    heads: usize,
+    first: usize,
+    acc: &mut [f32],
+    sign_acc: &mut [f32],
+) {
     let (d, m, rw) = (run.dim, run.sketch_dim, run.record_words);
     let stride = 4 * rw;
     let bytes = 4 * (rw - run.code_offset);
@@ -1415,7 +1517,9 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
     // SAFETY: record `i < n` starts at byte `i·stride` of the run and its codes `4·code_offset`
     // bytes later; code reads stay inside the record (fast chunks by `fast_chunks`, the others
     // byte by byte below `bytes`); sign reads take words `i·rw + sign_offset + j/4`, inside
-    // record `i`; weights are read at `i·heads + first + h < n·heads`; accumulator rows
+    // record `i`; weights are read at `i·heads + first + h < n·heads` (head-major: at
+    // `(first + h)·stride + i`, below the caller's `(heads − 1)·stride + n`, and norms at
+    // `i·scale_stride`, checked by the dispatcher); accumulator rows
     // `first + h < heads` hold `d` (or `m`) floats and chunk accesses stay below `8·full ≤ d`
     // (or `8·sign_chunks ≤ m`).
     unsafe {
@@ -1426,10 +1530,17 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
             base: words.add(run.code_offset) as *const u8,
             stride,
             bytes,
-            weights: code_weights.as_ptr().add(first),
+            weights: if HEAD_MAJOR {
+                code_weights.as_ptr().add(first * weight_stride)
+            } else {
+                code_weights.as_ptr().add(first)
+            },
             heads,
             acc: acc.as_mut_ptr().add(first * d),
             d,
+            weight_stride,
+            norms: run.scales.as_ptr(),
+            norm_stride: run.scale_stride,
         };
         let sw = sign_weights.as_ptr();
         let ps = sign_acc.as_mut_ptr().add(first * m);
@@ -1439,17 +1550,17 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
             let mut j = 0;
             while j + sets <= fast {
                 match sets {
-                    2 => coded_pass::<B, H, 2, false>(&lut, &pass, j, start, end),
-                    3 => coded_pass::<B, H, 3, false>(&lut, &pass, j, start, end),
-                    _ => coded_pass::<B, H, 4, false>(&lut, &pass, j, start, end),
+                    2 => coded_pass::<B, H, 2, false, HEAD_MAJOR>(&lut, &pass, j, start, end),
+                    3 => coded_pass::<B, H, 3, false, HEAD_MAJOR>(&lut, &pass, j, start, end),
+                    _ => coded_pass::<B, H, 4, false, HEAD_MAJOR>(&lut, &pass, j, start, end),
                 }
                 j += sets;
             }
             for j in j..full {
                 if j < fast {
-                    coded_pass::<B, H, 1, false>(&lut, &pass, j, start, end);
+                    coded_pass::<B, H, 1, false, HEAD_MAJOR>(&lut, &pass, j, start, end);
                 } else {
-                    coded_pass::<B, H, 1, true>(&lut, &pass, j, start, end);
+                    coded_pass::<B, H, 1, true, HEAD_MAJOR>(&lut, &pass, j, start, end);
                 }
             }
             for j in 0..sign_chunks {
@@ -1477,7 +1588,11 @@ unsafe fn accumulate_coded_tile<const B: u32, const H: usize>(
         for (i, record) in run.words.chunks_exact(rw).enumerate() {
             for h in 0..H {
                 let row = (first + h) * d;
-                let weight = code_weights[i * heads + first + h];
+                let weight = if HEAD_MAJOR {
+                    code_weights[(first + h) * weight_stride + i] * run.scales[i * run.scale_stride]
+                } else {
+                    code_weights[i * heads + first + h]
+                };
                 for j in 8 * full..d {
                     acc[row + j] +=
                         weight * run.centroids[code_at(&record[run.code_offset..], b, j)];
@@ -1542,6 +1657,9 @@ unsafe fn accumulate_plain_tile<const F16: bool, const H: usize>(
             heads,
             acc: acc.as_mut_ptr().add(first * d),
             d,
+            weight_stride: 0,
+            norms: std::ptr::null(),
+            norm_stride: 0,
         };
         let mut start = 0;
         while start < n {
