@@ -609,7 +609,9 @@ fn target_lines(rows: &[E2eRow], reference: &LlamaCppSpeed) -> String {
     for tq in compressed {
         let f16 = find("f16", tq.context).expect("filtered on f16");
         let note = match (tq.model.as_str(), tq.alloc.as_str()) {
-            ("llama", "tq3.5") => " (target >= 1.0 at 8K; the seed's MLX run: 0.55x)",
+            ("llama", "tq3.5") => {
+                " (target >= 1.3 at 8K, the kernel-layout issue; the seed's MLX run: 0.55x)"
+            }
             ("gemma3", _) => " (target >= 1.0 at 32K)",
             _ => "",
         };
