@@ -1305,7 +1305,7 @@ fn run_block_with(
     }
     // Token-major probabilities `[len, group]`, the weight layout of the value kernels of plain
     // runs and copies, and of coded rows where the instruction set has no head-major kernel
-    // (`simd::accumulate_coded_parts`: AVX-512 reads the head-major rows itself): written run
+    // (`simd::accumulate_coded_parts`: AVX-512 and AVX2 read the head-major rows): written run
     // by run for the runs that read them (`token_major`), since a strided copy (and a zeroing)
     // of the whole block cost a fast-scan step about a tenth of its instructions.
     reserve_for(probabilities, group * len.max(MAX_BLOCK_TOKENS));

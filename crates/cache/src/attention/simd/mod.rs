@@ -3,7 +3,7 @@
 //! The fused kernel works on *runs*: consecutive records of one stream ([`CodedRun`],
 //! [`PlainRun`]). Per run it scores every record against the query heads of a GQA group
 //! ([`score_coded`], [`score_coded_parts`], [`score_plain`]) and accumulates the weighted records
-//! ([`accumulate_coded`], [`accumulate_plain`]). Heads go in tiles of up to four, so a record's
+//! ([`accumulate_coded`], [`accumulate_coded_parts`], [`accumulate_plain`]). Heads go in tiles of up to four, so a record's
 //! codes are unpacked once per tile and stay in registers while every head of the tile uses
 //! them. Four instruction sets, chosen once per call through [`Isa`]:
 //!
@@ -1116,6 +1116,9 @@ pub fn accumulate_coded_parts(
         return true;
     };
     let heads = check_tile(accs[0].len(), first.dim, "accumulate_coded_parts acc");
+    if heads == 0 {
+        return true;
+    }
     for (run, acc) in runs.iter().zip(accs.iter()) {
         assert!(
             std::ptr::eq(run.words, first.words) && run.record_words == first.record_words,
