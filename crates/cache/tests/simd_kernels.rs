@@ -566,40 +566,8 @@ proptest! {
     ) {
         // Part `p`'s codes then its signs (if any), every part's scales interleaved per record
         // as the fused kernel passes them.
-        let mut offsets = Vec::new();
-        let (mut words_per_record, mut scales_per_record) = (0, 0);
-        for &(d, b, prod) in &parts {
-            let code_words = (d * b as usize).div_ceil(32);
-            let m = if prod { d } else { 0 };
-            offsets.push((words_per_record, words_per_record + code_words, scales_per_record, m));
-            words_per_record += code_words + m.div_ceil(32);
-            scales_per_record += 1 + usize::from(prod);
-        }
-        let packed = words(n * words_per_record, seed);
-        let scales: Vec<f32> =
-            floats(n * scales_per_record, seed ^ 1).iter().map(|v| 1.5 + v).collect();
-        let centroids: Vec<Vec<f32>> = parts
-            .iter()
-            .enumerate()
-            .map(|(p, &(_, b, _))| floats(1 << b, seed ^ (16 + p as u64)))
-            .collect();
-        let runs: Vec<CodedRun<'_>> = parts
-            .iter()
-            .zip(&offsets)
-            .zip(&centroids)
-            .map(|((&(d, b, _), &(code_offset, sign_offset, scale_offset, m)), c)| CodedRun {
-                words: &packed,
-                record_words: words_per_record,
-                code_offset,
-                bits: b,
-                dim: d,
-                centroids: c,
-                sign_offset,
-                sketch_dim: m,
-                scales: &scales[scale_offset..],
-                scale_stride: scales_per_record,
-            })
-            .collect();
+        let records = SharedRecords::new(&parts, n, seed);
+        let runs = records.runs();
         let stride = n + 3;
         let out0 = floats(heads * stride, seed ^ 2);
         for isa in Isa::available() {
@@ -610,7 +578,7 @@ proptest! {
             }
             let keys: Vec<KeyQueries> = parts
                 .iter()
-                .zip(&offsets)
+                .zip(&records.offsets)
                 .enumerate()
                 .map(|(p, (&(d, _, _), &(_, _, _, m)))| {
                     let q = floats(heads * d, seed ^ (32 + p as u64));

@@ -1616,27 +1616,23 @@ unsafe fn parts_pass<const H: usize, const A: usize, const B: usize>(
                     0.0
                 }
             });
-            if A > 0 {
-                let norm = *p0.scales.add(i * p0.scale_stride);
-                let codes = rec.add(p0.code_offset);
-                for (s, r) in r0.iter_mut().enumerate() {
-                    let bits = chunk_bits(codes, j0 + s, p0.chunk_bytes, p0.fast, p0.bytes);
-                    let c = decode_small(p0.control, bits, p0.table);
+            // Part `p`'s chunks from `j` of token `i` into its accumulators `r`.
+            let add = |p: &ValuePart, j: usize, r: &mut [[__m512; 4]]| {
+                let norm = *p.scales.add(i * p.scale_stride);
+                let codes = rec.add(p.code_offset);
+                for (s, r) in r.iter_mut().enumerate() {
+                    let bits = chunk_bits(codes, j + s, p.chunk_bytes, p.fast, p.bytes);
+                    let c = decode_small(p.control, bits, p.table);
                     for h in 0..H {
                         r[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h] * norm), c, r[h]);
                     }
                 }
+            };
+            if A > 0 {
+                add(p0, j0, &mut r0);
             }
             if B > 0 {
-                let norm = *p1.scales.add(i * p1.scale_stride);
-                let codes = rec.add(p1.code_offset);
-                for (s, r) in r1.iter_mut().enumerate() {
-                    let bits = chunk_bits(codes, j1 + s, p1.chunk_bytes, p1.fast, p1.bytes);
-                    let c = decode_small(p1.control, bits, p1.table);
-                    for h in 0..H {
-                        r[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h] * norm), c, r[h]);
-                    }
-                }
+                add(p1, j1, &mut r1);
             }
         }
         let store = |p: &ValuePart, j: usize, r: &[__m512; 4]| {
